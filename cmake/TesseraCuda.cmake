@@ -1,0 +1,67 @@
+# CUDA detection and the one list of CUDA code images.
+#
+# TESSERA_CUDA=AUTO|ON|OFF   AUTO builds the CUDA backend when nvcc is found
+#                            (default location /usr/local/cuda/bin).
+# TESSERA_CUDA_ARCHS         the single source of CUDA targets. Entries:
+#                              sm_XY[a|f]   native code (SASS) for that arch
+#                              compute_XY   PTX for that virtual arch (JIT on
+#                                           later GPUs by the driver)
+# The same list feeds nvcc's -gencode flags and the build manifest that the
+# kernel registry consults at run time (kernels/arch).
+
+set(TESSERA_CUDA "AUTO" CACHE STRING "Build the CUDA backend: AUTO, ON or OFF")
+set_property(CACHE TESSERA_CUDA PROPERTY STRINGS AUTO ON OFF)
+set(TESSERA_CUDA_ARCHS "sm_80;sm_86;sm_89;sm_90a;sm_100a;sm_120;compute_120"
+    CACHE STRING "CUDA code images: sm_XY[a|f] for SASS, compute_XY for PTX")
+
+set(TESSERA_HAVE_CUDA OFF)
+if(NOT TESSERA_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS "/usr/local/cuda/bin/nvcc")
+    set(CMAKE_CUDA_COMPILER "/usr/local/cuda/bin/nvcc")
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(CMAKE_CUDA_ARCHITECTURES OFF)
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(TESSERA_HAVE_CUDA ON)
+  elseif(TESSERA_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "TESSERA_CUDA=ON but no nvcc was found; install the CUDA toolkit "
+                        "at /usr/local/cuda or pass -DCMAKE_CUDA_COMPILER=/path/to/nvcc")
+  endif()
+endif()
+
+set(TESSERA_CUDA_GENCODE_FLAGS "")
+set(TESSERA_CUDA_MANIFEST_ENTRIES "")
+if(TESSERA_HAVE_CUDA)
+  set(CMAKE_CUDA_STANDARD 20)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  foreach(image IN LISTS TESSERA_CUDA_ARCHS)
+    if(image MATCHES "^sm_([0-9]+)([af]?)$")
+      set(num "${CMAKE_MATCH_1}")
+      set(suffix "${CMAKE_MATCH_2}")
+      list(APPEND TESSERA_CUDA_GENCODE_FLAGS
+           "-gencode=arch=compute_${num}${suffix},code=sm_${num}${suffix}")
+      string(APPEND TESSERA_CUDA_MANIFEST_ENTRIES "  {${num}, \"${suffix}\", false},\n")
+    elseif(image MATCHES "^compute_([0-9]+)([af]?)$")
+      set(num "${CMAKE_MATCH_1}")
+      set(suffix "${CMAKE_MATCH_2}")
+      list(APPEND TESSERA_CUDA_GENCODE_FLAGS
+           "-gencode=arch=compute_${num}${suffix},code=compute_${num}${suffix}")
+      string(APPEND TESSERA_CUDA_MANIFEST_ENTRIES "  {${num}, \"${suffix}\", true},\n")
+    else()
+      message(FATAL_ERROR "TESSERA_CUDA_ARCHS entry '${image}' is not sm_XY[a|f] or compute_XY")
+    endif()
+  endforeach()
+  message(STATUS "Tessera CUDA backend: ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}; images: ${TESSERA_CUDA_ARCHS})")
+else()
+  message(STATUS "Tessera CUDA backend: OFF")
+endif()
+
+# tessera_cuda_target(target): applies the -gencode list to a CUDA target.
+function(tessera_cuda_target target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:${TESSERA_CUDA_GENCODE_FLAGS} --expt-relaxed-constexpr -lineinfo>)
+  set_target_properties(${target} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF)
+endfunction()
