@@ -93,7 +93,8 @@ std::string FormatLogLine(LogLevel level, std::string_view service, std::string_
   line.reserve(128);
   absl::StrAppend(&line, "ts=", absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", absl::Now(),
                                                   absl::UTCTimeZone()));
-  absl::StrAppend(&line, " level=", LevelName(level));
+  line.append(" level=");
+  line.append(LevelName(level));
   if (!service.empty()) {
     line.append(" svc=");
     AppendValue(&line, service);
@@ -101,7 +102,9 @@ std::string FormatLogLine(LogLevel level, std::string_view service, std::string_
   line.append(" msg=");
   AppendValue(&line, msg);
   for (const LogField& f : fields) {
-    absl::StrAppend(&line, " ", f.key, "=");
+    line.push_back(' ');
+    line.append(f.key);
+    line.push_back('=');
     AppendValue(&line, f.value);
   }
   line.push_back('\n');

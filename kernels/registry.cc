@@ -46,12 +46,12 @@ std::vector<std::string> KnownBackends(std::string_view flag) {
 absl::Status ValidateBackendOverride(std::string_view flag, std::string_view name) {
   std::vector<std::string> known = KnownBackends(flag);
   if (known.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown backend flag --", flag));
+    return absl::InvalidArgumentError(absl::StrCat("unknown backend flag --", std::string(flag)));
   }
   if (name == "auto" || std::find(known.begin(), known.end(), name) != known.end()) {
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", name,
+  return absl::InvalidArgumentError(absl::StrCat("--", std::string(flag), "=", std::string(name),
                                                  ": unknown backend; valid choices: auto, ",
                                                  absl::StrJoin(known, ", ")));
 }

@@ -1,0 +1,70 @@
+// tessera: the command-line tool (`tessera <command> [flags]`).
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "services/cli/commands.h"
+
+namespace tessera::cli {
+namespace {
+
+int NotInThisBuild(const char* what) {
+  std::fprintf(stderr, "error: %s\n", what);
+  return 2;
+}
+
+int RunGenerate(const std::vector<char*>&) {
+  return NotInThisBuild("generate: this build has no model runtime (loader, forward pass)");
+}
+int RunUp(const std::vector<char*>&) {
+  return NotInThisBuild("up: this build has no cluster launcher (router with worker registry)");
+}
+int RunBench(const std::vector<char*>&) {
+  return NotInThisBuild("bench: this build has no load generator");
+}
+
+void PrintHelp(FILE* out) {
+  std::fprintf(out, "usage: tessera <command> [flags]\n\ncommands:\n");
+  for (const Command& c : Commands()) {
+    std::fprintf(out, "  %-10s %s\n", std::string(c.name).c_str(), std::string(c.summary).c_str());
+  }
+  std::fprintf(out, "\n`tessera <command> --help` lists a command's flags.\n");
+}
+
+}  // namespace
+
+const std::vector<Command>& Commands() {
+  static const auto* commands = new std::vector<Command>{
+      {"doctor", "print devices, versions, compiled kernels and the backend table", RunDoctor},
+      {"generate", "run a model in-process and stream a completion", RunGenerate},
+      {"up", "start a local cluster (router, workers, drafter) on loopback", RunUp},
+      {"bench", "load-test a cluster and report latency percentiles as JSON", RunBench},
+  };
+  return *commands;
+}
+
+}  // namespace tessera::cli
+
+int main(int argc, char** argv) {
+  using tessera::cli::Commands;
+  if (argc < 2 || std::strcmp(argv[1], "help") == 0 || std::strcmp(argv[1], "--help") == 0 ||
+      std::strcmp(argv[1], "-h") == 0) {
+    tessera::cli::PrintHelp(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (const auto& command : Commands()) {
+    if (command.name == argv[1]) {
+      absl::SetProgramUsageMessage(std::string("tessera ") + argv[1] + ": " +
+                                   std::string(command.summary));
+      // Flags follow the command name: parse argv[1..] with the command as
+      // the program name.
+      std::vector<char*> rest = absl::ParseCommandLine(argc - 1, argv + 1);
+      return command.run(rest);
+    }
+  }
+  std::fprintf(stderr, "error: unknown command '%s'\n", argv[1]);
+  tessera::cli::PrintHelp(stderr);
+  return 2;
+}
