@@ -35,7 +35,9 @@ endif()
 set(TESSERA_CUDA_GENCODE_FLAGS "")
 set(TESSERA_CUDA_MANIFEST_ENTRIES "")
 if(TESSERA_HAVE_CUDA)
-  set(CMAKE_CUDA_STANDARD 20)
+  # CMake 3.25 does not know how to ask nvcc 13 for C++20, so CUDA sources
+  # are C++17 (the host side of the project stays C++20).
+  set(CMAKE_CUDA_STANDARD 17)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   foreach(image IN LISTS TESSERA_CUDA_ARCHS)
     if(image MATCHES "^sm_([0-9]+)([af]?)$")

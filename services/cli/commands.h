@@ -17,5 +17,6 @@ struct Command {
 const std::vector<Command>& Commands();
 
 int RunDoctor(const std::vector<char*>& args);
+int RunHealth(const std::vector<char*>& args);
 
 }  // namespace tessera::cli

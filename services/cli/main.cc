@@ -41,6 +41,7 @@ const std::vector<Command>& Commands() {
       {"generate", "run a model in-process and stream a completion", RunGenerate},
       {"up", "start a local cluster (router, workers, drafter) on loopback", RunUp},
       {"bench", "load-test a cluster and report latency percentiles as JSON", RunBench},
+      {"health", "ask a service's grpc.health.v1 status (exit 0 when SERVING)", RunHealth},
   };
   return *commands;
 }

@@ -1,0 +1,42 @@
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/device_query.h"
+
+namespace tessera::kernels::cuda {
+
+CudaQueryResult QueryCudaDevices() {
+  CudaQueryResult result;
+  cudaRuntimeGetVersion(&result.info.runtime_version);
+  if (cudaDriverGetVersion(&result.info.driver_version) != cudaSuccess ||
+      result.info.driver_version == 0) {
+    result.info.driver_version = 0;
+    result.note = "no NVIDIA driver is loaded on this machine";
+    return result;
+  }
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    result.note = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(err);
+    return result;
+  }
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+    CudaDeviceInfo d;
+    d.ordinal = i;
+    char bus[32] = {0};
+    cudaDeviceGetPCIBusId(bus, sizeof(bus), i);
+    d.pci_bus_id = bus;
+    d.name = prop.name;
+    d.sm_major = prop.major;
+    d.sm_minor = prop.minor;
+    d.sm_count = prop.multiProcessorCount;
+    d.shared_memory_per_block_optin = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
+    d.total_memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+    result.info.devices.push_back(d);
+  }
+  if (count == 0) result.note = "the driver reports no CUDA device";
+  return result;
+}
+
+}  // namespace tessera::kernels::cuda

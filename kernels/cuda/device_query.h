@@ -1,0 +1,40 @@
+// What the CUDA runtime reports about this machine's GPUs: driver and
+// runtime versions and, per device (keyed by PCI bus id), its name, compute
+// capability, SM count, shared memory and global memory. Only this folder
+// includes CUDA headers; callers see plain structs.
+//
+// Thread-safety: QueryCudaDevices() is safe to call from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera::kernels::cuda {
+
+struct CudaDeviceInfo {
+  int ordinal = -1;             // CUDA ordinal in this process (not an identity).
+  std::string pci_bus_id;       // e.g. "0000:18:00.0": the device's identity.
+  std::string name;
+  int sm_major = 0;
+  int sm_minor = 0;
+  int sm_count = 0;
+  int64_t shared_memory_per_block_optin = 0;
+  int64_t total_memory_bytes = 0;
+};
+
+struct CudaSystemInfo {
+  int driver_version = 0;   // e.g. 13000 for 13.0; 0 when no driver is loaded.
+  int runtime_version = 0;  // The runtime this binary was linked with.
+  std::vector<CudaDeviceInfo> devices;
+};
+
+// Queries the driver. No driver or no device is not an error: the result
+// has driver_version 0 or no devices, and `note` says why.
+struct CudaQueryResult {
+  CudaSystemInfo info;
+  std::string note;
+};
+CudaQueryResult QueryCudaDevices();
+
+}  // namespace tessera::kernels::cuda

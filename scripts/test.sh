@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs the dependencies, builds everything and runs every test (unit,
+# integration, end-to-end). This is what CI runs (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+bash scripts/install-deps.sh
+bash scripts/build.sh
+BUILD_DIR=${BUILD_DIR:-build}
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" --timeout 900
+echo "scripts/test.sh: build and tests took $(( $(date +%s) - start )) s"
