@@ -13,7 +13,7 @@ packages=(
   libpcre2-dev nlohmann-json3-dev
   libsystemd-dev
   prometheus
-  curl ca-certificates
+  curl ca-certificates openssl
   nodejs npm
   python3
 )
