@@ -1,0 +1,373 @@
+#include "worker/runner/cpu_model_runner.h"
+
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/reference_ops.h"
+#include "worker/model/rope.h"
+
+namespace tessera::runner {
+namespace {
+
+namespace kc = ::tessera::kernels::cpu;
+
+absl::StatusOr<kc::DType> KernelDType(model::DType t, const std::string& name) {
+  switch (t) {
+    case model::DType::kF32:
+      return kc::DType::kF32;
+    case model::DType::kF16:
+      return kc::DType::kF16;
+    case model::DType::kBF16:
+      return kc::DType::kBF16;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": weights must be F32, F16 or BF16 for the CPU backend"));
+  }
+}
+
+}  // namespace
+
+struct CpuModelRunner::Layer {
+  std::vector<float> input_norm, post_norm, q_norm, k_norm;
+  kc::WeightMatrix qkv, o, gate_up, down;
+  std::vector<float> qkv_bias, o_bias, gate_up_bias, down_bias;  // empty = none
+  kc::PagedKvCache cache;
+};
+
+CpuModelRunner::CpuModelRunner(const model::LoadedModel* model, CpuRunnerOptions options)
+    : model_(model), options_(std::move(options)) {}
+
+CpuModelRunner::~CpuModelRunner() = default;
+
+absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
+    const model::LoadedModel* model, CpuRunnerOptions options) {
+  if (options.block_size < 1 || options.num_kv_blocks < 1) {
+    return absl::InvalidArgumentError("block_size and num_kv_blocks must be >= 1");
+  }
+  if (options.backend != "cpu" && options.backend != "cpu_reference") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CPU runner backend '", options.backend, "': expected cpu or cpu_reference"));
+  }
+  std::unique_ptr<CpuModelRunner> runner(new CpuModelRunner(model, std::move(options)));
+  runner->reference_ = runner->options_.backend == "cpu_reference";
+  runner->ctx_ = kc::DefaultCpuContext();
+  if (runner->options_.num_threads > 0) {
+    runner->own_pool_ = std::make_unique<kc::ThreadPool>(runner->options_.num_threads);
+    runner->ctx_.pool = runner->own_pool_.get();
+  }
+  if (auto s = runner->PrepareWeights(); !s.ok()) return s;
+  return runner;
+}
+
+absl::Status CpuModelRunner::PrepareWeights() {
+  const model::ModelConfig& c = model_->config;
+  const model::ModelWeights& w = model_->weights;
+
+  // A matrix usable in place when aligned to its element size, else copied.
+  auto matrix = [this](const model::TensorView& t) -> absl::StatusOr<kc::WeightMatrix> {
+    auto dtype = KernelDType(t.dtype, t.name);
+    if (!dtype.ok()) return dtype.status();
+    kc::WeightMatrix m{t.data, *dtype, t.shape[0], t.shape[1]};
+    if (!t.IsAligned()) {
+      owned_.emplace_back(t.data, t.data + t.size_bytes);
+      m.data = owned_.back().data();
+    }
+    return m;
+  };
+  // Rows of several matrices stacked into one owned matrix (fused QKV or
+  // gate/up); fp32 when their dtypes differ.
+  auto fuse = [this](std::initializer_list<const model::TensorView*> parts)
+      -> absl::StatusOr<kc::WeightMatrix> {
+    const model::TensorView& first = **parts.begin();
+    bool same = true;
+    int64_t rows = 0;
+    for (const model::TensorView* p : parts) {
+      same &= p->dtype == first.dtype;
+      rows += p->shape[0];
+    }
+    int64_t cols = first.shape[1];
+    std::vector<std::byte> buf;
+    kc::WeightMatrix m;
+    m.rows = rows;
+    m.cols = cols;
+    if (same) {
+      auto dtype = KernelDType(first.dtype, first.name);
+      if (!dtype.ok()) return dtype.status();
+      m.dtype = *dtype;
+      for (const model::TensorView* p : parts) {
+        buf.insert(buf.end(), p->data, p->data + p->size_bytes);
+      }
+    } else {
+      m.dtype = kc::DType::kF32;
+      buf.resize(static_cast<size_t>(rows * cols) * sizeof(float));
+      float* dst = reinterpret_cast<float*>(buf.data());
+      for (const model::TensorView* p : parts) {
+        if (auto s = model::CopyToFloat32(*p, absl::MakeSpan(dst, p->num_elements())); !s.ok()) {
+          return s;
+        }
+        dst += p->num_elements();
+      }
+    }
+    owned_.push_back(std::move(buf));
+    m.data = owned_.back().data();
+    return m;
+  };
+  auto floats = [](const model::TensorView& t) { return model::ToFloat32(t); };
+  auto optional_floats = [](const std::optional<model::TensorView>& t,
+                            std::vector<float>* out) -> absl::Status {
+    if (!t) return absl::OkStatus();
+    auto v = model::ToFloat32(*t);
+    if (!v.ok()) return v.status();
+    *out = std::move(*v);
+    return absl::OkStatus();
+  };
+
+  // Owned buffers must not move once views point into them.
+  owned_.reserve(4 * c.num_hidden_layers + 8);
+  auto embed = matrix(w.embed_tokens);
+  if (!embed.ok()) return embed.status();
+  embed_ = *embed;
+  auto head = matrix(w.lm_head);
+  if (!head.ok()) return head.status();
+  lm_head_ = *head;
+  auto final_norm = floats(w.norm);
+  if (!final_norm.ok()) return final_norm.status();
+  final_norm_ = std::move(*final_norm);
+  auto inv_freq = model::RopeInverseFrequencies(c);
+  if (!inv_freq.ok()) return inv_freq.status();
+  inv_freq_ = std::move(*inv_freq);
+
+  const int64_t slots = options_.num_kv_blocks * options_.block_size;
+  const int64_t layer_elems = slots * c.kv_size();
+  k_cache_.assign(static_cast<size_t>(layer_elems * c.num_hidden_layers), 0.0f);
+  v_cache_.assign(static_cast<size_t>(layer_elems * c.num_hidden_layers), 0.0f);
+
+  layers_.resize(c.num_hidden_layers);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const model::LayerWeights& lw = w.layers[i];
+    Layer& l = layers_[i];
+    auto in_norm = floats(lw.input_layernorm);
+    auto post_norm = floats(lw.post_attention_layernorm);
+    if (!in_norm.ok()) return in_norm.status();
+    if (!post_norm.ok()) return post_norm.status();
+    l.input_norm = std::move(*in_norm);
+    l.post_norm = std::move(*post_norm);
+    if (auto s = optional_floats(lw.q_norm, &l.q_norm); !s.ok()) return s;
+    if (auto s = optional_floats(lw.k_norm, &l.k_norm); !s.ok()) return s;
+
+    auto qkv = fuse({&lw.q_proj, &lw.k_proj, &lw.v_proj});
+    if (!qkv.ok()) return qkv.status();
+    l.qkv = *qkv;
+    if (lw.q_bias) {
+      for (const auto* b : {&lw.q_bias, &lw.k_bias, &lw.v_bias}) {
+        auto v = model::ToFloat32(**b);
+        if (!v.ok()) return v.status();
+        l.qkv_bias.insert(l.qkv_bias.end(), v->begin(), v->end());
+      }
+    }
+    auto o = matrix(lw.o_proj);
+    if (!o.ok()) return o.status();
+    l.o = *o;
+    if (auto s = optional_floats(lw.o_bias, &l.o_bias); !s.ok()) return s;
+
+    auto gate_up = fuse({&lw.gate_proj, &lw.up_proj});
+    if (!gate_up.ok()) return gate_up.status();
+    l.gate_up = *gate_up;
+    if (lw.gate_bias) {
+      for (const auto* b : {&lw.gate_bias, &lw.up_bias}) {
+        auto v = model::ToFloat32(**b);
+        if (!v.ok()) return v.status();
+        l.gate_up_bias.insert(l.gate_up_bias.end(), v->begin(), v->end());
+      }
+    }
+    auto down = matrix(lw.down_proj);
+    if (!down.ok()) return down.status();
+    l.down = *down;
+    if (auto s = optional_floats(lw.down_bias, &l.down_bias); !s.ok()) return s;
+
+    l.cache.k = k_cache_.data() + i * layer_elems;
+    l.cache.v = v_cache_.data() + i * layer_elems;
+    l.cache.num_blocks = options_.num_kv_blocks;
+    l.cache.block_size = options_.block_size;
+    l.cache.num_kv_heads = static_cast<int>(c.num_key_value_heads);
+    l.cache.head_dim = static_cast<int>(c.head_dim);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuModelRunner::ValidateBatch(const ForwardBatch& b) const {
+  const int n = b.num_tokens();
+  const int s = b.num_seqs();
+  if (n == 0 || s == 0) return absl::InvalidArgumentError("empty batch");
+  if (b.positions.size() != static_cast<size_t>(n) ||
+      b.slot_mapping.size() != static_cast<size_t>(n)) {
+    return absl::InvalidArgumentError("positions and slot_mapping must have one entry per token");
+  }
+  if (b.query_start_loc.size() != static_cast<size_t>(s) + 1 || b.query_start_loc.back() != n) {
+    return absl::InvalidArgumentError("query_start_loc must have num_seqs + 1 entries ending at "
+                                      "num_tokens");
+  }
+  for (int i = 0; i < s; ++i) {
+    int q_len = b.query_start_loc[i + 1] - b.query_start_loc[i];
+    if (q_len < 0 || q_len > b.seq_lens[i]) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": ", q_len,
+                                                     " new tokens but seq_len ", b.seq_lens[i]));
+    }
+    for (int j = 0; j < q_len; ++j) {
+      int t = b.query_start_loc[i] + j;
+      if (b.positions[t] != b.seq_lens[i] - q_len + j) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token ", t, ": position ", b.positions[t], " but sequence ", i,
+                         " places it at ", b.seq_lens[i] - q_len + j));
+      }
+    }
+    if (b.seq_lens[i] > model_->config.max_position_embeddings) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", i, ": length ", b.seq_lens[i],
+                       " exceeds the model's context of ", model_->config.max_position_embeddings));
+    }
+  }
+  for (int32_t idx : b.logits_indices) {
+    if (idx < 0 || idx >= n) {
+      return absl::InvalidArgumentError(absl::StrCat("logits index ", idx, " outside the batch"));
+    }
+  }
+  if (auto st = kc::ValidateTokenIds(b.token_ids, embed_); !st.ok()) return st;
+  const kc::PagedKvCache& cache = layers_[0].cache;
+  if (auto st = kc::ValidateSlotMapping(b.slot_mapping, cache); !st.ok()) return st;
+  kc::PagedAttentionArgs args;
+  float dummy = 0;
+  args.q = &dummy;
+  args.q_token_stride = model_->config.q_size();
+  args.num_heads = static_cast<int>(model_->config.num_attention_heads);
+  args.cache = cache;
+  args.query_start_loc = b.query_start_loc;
+  args.seq_lens = b.seq_lens;
+  args.block_tables = b.block_tables;
+  args.block_table_stride = b.block_table_stride;
+  args.out = &dummy;
+  return kc::ValidatePagedAttention(args);
+}
+
+void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
+  const model::ModelConfig& c = model_->config;
+  const Layer& l = layers_[index];
+  const int64_t H = c.hidden_size, Q = c.q_size(), K = c.kv_size(), D = c.head_dim;
+  const int64_t I = c.intermediate_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const bool ref = reference_;
+
+  // x holds this layer's input (normalized below); residual the stream.
+  if (index == 0) {
+    std::memcpy(residual_.data(), x_.data(), sizeof(float) * n * H);
+    ref ? kc::reference::RmsNorm(x_.data(), l.input_norm.data(), n, H, eps, x_.data())
+        : kc::RmsNorm(ctx_, x_.data(), l.input_norm.data(), n, H, eps, x_.data());
+  } else {
+    ref ? kc::reference::FusedAddRmsNorm(x_.data(), residual_.data(), l.input_norm.data(), n, H,
+                                         eps)
+        : kc::FusedAddRmsNorm(ctx_, x_.data(), residual_.data(), l.input_norm.data(), n, H, eps);
+  }
+
+  // Attention.
+  const float* qkv_bias = l.qkv_bias.empty() ? nullptr : l.qkv_bias.data();
+  ref ? kc::reference::Gemm(x_.data(), n, l.qkv, qkv_bias, qkv_.data())
+      : kc::Gemm(ctx_, x_.data(), n, l.qkv, qkv_bias, qkv_.data());
+  for (int64_t t = 0; t < n; ++t) {
+    const float* row = qkv_.data() + t * (Q + 2 * K);
+    std::memcpy(q_.data() + t * Q, row, sizeof(float) * Q);
+    std::memcpy(k_.data() + t * K, row + Q, sizeof(float) * K);
+    std::memcpy(v_.data() + t * K, row + Q + K, sizeof(float) * K);
+  }
+  const int heads = static_cast<int>(c.num_attention_heads);
+  const int kv_heads = static_cast<int>(c.num_key_value_heads);
+  if (!l.q_norm.empty()) {
+    ref ? kc::reference::RmsNorm(q_.data(), l.q_norm.data(), n * heads, D, eps, q_.data())
+        : kc::RmsNorm(ctx_, q_.data(), l.q_norm.data(), n * heads, D, eps, q_.data());
+    ref ? kc::reference::RmsNorm(k_.data(), l.k_norm.data(), n * kv_heads, D, eps, k_.data())
+        : kc::RmsNorm(ctx_, k_.data(), l.k_norm.data(), n * kv_heads, D, eps, k_.data());
+  }
+  ref ? kc::reference::Rope(batch.positions, inv_freq_, static_cast<int>(D), q_.data(), heads, Q,
+                            k_.data(), kv_heads, K)
+      : kc::Rope(ctx_, batch.positions, inv_freq_, static_cast<int>(D), q_.data(), heads, Q,
+                 k_.data(), kv_heads, K);
+  // Batch validated up front: these cannot fail.
+  (ref ? kc::reference::WriteKvCache(k_.data(), K, v_.data(), K, batch.slot_mapping, l.cache)
+       : kc::WriteKvCache(ctx_, k_.data(), K, v_.data(), K, batch.slot_mapping, l.cache))
+      .IgnoreError();
+  kc::PagedAttentionArgs args;
+  args.q = q_.data();
+  args.q_token_stride = Q;
+  args.num_heads = heads;
+  args.cache = l.cache;
+  args.query_start_loc = batch.query_start_loc;
+  args.seq_lens = batch.seq_lens;
+  args.block_tables = batch.block_tables;
+  args.block_table_stride = batch.block_table_stride;
+  args.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  args.out = attn_.data();
+  (ref ? kc::reference::PagedAttention(args) : kc::PagedAttention(ctx_, args)).IgnoreError();
+  const float* o_bias = l.o_bias.empty() ? nullptr : l.o_bias.data();
+  ref ? kc::reference::Gemm(attn_.data(), n, l.o, o_bias, x_.data())
+      : kc::Gemm(ctx_, attn_.data(), n, l.o, o_bias, x_.data());
+
+  // MLP.
+  ref ? kc::reference::FusedAddRmsNorm(x_.data(), residual_.data(), l.post_norm.data(), n, H, eps)
+      : kc::FusedAddRmsNorm(ctx_, x_.data(), residual_.data(), l.post_norm.data(), n, H, eps);
+  const float* gu_bias = l.gate_up_bias.empty() ? nullptr : l.gate_up_bias.data();
+  ref ? kc::reference::Gemm(x_.data(), n, l.gate_up, gu_bias, gate_up_.data())
+      : kc::Gemm(ctx_, x_.data(), n, l.gate_up, gu_bias, gate_up_.data());
+  ref ? kc::reference::SiluMul(gate_up_.data(), n, I, act_.data())
+      : kc::SiluMul(ctx_, gate_up_.data(), n, I, act_.data());
+  const float* down_bias = l.down_bias.empty() ? nullptr : l.down_bias.data();
+  ref ? kc::reference::Gemm(act_.data(), n, l.down, down_bias, x_.data())
+      : kc::Gemm(ctx_, act_.data(), n, l.down, down_bias, x_.data());
+}
+
+absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
+  if (auto s = ValidateBatch(batch); !s.ok()) return s;
+  const model::ModelConfig& c = model_->config;
+  const int64_t n = batch.num_tokens();
+  const int64_t H = c.hidden_size, Q = c.q_size(), K = c.kv_size();
+  x_.resize(n * H);
+  residual_.resize(n * H);
+  qkv_.resize(n * (Q + 2 * K));
+  q_.resize(n * Q);
+  k_.resize(n * K);
+  v_.resize(n * K);
+  attn_.resize(n * Q);
+  gate_up_.resize(n * 2 * c.intermediate_size);
+  act_.resize(n * c.intermediate_size);
+
+  if (auto s = reference_ ? kc::reference::Embedding(embed_, batch.token_ids, x_.data())
+                          : kc::Embedding(ctx_, embed_, batch.token_ids, x_.data());
+      !s.ok()) {
+    return s;
+  }
+  for (int i = 0; i < c.num_hidden_layers; ++i) RunLayer(i, batch, n);
+
+  // Final norm and LM head, only for the rows whose logits are wanted.
+  const int64_t r = static_cast<int64_t>(batch.logits_indices.size());
+  logits->assign(static_cast<size_t>(r * c.vocab_size), 0.0f);
+  if (r == 0) return absl::OkStatus();
+  rows_.resize(r * H);
+  std::vector<float> rows_residual(r * H);
+  for (int64_t j = 0; j < r; ++j) {
+    int64_t t = batch.logits_indices[j];
+    std::memcpy(rows_.data() + j * H, x_.data() + t * H, sizeof(float) * H);
+    std::memcpy(rows_residual.data() + j * H, residual_.data() + t * H, sizeof(float) * H);
+  }
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (reference_) {
+    kc::reference::FusedAddRmsNorm(rows_.data(), rows_residual.data(), final_norm_.data(), r, H,
+                                   eps);
+    kc::reference::Gemm(rows_.data(), r, lm_head_, nullptr, logits->data());
+  } else {
+    kc::FusedAddRmsNorm(ctx_, rows_.data(), rows_residual.data(), final_norm_.data(), r, H, eps);
+    kc::Gemm(ctx_, rows_.data(), r, lm_head_, nullptr, logits->data());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tessera::runner

@@ -1,0 +1,179 @@
+#include "worker/runner/cpu_model_runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/runner/test_model.h"
+
+namespace tessera::runner {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempDir() {
+  std::string pattern = "/tmp/tessera-runner-XXXXXX";
+  char* dir = mkdtemp(pattern.data());
+  return dir ? std::string(dir) : "/tmp";
+}
+
+class CpuModelRunnerTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string dir = TempDir();
+    TestModelSpec spec;
+    spec.architecture = GetParam();
+    ASSERT_TRUE(WriteTestModel(dir, spec).ok());
+    auto loaded = model::LoadModel(dir);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    model_ = std::move(*loaded);
+  }
+
+  std::unique_ptr<CpuModelRunner> MakeRunner(const std::string& backend = "cpu") {
+    CpuRunnerOptions o;
+    o.block_size = 4;
+    o.num_kv_blocks = 64;
+    o.backend = backend;
+    auto r = CpuModelRunner::Create(model_.get(), o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? std::move(*r) : nullptr;
+  }
+
+  static std::vector<int32_t> Blocks(int first, int count) {
+    std::vector<int32_t> b(count);
+    std::iota(b.begin(), b.end(), first);
+    return b;
+  }
+
+  static std::vector<int32_t> Prompt(int n, int seed) {
+    std::mt19937 rng(seed);
+    std::vector<int32_t> t(n);
+    for (int32_t& x : t) x = static_cast<int32_t>(rng() % 256);
+    return t;
+  }
+
+  // Logits of every prompt position, in one prefill.
+  static std::vector<float> PrefillAll(CpuModelRunner& r, const std::vector<int32_t>& prompt,
+                                       const std::vector<int32_t>& blocks) {
+    ForwardBatch b;
+    b.block_table_stride = static_cast<int64_t>(blocks.size());
+    b.AddSequence(prompt, 0, blocks, r.block_size(), false);
+    for (int i = 0; i < static_cast<int>(prompt.size()); ++i) b.logits_indices.push_back(i);
+    std::vector<float> logits;
+    EXPECT_TRUE(r.Forward(b, &logits).ok());
+    return logits;
+  }
+
+  std::unique_ptr<model::LoadedModel> model_;
+};
+
+float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float m = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+// Tolerances: every path computes in fp32 with the same weights; they
+// differ only in summation order (GEMM blocking, attention chunking), which
+// moves logits of magnitude ~1-10 by well under 1e-4.
+constexpr float kTolerance = 1e-4f;
+
+TEST_P(CpuModelRunnerTest, PrefillEqualsTokenByTokenDecode) {
+  auto runner = MakeRunner();
+  const int vocab = 256;
+  std::vector<int32_t> prompt = Prompt(37, 1);
+  std::vector<float> full = PrefillAll(*runner, prompt, Blocks(0, 10));
+  std::vector<float> step_logits;
+  for (int i = 0; i < static_cast<int>(prompt.size()); ++i) {
+    ForwardBatch b;
+    b.block_table_stride = 10;
+    b.AddSequence({prompt[i]}, i, Blocks(20, 10), runner->block_size(), true);
+    std::vector<float> logits;
+    ASSERT_TRUE(runner->Forward(b, &logits).ok());
+    step_logits.insert(step_logits.end(), logits.begin(), logits.end());
+  }
+  ASSERT_EQ(full.size(), static_cast<size_t>(prompt.size() * vocab));
+  EXPECT_LT(MaxAbsDiff(full, step_logits), kTolerance);
+}
+
+TEST_P(CpuModelRunnerTest, ChunkedPrefillEqualsOnePass) {
+  auto runner = MakeRunner();
+  std::vector<int32_t> prompt = Prompt(40, 2);
+  std::vector<float> full = PrefillAll(*runner, prompt, Blocks(0, 10));
+  std::vector<float> last(full.end() - 256, full.end());
+  std::vector<float> chunked;
+  int start = 0;
+  for (int len : {17, 16, 7}) {
+    ForwardBatch b;
+    b.block_table_stride = 10;
+    std::vector<int32_t> chunk(prompt.begin() + start, prompt.begin() + start + len);
+    b.AddSequence(chunk, start, Blocks(30, 10), runner->block_size(), true);
+    ASSERT_TRUE(runner->Forward(b, &chunked).ok());
+    start += len;
+  }
+  EXPECT_LT(MaxAbsDiff(last, chunked), kTolerance);
+}
+
+TEST_P(CpuModelRunnerTest, BatchedSequencesEqualSequencesAlone) {
+  auto runner = MakeRunner();
+  std::vector<int32_t> a = Prompt(13, 3), b = Prompt(29, 4);
+  std::vector<float> alone_a = PrefillAll(*runner, a, Blocks(0, 8));
+  std::vector<float> alone_b = PrefillAll(*runner, b, Blocks(8, 8));
+  ForwardBatch batch;
+  batch.block_table_stride = 8;
+  batch.AddSequence(a, 0, Blocks(16, 8), runner->block_size(), true);
+  batch.AddSequence(b, 0, Blocks(24, 8), runner->block_size(), true);
+  std::vector<float> logits;
+  ASSERT_TRUE(runner->Forward(batch, &logits).ok());
+  std::vector<float> want(alone_a.end() - 256, alone_a.end());
+  want.insert(want.end(), alone_b.end() - 256, alone_b.end());
+  EXPECT_LT(MaxAbsDiff(logits, want), kTolerance);
+}
+
+TEST_P(CpuModelRunnerTest, OptimizedMatchesReferenceKernels) {
+  auto fast = MakeRunner("cpu");
+  auto ref = MakeRunner("cpu_reference");
+  std::vector<int32_t> prompt = Prompt(33, 5);
+  EXPECT_LT(MaxAbsDiff(PrefillAll(*fast, prompt, Blocks(0, 9)),
+                       PrefillAll(*ref, prompt, Blocks(0, 9))),
+            kTolerance);
+}
+
+TEST_P(CpuModelRunnerTest, MalformedBatchesAreRejectedWithoutComputing) {
+  auto runner = MakeRunner();
+  std::vector<float> logits;
+  {
+    ForwardBatch b;
+    b.block_table_stride = 2;
+    b.AddSequence({5, 256}, 0, Blocks(0, 2), runner->block_size(), true);
+    absl::Status s = runner->Forward(b, &logits);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("256"));
+  }
+  {
+    ForwardBatch b;
+    b.block_table_stride = 2;
+    b.AddSequence({5, 6}, 0, Blocks(0, 2), runner->block_size(), true);
+    b.positions[1] = 7;
+    EXPECT_EQ(runner->Forward(b, &logits).code(), absl::StatusCode::kInvalidArgument);
+  }
+  {
+    ForwardBatch b;
+    b.block_table_stride = 2;
+    b.AddSequence({5, 6}, 0, {64, 65}, runner->block_size(), true);  // blocks outside the cache
+    EXPECT_EQ(runner->Forward(b, &logits).code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(runner->Forward(ForwardBatch{}, &logits).code(), absl::StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, CpuModelRunnerTest,
+                         ::testing::Values("Qwen3ForCausalLM", "Qwen2ForCausalLM",
+                                           "LlamaForCausalLM"));
+
+}  // namespace
+}  // namespace tessera::runner

@@ -1,0 +1,61 @@
+// ForwardBatch: one engine step's work for the model, in the form every
+// backend (CPU now, CUDA later) consumes: the new tokens of a batch of
+// sequences flattened into one list, with their positions, the KV-cache slots
+// they are written to, and each sequence's block table.
+//
+// Sequence s contributes tokens [query_start_loc[s], query_start_loc[s+1])
+// (a prefill chunk, or 1 token for decode); after this step it has
+// seq_lens[s] tokens in the cache, so its new tokens sit at positions
+// seq_lens[s] - q_len ... seq_lens[s] - 1. Slot of position p:
+// block_table[p / block_size] * block_size + p % block_size.
+//
+// Thread-safety: a plain value.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace tessera::runner {
+
+struct ForwardBatch {
+  std::vector<int32_t> token_ids;        // [num_tokens]
+  std::vector<int32_t> positions;        // [num_tokens]
+  std::vector<int64_t> slot_mapping;     // [num_tokens]
+  std::vector<int32_t> query_start_loc;  // [num_seqs + 1], starts at 0
+  std::vector<int32_t> seq_lens;         // [num_seqs]
+  std::vector<int32_t> block_tables;     // [num_seqs, block_table_stride], -1 padded
+  int64_t block_table_stride = 0;
+  // Token indices (into token_ids) whose logits are returned, in order;
+  // usually the last token of each sequence that samples this step.
+  std::vector<int32_t> logits_indices;
+
+  int num_tokens() const { return static_cast<int>(token_ids.size()); }
+  int num_seqs() const { return static_cast<int>(seq_lens.size()); }
+
+  // Appends one sequence's chunk: `tokens` at positions start..start+n-1,
+  // with the sequence's block table. When `want_logits`, the chunk's last
+  // token is added to logits_indices. REQUIRES: block_table covers the
+  // positions; block_table_stride >= block_table.size() (set it first).
+  void AddSequence(const std::vector<int32_t>& tokens, int32_t start,
+                   const std::vector<int32_t>& block_table, int block_size, bool want_logits);
+};
+
+inline void ForwardBatch::AddSequence(const std::vector<int32_t>& tokens, int32_t start,
+                                      const std::vector<int32_t>& block_table, int block_size,
+                                      bool want_logits) {
+  if (query_start_loc.empty()) query_start_loc.push_back(0);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    int32_t pos = start + static_cast<int32_t>(i);
+    token_ids.push_back(tokens[i]);
+    positions.push_back(pos);
+    slot_mapping.push_back(int64_t{block_table[pos / block_size]} * block_size + pos % block_size);
+  }
+  query_start_loc.push_back(static_cast<int32_t>(token_ids.size()));
+  seq_lens.push_back(start + static_cast<int32_t>(tokens.size()));
+  for (int64_t i = 0; i < block_table_stride; ++i) {
+    block_tables.push_back(i < static_cast<int64_t>(block_table.size()) ? block_table[i] : -1);
+  }
+  if (want_logits && !tokens.empty()) logits_indices.push_back(num_tokens() - 1);
+}
+
+}  // namespace tessera::runner

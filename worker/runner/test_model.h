@@ -1,0 +1,33 @@
+// Test support: writes a small random decoder checkpoint (config.json +
+// model.safetensors) into a directory, for runner and engine tests that need
+// a model but not a particular one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "worker/model/dtype.h"
+
+namespace tessera::runner {
+
+struct TestModelSpec {
+  std::string architecture = "Qwen3ForCausalLM";
+  int vocab = 256;
+  int hidden = 64;
+  int intermediate = 128;
+  int layers = 2;
+  int heads = 4;
+  int kv_heads = 2;
+  int head_dim = 16;
+  int max_positions = 4096;
+  bool tie_embeddings = false;
+  model::DType dtype = model::DType::kF32;
+  float weight_scale = 0.15f;
+  uint64_t seed = 7;
+};
+
+// Writes the model into `dir` (which must exist).
+absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& spec);
+
+}  // namespace tessera::runner
