@@ -91,8 +91,8 @@ std::string FormatLogLine(LogLevel level, std::string_view service, std::string_
                           std::initializer_list<LogField> fields) {
   std::string line;
   line.reserve(128);
-  absl::StrAppend(&line, "ts=", absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", absl::Now(),
-                                                  absl::UTCTimeZone()));
+  absl::StrAppend(
+      &line, "ts=", absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", absl::Now(), absl::UTCTimeZone()));
   line.append(" level=");
   line.append(LevelName(level));
   if (!service.empty()) {

@@ -24,8 +24,8 @@ struct LogField {
   LogField(std::string_view k, const char* v) : key(k), value(v) {}
   LogField(std::string_view k, const std::string& v) : key(k), value(v) {}
   template <typename T>
-    requires std::is_arithmetic_v<T>
-  LogField(std::string_view k, T v) : key(k), value(absl::StrCat(v)) {}
+  requires std::is_arithmetic_v<T> LogField(std::string_view k, T v)
+      : key(k), value(absl::StrCat(v)) {}
   std::string_view key;
   std::string value;
 };

@@ -13,8 +13,8 @@
 namespace tessera::kernels::cuda {
 
 struct CudaDeviceInfo {
-  int ordinal = -1;             // CUDA ordinal in this process (not an identity).
-  std::string pci_bus_id;       // e.g. "0000:18:00.0": the device's identity.
+  int ordinal = -1;        // CUDA ordinal in this process (not an identity).
+  std::string pci_bus_id;  // e.g. "0000:18:00.0": the device's identity.
   std::string name;
   int sm_major = 0;
   int sm_minor = 0;

@@ -15,7 +15,9 @@ MetricsServer::MetricsServer(std::string service_name)
       .Name("tessera_build_info")
       .Help("Build information; the value is always 1")
       .Register(*registry_)
-      .Add({{"service", service_}, {"version", kTesseraVersion}, {"cuda", kTesseraCudaBuilt ? "1" : "0"}})
+      .Add({{"service", service_},
+            {"version", kTesseraVersion},
+            {"cuda", kTesseraCudaBuilt ? "1" : "0"}})
       .Set(1);
   ready_ = &prometheus::BuildGauge()
                 .Name("tessera_service_ready")

@@ -107,8 +107,7 @@ absl::Status ServiceHost::Start() {
       auto ca = ReadFileForFlag("tls_client_ca", options_.tls_client_ca_file);
       if (!ca.ok()) return ca.status();
       ssl.pem_root_certs = *ca;
-      ssl.client_certificate_request =
-          GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
     }
     creds = grpc::SslServerCredentials(ssl);
   }
@@ -161,7 +160,8 @@ absl::Status ServiceHost::WritePortFile() const {
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << "grpc_port=" << grpc_port_ << "\nmetrics_port=" << metrics_.port() << "\n";
-    if (!out) return absl::InvalidArgumentError(absl::StrCat("--port_file=", tmp, ": cannot write"));
+    if (!out)
+      return absl::InvalidArgumentError(absl::StrCat("--port_file=", tmp, ": cannot write"));
   }
   if (::rename(tmp.c_str(), options_.port_file.c_str()) != 0) {
     return absl::InvalidArgumentError(

@@ -16,10 +16,9 @@ class DrafterService final : public tessera::v1::Drafter::Service {
  public:
   explicit DrafterService(DrainState* drain) : drain_(drain) {}
 
-  grpc::Status Speculate(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<tessera::v1::DraftProposal, tessera::v1::DraftControl>* stream)
-      override;
+  grpc::Status Speculate(grpc::ServerContext* context,
+                         grpc::ServerReaderWriter<tessera::v1::DraftProposal,
+                                                  tessera::v1::DraftControl>* stream) override;
 
  private:
   DrainState* drain_;

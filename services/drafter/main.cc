@@ -8,7 +8,8 @@ namespace ts = tessera::services;
 
 int main(int argc, char** argv) {
   ts::BlockTerminationSignals();
-  ts::ParseServiceFlags(argc, argv, "tessera-drafter: speculative token proposals (tessera.v1.Drafter)");
+  ts::ParseServiceFlags(argc, argv,
+                        "tessera-drafter: speculative token proposals (tessera.v1.Drafter)");
   tessera::SetLogService("drafter");
   ts::ServiceHost host(ts::ServerOptionsFromFlags("drafter"));
   ts::DrafterService service(&host.drain());

@@ -8,7 +8,8 @@ namespace ts = tessera::services;
 
 int main(int argc, char** argv) {
   ts::BlockTerminationSignals();
-  ts::ParseServiceFlags(argc, argv, "tessera-router: routes requests to workers (tessera.v1.Inference)");
+  ts::ParseServiceFlags(argc, argv,
+                        "tessera-router: routes requests to workers (tessera.v1.Inference)");
   tessera::SetLogService("router");
   ts::ServiceHost host(ts::ServerOptionsFromFlags("router"));
   ts::InferenceService service(&host.drain());

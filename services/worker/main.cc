@@ -42,10 +42,9 @@ int main(int argc, char** argv) {
   ts::WorkerServiceOptions worker_options;
   worker_options.tensor_parallel_size = absl::GetFlag(FLAGS_tensor_parallel_size);
   worker_options.default_drain_deadline = options.drain_deadline;
-  ts::WorkerService service(worker_options, &host.drain(),
-                            [&host](absl::Duration d, std::string why) {
-                              host.RequestDrain(d, std::move(why));
-                            });
+  ts::WorkerService service(
+      worker_options, &host.drain(),
+      [&host](absl::Duration d, std::string why) { host.RequestDrain(d, std::move(why)); });
   host.AddService(&service, "tessera.v1.Worker");
   if (auto s = host.Start(); !s.ok()) return ts::StartupError(s);
   host.SetReady(true);

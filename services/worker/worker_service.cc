@@ -8,8 +8,7 @@ namespace tessera::services {
 
 using tessera::v1::LoadReport;
 
-WorkerService::WorkerService(WorkerServiceOptions options, DrainState* drain,
-                             DrainFn request_drain)
+WorkerService::WorkerService(WorkerServiceOptions options, DrainState* drain, DrainFn request_drain)
     : options_(options), drain_(drain), request_drain_(std::move(request_drain)) {}
 
 grpc::Status WorkerService::Generate(grpc::ServerContext* context,
@@ -40,9 +39,9 @@ grpc::Status WorkerService::WatchLoad(grpc::ServerContext* context,
                                       const tessera::v1::WatchLoadRequest* request,
                                       grpc::ServerWriter<LoadReport>* writer) {
   if (request->interval_ms() < 0 || (request->interval_ms() > 0 && request->interval_ms() < 10)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("interval_ms=", request->interval_ms(),
-                                     ": must be 0 (default 100) or >= 10"));
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("interval_ms=", request->interval_ms(), ": must be 0 (default 100) or >= 10"));
   }
   absl::Duration interval =
       absl::Milliseconds(request->interval_ms() == 0 ? 100 : request->interval_ms());
@@ -70,8 +69,9 @@ grpc::Status WorkerService::Drain(grpc::ServerContext*, const tessera::v1::Drain
   if (request->deadline_ms() < 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "deadline_ms must be >= 0");
   }
-  absl::Duration deadline = request->deadline_ms() == 0 ? options_.default_drain_deadline
-                                                        : absl::Milliseconds(request->deadline_ms());
+  absl::Duration deadline = request->deadline_ms() == 0
+                                ? options_.default_drain_deadline
+                                : absl::Milliseconds(request->deadline_ms());
   LogInfo("drain requested over gRPC", {{"deadline_ms", absl::ToInt64Milliseconds(deadline)}});
   request_drain_(deadline, "Drain RPC");
   response->set_in_flight_requests(drain_->in_flight());

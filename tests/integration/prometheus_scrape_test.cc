@@ -50,19 +50,19 @@ TEST(PrometheusScrapeTest, PrometheusSeesEveryServiceUp) {
     out << "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
         << "scrape_configs:\n";
     for (const auto& [job, port] : metrics_ports) {
-      out << "  - job_name: " << job << "\n    static_configs:\n      - targets: ['127.0.0.1:"
-          << port << "']\n";
+      out << "  - job_name: " << job
+          << "\n    static_configs:\n      - targets: ['127.0.0.1:" << port << "']\n";
     }
   }
   int web_port = PickFreePort();
   TestProcess prometheus;
-  ASSERT_TRUE(prometheus
-                  .Start(kPrometheus,
-                         {"--config.file=" + config, "--storage.tsdb.path=" + dir + "/tsdb",
-                          absl::StrCat("--web.listen-address=127.0.0.1:", web_port),
-                          "--log.level=warn"},
-                         dir + "/prometheus.log")
-                  .ok());
+  ASSERT_TRUE(
+      prometheus
+          .Start(kPrometheus,
+                 {"--config.file=" + config, "--storage.tsdb.path=" + dir + "/tsdb",
+                  absl::StrCat("--web.listen-address=127.0.0.1:", web_port), "--log.level=warn"},
+                 dir + "/prometheus.log")
+          .ok());
 
   std::map<std::string, std::string> up;
   absl::Time until = absl::Now() + absl::Seconds(60);
@@ -79,8 +79,7 @@ TEST(PrometheusScrapeTest, PrometheusSeesEveryServiceUp) {
     }
   }
   for (const auto& [job, binary] : binaries) {
-    EXPECT_EQ(up[job], "1") << "Prometheus does not see job " << job
-                            << " up; prometheus log:\n"
+    EXPECT_EQ(up[job], "1") << "Prometheus does not see job " << job << " up; prometheus log:\n"
                             << prometheus.ReadLog();
   }
   // The services' own metrics arrived too, not just the synthetic `up`.

@@ -1,10 +1,10 @@
 // End-to-end checks of the three service binaries: health, reflection,
 // metrics, drain on SIGTERM and start-up errors. Every test starts the real
 // binaries on loopback.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <memory>
@@ -277,7 +277,8 @@ TEST(ServicesTest, BadFlagsGiveOneLineErrors) {
   std::string busy = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
   for (const ServiceSpec& spec : kServices) {
     ExpectStartupError(spec.binary, {"--listen=" + busy}, "cannot listen on " + busy);
-    ExpectStartupError(spec.binary, {"--metrics_listen=" + busy}, "cannot serve metrics on " + busy);
+    ExpectStartupError(spec.binary, {"--metrics_listen=" + busy},
+                       "cannot serve metrics on " + busy);
   }
   close(fd);
 }

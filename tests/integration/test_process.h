@@ -26,9 +26,9 @@ std::string MakeTempDir();
 int PickFreePort();
 
 struct ExitInfo {
-  bool exited = false;    // Normal exit (not killed by a signal).
-  int code = -1;          // Exit code when exited.
-  int signal = 0;         // Terminating signal otherwise.
+  bool exited = false;  // Normal exit (not killed by a signal).
+  int code = -1;        // Exit code when exited.
+  int signal = 0;       // Terminating signal otherwise.
 };
 
 class TestProcess {

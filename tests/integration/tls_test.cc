@@ -33,7 +33,8 @@ void MakeCertificates(const std::string& dir) {
       "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=tessera-test-ca "
       "-keyout ca.key -out ca.pem; ",
       "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > san.ext; ",
-      "openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out server.csr; ",
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out "
+      "server.csr; ",
       "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
       "-extfile san.ext -out server.pem; ",
       "openssl req -newkey rsa:2048 -nodes -subj /CN=tessera-client -keyout client.key "
@@ -67,9 +68,9 @@ TEST(TlsTest, MutualTlsAdmitsOnlyClientsWithCertificates) {
   TestProcess worker;
   ASSERT_TRUE(worker
                   .Start(BinaryPath("services/worker/tessera-worker"),
-                         {"--listen=127.0.0.1:0", "--metrics_listen=", "--port_file=" + dir + "/ports",
-                          "--tls_cert=" + dir + "/server.pem", "--tls_key=" + dir + "/server.key",
-                          "--tls_client_ca=" + dir + "/ca.pem"},
+                         {"--listen=127.0.0.1:0", "--metrics_listen=",
+                          "--port_file=" + dir + "/ports", "--tls_cert=" + dir + "/server.pem",
+                          "--tls_key=" + dir + "/server.key", "--tls_client_ca=" + dir + "/ca.pem"},
                          dir + "/worker.log")
                   .ok());
   auto ports = worker.WaitForPortFile(dir + "/ports", absl::Seconds(20));

@@ -206,27 +206,28 @@ absl::Status CpuModelRunner::ValidateBatch(const ForwardBatch& b) const {
     return absl::InvalidArgumentError("positions and slot_mapping must have one entry per token");
   }
   if (b.query_start_loc.size() != static_cast<size_t>(s) + 1 || b.query_start_loc.back() != n) {
-    return absl::InvalidArgumentError("query_start_loc must have num_seqs + 1 entries ending at "
-                                      "num_tokens");
+    return absl::InvalidArgumentError(
+        "query_start_loc must have num_seqs + 1 entries ending at "
+        "num_tokens");
   }
   for (int i = 0; i < s; ++i) {
     int q_len = b.query_start_loc[i + 1] - b.query_start_loc[i];
     if (q_len < 0 || q_len > b.seq_lens[i]) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": ", q_len,
-                                                     " new tokens but seq_len ", b.seq_lens[i]));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", i, ": ", q_len, " new tokens but seq_len ", b.seq_lens[i]));
     }
     for (int j = 0; j < q_len; ++j) {
       int t = b.query_start_loc[i] + j;
       if (b.positions[t] != b.seq_lens[i] - q_len + j) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("token ", t, ": position ", b.positions[t], " but sequence ", i,
-                         " places it at ", b.seq_lens[i] - q_len + j));
+        return absl::InvalidArgumentError(absl::StrCat("token ", t, ": position ", b.positions[t],
+                                                       " but sequence ", i, " places it at ",
+                                                       b.seq_lens[i] - q_len + j));
       }
     }
     if (b.seq_lens[i] > model_->config.max_position_embeddings) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sequence ", i, ": length ", b.seq_lens[i],
-                       " exceeds the model's context of ", model_->config.max_position_embeddings));
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": length ", b.seq_lens[i],
+                                                     " exceeds the model's context of ",
+                                                     model_->config.max_position_embeddings));
     }
   }
   for (int32_t idx : b.logits_indices) {

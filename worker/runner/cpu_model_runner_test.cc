@@ -139,9 +139,9 @@ TEST_P(CpuModelRunnerTest, OptimizedMatchesReferenceKernels) {
   auto fast = MakeRunner("cpu");
   auto ref = MakeRunner("cpu_reference");
   std::vector<int32_t> prompt = Prompt(33, 5);
-  EXPECT_LT(MaxAbsDiff(PrefillAll(*fast, prompt, Blocks(0, 9)),
-                       PrefillAll(*ref, prompt, Blocks(0, 9))),
-            kTolerance);
+  EXPECT_LT(
+      MaxAbsDiff(PrefillAll(*fast, prompt, Blocks(0, 9)), PrefillAll(*ref, prompt, Blocks(0, 9))),
+      kTolerance);
 }
 
 TEST_P(CpuModelRunnerTest, MalformedBatchesAreRejectedWithoutComputing) {
@@ -169,6 +169,70 @@ TEST_P(CpuModelRunnerTest, MalformedBatchesAreRejectedWithoutComputing) {
     EXPECT_EQ(runner->Forward(b, &logits).code(), absl::StatusCode::kInvalidArgument);
   }
   EXPECT_EQ(runner->Forward(ForwardBatch{}, &logits).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The engine's guarantee that a request's output does not depend on what it
+// is batched with (or on chunking and preemption) rests on this: a token's
+// logits are bitwise identical whether it is computed alone, in a batch,
+// after a chunked prefill or as a decode step. Uses bf16 weights and sizes
+// past the SIMD widths so the vector paths run.
+TEST(CpuModelRunnerInvarianceTest, LogitsAreBitwiseIndependentOfBatchingAndChunking) {
+  std::string dir = TempDir();
+  TestModelSpec spec;
+  spec.hidden = 256;
+  spec.intermediate = 512;
+  spec.heads = 8;
+  spec.kv_heads = 2;
+  spec.head_dim = 32;
+  spec.dtype = model::DType::kBF16;
+  ASSERT_TRUE(WriteTestModel(dir, spec).ok());
+  auto m = model::LoadModel(dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  CpuRunnerOptions o;
+  o.block_size = 16;
+  o.num_kv_blocks = 64;
+  auto r = CpuModelRunner::Create(m->get(), o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  CpuModelRunner& runner = **r;
+  std::mt19937 rng(1);
+  std::vector<int32_t> a(70), b(33);
+  for (auto& x : a) x = static_cast<int32_t>(rng() % 256);
+  for (auto& x : b) x = static_cast<int32_t>(rng() % 256);
+  auto blocks = [](int first) {
+    std::vector<int32_t> v(8);
+    std::iota(v.begin(), v.end(), first);
+    return v;
+  };
+  auto run = [&](ForwardBatch& batch) {
+    std::vector<float> logits;
+    EXPECT_TRUE(runner.Forward(batch, &logits).ok());
+    return logits;
+  };
+  ForwardBatch alone;
+  alone.block_table_stride = 8;
+  alone.AddSequence(a, 0, blocks(0), 16, true);
+  std::vector<float> want = run(alone);
+
+  ForwardBatch batched;
+  batched.block_table_stride = 8;
+  batched.AddSequence(b, 0, blocks(8), 16, true);
+  batched.AddSequence(a, 0, blocks(16), 16, true);
+  std::vector<float> got = run(batched);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + 256)) << "batched";
+
+  ForwardBatch first, second;
+  first.block_table_stride = second.block_table_stride = 8;
+  first.AddSequence(std::vector<int32_t>(a.begin(), a.begin() + 50), 0, blocks(24), 16, false);
+  second.AddSequence(std::vector<int32_t>(a.begin() + 50, a.end()), 50, blocks(24), 16, true);
+  run(first);
+  EXPECT_EQ(run(second), want) << "chunked prefill";
+
+  ForwardBatch prefix, decode;
+  prefix.block_table_stride = decode.block_table_stride = 8;
+  prefix.AddSequence(std::vector<int32_t>(a.begin(), a.end() - 1), 0, blocks(32), 16, false);
+  decode.AddSequence({a.back()}, 69, blocks(32), 16, true);
+  run(prefix);
+  EXPECT_EQ(run(decode), want) << "decode step";
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, CpuModelRunnerTest,
