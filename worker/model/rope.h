@@ -1,0 +1,48 @@
+// Rotary position embedding (RoPE) tables: the inverse frequencies the
+// attention kernels take, computed exactly as Hugging Face transformers does
+// for the supported rope types.
+//
+// Convention (transformers' `rotate_half`, used by every supported model):
+// a head vector x of size head_dim is rotated in pairs (x[i], x[i + d/2]) for
+// i < d/2, by the angle  theta_i(p) = p * inv_freq[i]  at position p:
+//   x'[i]       = x[i] * cos - x[i + d/2] * sin
+//   x'[i + d/2] = x[i + d/2] * cos + x[i] * sin
+// transformers forms p * inv_freq[i] as a float32 product (both operands
+// float32) and takes cos/sin in float32; no attention scaling applies to the
+// types supported here.
+//
+// Inverse frequencies, all arithmetic in float32 as transformers does (d =
+// head_dim, base = rope_theta):
+//   default: inv_freq[i] = 1 / base^((2i) / d),   i = 0 .. d/2 - 1
+//   linear:  inv_freq[i] = default[i] / factor
+//   llama3:  with L = original_max_position_embeddings, lo = low_freq_factor,
+//            hi = high_freq_factor, wavelen = 2*pi / default[i]:
+//              wavelen < L / hi  -> default[i]             (high frequencies)
+//              wavelen > L / lo  -> default[i] / factor    (low frequencies)
+//              otherwise         -> (1 - s) * default[i] / factor + s * default[i]
+//                                   with s = (L / wavelen - lo) / (hi - lo)
+// Results agree with transformers' float32 tables to within 1 ulp (bit-exact
+// for 5 of the 6 reference tables in testdata/; the rest differ where torch's
+// vectorised pow() rounds differently from std::pow).
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/model/config.h"
+
+namespace tessera::model {
+
+// head_dim / 2 inverse frequencies. INVALID_ARGUMENT unless head_dim is even
+// and positive, theta > 0 and the scaling parameters are valid (see
+// RopeScaling).
+absl::StatusOr<std::vector<float>> RopeInverseFrequencies(int64_t head_dim, double theta,
+                                                          const RopeScaling& scaling);
+
+// For a model: uses config.head_dim, rope_theta and rope_scaling.
+absl::StatusOr<std::vector<float>> RopeInverseFrequencies(const ModelConfig& config);
+
+}  // namespace tessera::model

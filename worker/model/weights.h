@@ -1,0 +1,97 @@
+// ModelWeights: every tensor a decoder forward pass needs, located in a
+// checkpoint and checked against the ModelConfig, without copying or
+// converting anything (views into the checkpoint's memory map).
+//
+// For the forward pass:
+//   - every member is a TensorView: dtype (F32, F16 or BF16; tensors may
+//     differ in dtype), shape, and a pointer to dense row-major little-endian
+//     bytes that may be unaligned (see tensor.h);
+//   - Linear weights have the Hugging Face / torch layout [out_features,
+//     in_features]: y = x @ W^T (+ b), i.e. y[o] = sum_i W[o, i] * x[i];
+//   - shapes, with H = hidden_size, I = intermediate_size, V = vocab_size,
+//     D = head_dim, Q = num_attention_heads * D, K = num_key_value_heads * D:
+//       embed_tokens [V, H]    (row t is token t's embedding)
+//       input_layernorm, post_attention_layernorm, norm  [H]
+//       q_proj [Q, H]  k_proj [K, H]  v_proj [K, H]  o_proj [H, Q]
+//       q_bias [Q]  k_bias [K]  v_bias [K]  o_bias [H]          (optional)
+//       q_norm [D]  k_norm [D]   (Qwen3: RMSNorm over each head, eps =
+//                                 rms_norm_eps, before RoPE)
+//       gate_proj [I, H]  up_proj [I, H]  down_proj [H, I]
+//       gate_bias [I]  up_bias [I]  down_bias [H]               (optional)
+//       lm_head [V, H]  (the embed_tokens view when tied)
+//     Head h of q occupies rows [h*D, (h+1)*D) of q_proj; query head h reads
+//     key/value head h / (num_attention_heads / num_key_value_heads).
+//   - RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight (Llama/Qwen: weight as
+//     is, no "1 + weight" offset).
+//
+// Binding rules: every required tensor must exist (NOT_FOUND naming it),
+// have the expected shape (INVALID_ARGUMENT naming the tensor, the expected
+// and the actual shape) and a float dtype F32/F16/BF16. With
+// tie_word_embeddings an lm_head.weight in the checkpoint is ignored, as
+// transformers does. Tensors of layers >= num_hidden_layers
+// ("model.layers.N." with N too large) mean the config does not match the
+// checkpoint and are an error; other unknown tensors (e.g. old
+// rotary_emb.inv_freq buffers) are listed in `unused_tensors`.
+//
+// Lifetime: views point into the Checkpoint; keep it alive (LoadedModel does).
+// Thread-safety: immutable after binding; safe to read from any thread.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/model/checkpoint.h"
+#include "worker/model/config.h"
+#include "worker/model/tensor.h"
+
+namespace tessera::model {
+
+struct LayerWeights {
+  TensorView input_layernorm;                               // [H]
+  TensorView q_proj;                                        // [Q, H]
+  TensorView k_proj;                                        // [K, H]
+  TensorView v_proj;                                        // [K, H]
+  TensorView o_proj;                                        // [H, Q]
+  std::optional<TensorView> q_bias, k_bias, v_bias;         // when config.qkv_bias
+  std::optional<TensorView> o_bias;                         // when config.o_proj_bias
+  std::optional<TensorView> q_norm, k_norm;                 // [D], when config.qk_norm
+  TensorView post_attention_layernorm;                      // [H]
+  TensorView gate_proj;                                     // [I, H]
+  TensorView up_proj;                                       // [I, H]
+  TensorView down_proj;                                     // [H, I]
+  std::optional<TensorView> gate_bias, up_bias, down_bias;  // when config.mlp_bias
+};
+
+struct ModelWeights {
+  TensorView embed_tokens;                  // [V, H]
+  std::vector<LayerWeights> layers;         // config.num_hidden_layers entries
+  TensorView norm;                          // [H]
+  TensorView lm_head;                       // [V, H]
+  bool lm_head_tied = false;                // lm_head views embed_tokens' bytes
+  std::vector<std::string> unused_tensors;  // checkpoint tensors not bound, sorted
+};
+
+// The checkpoint names of the tensors `config` needs, in a stable order
+// (embedding, layers 0..L-1, final norm, lm_head unless tied).
+std::vector<std::string> RequiredTensorNames(const ModelConfig& config);
+
+// Locates and checks every tensor (see the rules above). The first problem
+// found is returned.
+absl::StatusOr<ModelWeights> BindModelWeights(const ModelConfig& config,
+                                              const Checkpoint& checkpoint);
+
+// A model directory opened as one unit: config.json, the checkpoint and the
+// bound weights, owning the memory map the views point into.
+struct LoadedModel {
+  ModelConfig config;
+  std::unique_ptr<Checkpoint> checkpoint;
+  ModelWeights weights;
+};
+
+// Loads `dir` (config.json + model.safetensors or its sharded index).
+absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& dir);
+
+}  // namespace tessera::model
