@@ -18,6 +18,7 @@ unit tests cover it).
 import json
 import random
 import sys
+import unicodedata
 
 CODE = {
     "cpp": r'''#include <vector>
@@ -451,6 +452,32 @@ def main():
         for p in parts[1:]:
             text += rng.choice(seps) + p
         add("mix", text)
+
+    # Unicode soup: random assigned code points from many blocks, mixed with
+    # ASCII, spaces and marks. Only characters assigned in this Python's
+    # Unicode version are drawn, so both implementations know them.
+    blocks = [(0x20, 0x7E), (0xA0, 0x24F), (0x300, 0x36F), (0x370, 0x3FF), (0x400, 0x52F),
+              (0x590, 0x5FF), (0x600, 0x6FF), (0x900, 0x97F), (0x980, 0x9FF), (0xE00, 0xE7F),
+              (0x10A0, 0x10FF), (0x1100, 0x11FF), (0x1E00, 0x1FFF), (0x2000, 0x206F),
+              (0x20A0, 0x20BF), (0x2100, 0x218F), (0x2190, 0x23FF), (0x2460, 0x24FF),
+              (0x2500, 0x27BF), (0x3000, 0x30FF), (0x3130, 0x318F), (0x4E00, 0x4FFF),
+              (0xAC00, 0xAFFF), (0xF900, 0xFAFF), (0xFB00, 0xFB4F), (0xFE30, 0xFE4F),
+              (0xFF00, 0xFFEF), (0x1D400, 0x1D7FF), (0x1F300, 0x1F64F), (0x1F900, 0x1F9FF)]
+    excluded = {0xFEFF, 0x85, 0x180E, 0x17F}
+    for i in range(120):
+        chars = []
+        for _ in range(rng.randint(3, 40)):
+            if rng.random() < 0.25:
+                chars.append(rng.choice(" \n\t  '"))
+                continue
+            lo, hi = rng.choice(blocks)
+            while True:
+                cp = rng.randint(lo, hi)
+                ch = chr(cp)
+                if cp not in excluded and unicodedata.category(ch) not in ("Cn", "Cs"):
+                    break
+            chars.append(ch)
+        add("soup", "".join(chars))
 
     # Every line is unique; duplicates would only slow the test.
     seen = set()

@@ -667,6 +667,7 @@ absl::Status TokenizerLoader::Finish() {
   }
   std::vector<const AddedToken*> raw, normalized;
   for (const AddedToken& token : t.added_) {
+    t.added_ids_[token.content] = token.id;
     t.pieces_[token.id] = TokenPiece{token.content, /*added=*/true, token.special};
     t.present_[token.id] = true;
     (token.normalized ? normalized : raw).push_back(&token);
@@ -840,8 +841,8 @@ absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids,
 }
 
 std::optional<int32_t> Tokenizer::TokenToId(std::string_view token) const {
-  for (const AddedToken& t : added_) {
-    if (t.content == token) return t.id;
+  if (auto it = added_ids_.find(tokenizer::AbslView(token)); it != added_ids_.end()) {
+    return it->second;
   }
   return model_->TokenToId(token);
 }

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "worker/tokenizer/added_tokens.h"
@@ -140,6 +141,7 @@ class Tokenizer {
   std::unique_ptr<tokenizer::PreTokenizer> pre_tokenizer_;
   bool nfc_ = false;
   std::vector<tokenizer::AddedToken> added_;
+  absl::flat_hash_map<std::string, int32_t> added_ids_;               // content -> id
   std::unique_ptr<tokenizer::AddedTokenMatcher> raw_matcher_;         // normalized == false
   std::unique_ptr<tokenizer::AddedTokenMatcher> normalized_matcher_;  // normalized == true
   std::vector<TokenPiece> pieces_;
