@@ -34,6 +34,10 @@ using tokenizer::Segment;
 namespace {
 
 constexpr uint64_t kMaxFileBytes = 1ull << 30;
+// Bounds that keep hostile files from exhausting memory or the stack. Real
+// vocabularies have at most a few hundred thousand ids.
+constexpr int64_t kMaxTokenId = (1 << 24) - 1;
+constexpr int kMaxNesting = 16;
 
 // Records the first syntax error of a parse; builds nothing.
 class ErrorOnlySax : public nlohmann::json_sax<Json> {
@@ -189,10 +193,10 @@ class TokenizerLoader {
  private:
   absl::Status LoadModel(const Json& model);
   absl::Status LoadAddedTokens(const Json& root, const Json* config);
-  absl::Status LoadNormalizer(const Json& normalizer, absl::string_view path);
-  absl::Status LoadPreTokenizer(const Json& pre, absl::string_view path);
-  absl::Status LoadPostProcessor(const Json& post, absl::string_view path);
-  absl::Status LoadDecoder(const Json& decoder, absl::string_view path);
+  absl::Status LoadNormalizer(const Json& normalizer, absl::string_view path, int depth = 0);
+  absl::Status LoadPreTokenizer(const Json& pre, absl::string_view path, int depth = 0);
+  absl::Status LoadPostProcessor(const Json& post, absl::string_view path, int depth = 0);
+  absl::Status LoadDecoder(const Json& decoder, absl::string_view path, int depth = 0);
   absl::Status LoadConfig(const Json& config);
   absl::Status Finish();
   std::optional<int32_t> Lookup(absl::string_view token) const;
@@ -265,7 +269,7 @@ absl::Status TokenizerLoader::LoadModel(const Json& model) {
       return tok_.TypeError(absl::StrCat("model.vocab[\"", it.key(), "\"]"), *it, "integer id");
     }
     const int64_t id = it->get<int64_t>();
-    if (id < 0 || id > INT32_MAX - 1) {
+    if (id < 0 || id > kMaxTokenId) {
       return tok_.Error(absl::StrCat("model.vocab[\"", it.key(), "\"]"),
                         absl::StrCat("id ", id, " is out of range"));
     }
@@ -326,7 +330,9 @@ absl::Status TokenizerLoader::LoadModel(const Json& model) {
   return absl::OkStatus();
 }
 
-absl::Status TokenizerLoader::LoadNormalizer(const Json& normalizer, absl::string_view path) {
+absl::Status TokenizerLoader::LoadNormalizer(const Json& normalizer, absl::string_view path,
+                                             int depth) {
+  if (depth > kMaxNesting) return tok_.Error(path, "nested too deeply");
   absl::StatusOr<std::string> type = tok_.Type(normalizer, path);
   if (!type.ok()) return type.status();
   if (*type == "NFC") {
@@ -339,7 +345,8 @@ absl::Status TokenizerLoader::LoadNormalizer(const Json& normalizer, absl::strin
       return tok_.Error(path, "Sequence needs a \"normalizers\" array");
     }
     for (size_t i = 0; i < list->size(); ++i) {
-      if (absl::Status s = LoadNormalizer((*list)[i], absl::StrCat(path, ".normalizers[", i, "]"));
+      if (absl::Status s =
+              LoadNormalizer((*list)[i], absl::StrCat(path, ".normalizers[", i, "]"), depth + 1);
           !s.ok()) {
         return s;
       }
@@ -350,7 +357,8 @@ absl::Status TokenizerLoader::LoadNormalizer(const Json& normalizer, absl::strin
                     absl::StrCat("normalizer \"", *type, "\" is not supported (supported: NFC)"));
 }
 
-absl::Status TokenizerLoader::LoadPreTokenizer(const Json& pre, absl::string_view path) {
+absl::Status TokenizerLoader::LoadPreTokenizer(const Json& pre, absl::string_view path, int depth) {
+  if (depth > kMaxNesting) return tok_.Error(path, "nested too deeply");
   absl::StatusOr<std::string> type = tok_.Type(pre, path);
   if (!type.ok()) return type.status();
   if (*type == "Sequence") {
@@ -359,8 +367,8 @@ absl::Status TokenizerLoader::LoadPreTokenizer(const Json& pre, absl::string_vie
       return tok_.Error(path, "Sequence needs a \"pretokenizers\" array");
     }
     for (size_t i = 0; i < list->size(); ++i) {
-      if (absl::Status s =
-              LoadPreTokenizer((*list)[i], absl::StrCat(path, ".pretokenizers[", i, "]"));
+      if (absl::Status s = LoadPreTokenizer(
+              (*list)[i], absl::StrCat(path, ".pretokenizers[", i, "]"), depth + 1);
           !s.ok()) {
         return s;
       }
@@ -416,7 +424,8 @@ absl::Status TokenizerLoader::LoadPreTokenizer(const Json& pre, absl::string_vie
                                  "\" is not supported (supported: Sequence, Split, ByteLevel)"));
 }
 
-absl::Status TokenizerLoader::LoadDecoder(const Json& decoder, absl::string_view path) {
+absl::Status TokenizerLoader::LoadDecoder(const Json& decoder, absl::string_view path, int depth) {
+  if (depth > kMaxNesting) return tok_.Error(path, "nested too deeply");
   absl::StatusOr<std::string> type = tok_.Type(decoder, path);
   if (!type.ok()) return type.status();
   if (*type == "ByteLevel") return absl::OkStatus();
@@ -426,7 +435,8 @@ absl::Status TokenizerLoader::LoadDecoder(const Json& decoder, absl::string_view
       return tok_.Error(path, "Sequence needs a non-empty \"decoders\" array");
     }
     for (size_t i = 0; i < list->size(); ++i) {
-      if (absl::Status s = LoadDecoder((*list)[i], absl::StrCat(path, ".decoders[", i, "]"));
+      if (absl::Status s =
+              LoadDecoder((*list)[i], absl::StrCat(path, ".decoders[", i, "]"), depth + 1);
           !s.ok()) {
         return s;
       }
@@ -437,7 +447,9 @@ absl::Status TokenizerLoader::LoadDecoder(const Json& decoder, absl::string_view
       path, absl::StrCat("decoder \"", *type, "\" is not supported (supported: ByteLevel)"));
 }
 
-absl::Status TokenizerLoader::LoadPostProcessor(const Json& post, absl::string_view path) {
+absl::Status TokenizerLoader::LoadPostProcessor(const Json& post, absl::string_view path,
+                                                int depth) {
+  if (depth > kMaxNesting) return tok_.Error(path, "nested too deeply");
   absl::StatusOr<std::string> type = tok_.Type(post, path);
   if (!type.ok()) return type.status();
   if (*type == "ByteLevel") return absl::OkStatus();  // Only adjusts offsets.
@@ -448,7 +460,7 @@ absl::Status TokenizerLoader::LoadPostProcessor(const Json& post, absl::string_v
     }
     for (size_t i = 0; i < list->size(); ++i) {
       if (absl::Status s =
-              LoadPostProcessor((*list)[i], absl::StrCat(path, ".processors[", i, "]"));
+              LoadPostProcessor((*list)[i], absl::StrCat(path, ".processors[", i, "]"), depth + 1);
           !s.ok()) {
         return s;
       }
@@ -533,8 +545,8 @@ absl::Status TokenizerLoader::LoadAddedTokens(const Json& root, const Json* conf
     } else {
       auto id = entry.find("id");
       if (id == entry.end() || !id->is_number_integer() || id->get<int64_t>() < 0 ||
-          id->get<int64_t>() > INT32_MAX - 1) {
-        return r.Error(path, "needs a non-negative integer \"id\"");
+          id->get<int64_t>() > kMaxTokenId) {
+        return r.Error(path, absl::StrCat("needs an integer \"id\" in [0, ", kMaxTokenId, "]"));
       }
       token.id = id->get<int32_t>();
     }
@@ -575,7 +587,7 @@ absl::Status TokenizerLoader::LoadAddedTokens(const Json& root, const Json* conf
       for (auto it = dec->begin(); it != dec->end(); ++it) {
         const std::string path = absl::StrCat("added_tokens_decoder[\"", it.key(), "\"]");
         int32_t id = 0;
-        if (!absl::SimpleAtoi(it.key(), &id) || id < 0) {
+        if (!absl::SimpleAtoi(it.key(), &id) || id < 0 || id > kMaxTokenId) {
           return cfg_.Error(path, "key is not a token id");
         }
         if (absl::Status s = add(*it, path, cfg_, id); !s.ok()) return s;

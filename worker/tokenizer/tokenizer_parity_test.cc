@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -193,6 +194,35 @@ TEST_F(TokenizerParityTest, OracleCoversTheWholeCorpus) {
   EXPECT_EQ((*oracle_)["corpus_size"].get<int>(), lines)
       << "expected.json is stale: re-run tokenizer_oracle_setup";
   EXPECT_EQ((*oracle_)["models"].size(), 2u);
+}
+
+// Many threads encoding at once (shared regex scratch pool and word cache)
+// must give exactly the oracle's ids.
+TEST_F(TokenizerParityTest, ConcurrentEncodingMatchesTheOracle) {
+  ASSERT_NE(oracle_, nullptr) << "oracle results not found at " << path_;
+  for (const Json& model : (*oracle_)["models"]) {
+    auto loaded = Tokenizer::FromFiles(model["tokenizer_json"].get<std::string>(),
+                                       model["tokenizer_config"].get<std::string>());
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    const Tokenizer& t = **loaded;
+    const Json& cases = model["cases"];
+    std::vector<int> mismatches(4, 0);
+    std::vector<std::thread> threads;
+    for (int k = 0; k < 4; ++k) {
+      threads.emplace_back([&, k] {
+        EncodeOptions plain;
+        plain.add_special_tokens = false;
+        for (int round = 0; round < 2; ++round) {
+          for (size_t i = k % 2; i < cases.size(); i += 1 + k % 2) {
+            auto ids = t.Encode(cases[i]["text"].get<std::string>(), plain);
+            if (!ids.ok() || *ids != cases[i]["ids"].get<std::vector<int32_t>>()) ++mismatches[k];
+          }
+        }
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    for (int k = 0; k < 4; ++k) EXPECT_EQ(mismatches[k], 0) << model["name"] << " thread " << k;
+  }
 }
 
 TEST_F(TokenizerParityTest, Qwen3) { CheckModel("qwen3"); }

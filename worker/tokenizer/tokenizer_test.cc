@@ -377,6 +377,27 @@ TEST(TokenizerLoadTest, InconsistentContentsAreNamed) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("bos_token"));
 }
 
+TEST(TokenizerLoadTest, HostileSizesAndNestingAreErrorsNotCrashes) {
+  Json j = TinyTokenizerJson(HelloSpec());
+  j["model"]["vocab"]["huge"] = 2000000000;
+  EXPECT_THAT(std::string(LoadError(j).message()), HasSubstr("out of range"));
+  j = TinyTokenizerJson(HelloSpec());
+  j["added_tokens"].push_back(AddedTokenJson(2000000000, "<big>", true));
+  EXPECT_EQ(LoadError(j).code(), absl::StatusCode::kInvalidArgument);
+  // Deep nesting, written as text (nlohmann's own dump() would recurse).
+  std::string text = TinyTokenizerJson(HelloSpec()).dump();
+  std::string nested;
+  for (int i = 0; i < 100000; ++i) nested += R"({"type": "Sequence", "normalizers": [)";
+  nested += R"({"type": "NFC"})";
+  for (int i = 0; i < 100000; ++i) nested += "]}";
+  const std::string key = R"("normalizer":null)";
+  ASSERT_NE(text.find(key), std::string::npos);
+  text.replace(text.find(key), key.size(), "\"normalizer\":" + nested);
+  auto deep = Tokenizer::FromJson(text, "", "deep.json");
+  ASSERT_FALSE(deep.ok());
+  EXPECT_THAT(std::string(deep.status().message()), HasSubstr("nested too deeply"));
+}
+
 TEST(TokenizerLoadTest, FromDirectoryReadsBothFiles) {
   const std::string dir = ::testing::TempDir() + "/tokenizer_load_test";
   std::filesystem::create_directories(dir);
