@@ -223,7 +223,6 @@ TEST(TokenizerTest, TokenAndIdLookups) {
   EXPECT_FALSE(t->IsSpecialToken(104));
   ASSERT_NE(t->Piece(0xC3), nullptr);
   EXPECT_EQ(t->Piece(0xC3)->text, "\xC3");
-  EXPECT_TRUE(t->regex_jit() || !t->regex_jit());  // Either is fine; must not crash.
 }
 
 TEST(TokenizerTest, BosAndEosFromTokenizerConfig) {
