@@ -95,26 +95,33 @@ absl::StatusOr<std::optional<std::string>> OptString(const Json& obj, std::strin
   return v->get<std::string>();
 }
 
-// A required integer >= `min`.
-absl::Status RequiredInt(const Json& obj, std::string_view key, int64_t min, int64_t* out) {
+absl::Status CheckRange(std::string_view key, int64_t v, int64_t min, int64_t max) {
+  if (v < min) return absl::InvalidArgumentError(Cat(key, " = ", v, " must be >= ", min));
+  if (v > max) {
+    return absl::InvalidArgumentError(
+        Cat(key, " = ", v, " exceeds the limit of ", max, " (corrupt config?)"));
+  }
+  return absl::OkStatus();
+}
+
+// A required integer in [min, max].
+absl::Status RequiredInt(const Json& obj, std::string_view key, int64_t min, int64_t max,
+                         int64_t* out) {
   absl::StatusOr<std::optional<int64_t>> v = OptInt(obj, key);
   if (!v.ok()) return v.status();
   if (!v->has_value()) return absl::InvalidArgumentError(Cat("missing required ", key));
-  if (**v < min) {
-    return absl::InvalidArgumentError(Cat(key, " = ", **v, " must be >= ", min));
-  }
+  if (absl::Status s = CheckRange(key, **v, min, max); !s.ok()) return s;
   *out = **v;
   return absl::OkStatus();
 }
 
-// An optional integer >= `min`, keeping *out when absent.
-absl::Status OptionalInt(const Json& obj, std::string_view key, int64_t min, int64_t* out) {
+// An optional integer in [min, max], keeping *out when absent.
+absl::Status OptionalInt(const Json& obj, std::string_view key, int64_t min, int64_t max,
+                         int64_t* out) {
   absl::StatusOr<std::optional<int64_t>> v = OptInt(obj, key);
   if (!v.ok()) return v.status();
   if (!v->has_value()) return absl::OkStatus();
-  if (**v < min) {
-    return absl::InvalidArgumentError(Cat(key, " = ", **v, " must be >= ", min));
-  }
+  if (absl::Status s = CheckRange(key, **v, min, max); !s.ok()) return s;
   *out = **v;
   return absl::OkStatus();
 }
@@ -264,7 +271,8 @@ absl::Status ParseSlidingWindow(const Json& obj, ModelConfig* config) {
     }
     if (use_sliding_window) {
       int64_t max_window_layers = layers;
-      if (absl::Status s = OptionalInt(obj, "max_window_layers", 0, &max_window_layers); !s.ok()) {
+      if (absl::Status s = OptionalInt(obj, "max_window_layers", 0, INT64_MAX, &max_window_layers);
+          !s.ok()) {
         return s;
       }
       sliding_layers = std::max<int64_t>(0, layers - max_window_layers);
@@ -328,15 +336,22 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& obj) {
   config.architecture = *arch;
   const ArchitectureInfo& info = InfoOf(config.architecture);
 
-  for (auto [key, out] :
-       {std::pair{"vocab_size", &config.vocab_size}, std::pair{"hidden_size", &config.hidden_size},
-        std::pair{"intermediate_size", &config.intermediate_size},
-        std::pair{"num_hidden_layers", &config.num_hidden_layers},
-        std::pair{"num_attention_heads", &config.num_attention_heads}}) {
-    if (absl::Status s = RequiredInt(obj, key, 1, out); !s.ok()) return s;
+  struct Dimension {
+    const char* key;
+    int64_t max;
+    int64_t* out;
+  };
+  for (const Dimension& d :
+       {Dimension{"vocab_size", kMaxVocabSize, &config.vocab_size},
+        Dimension{"hidden_size", kMaxHiddenSize, &config.hidden_size},
+        Dimension{"intermediate_size", kMaxIntermediateSize, &config.intermediate_size},
+        Dimension{"num_hidden_layers", kMaxLayers, &config.num_hidden_layers},
+        Dimension{"num_attention_heads", kMaxHeads, &config.num_attention_heads}}) {
+    if (absl::Status s = RequiredInt(obj, d.key, 1, d.max, d.out); !s.ok()) return s;
   }
   config.num_key_value_heads = config.num_attention_heads;
-  if (absl::Status s = OptionalInt(obj, "num_key_value_heads", 1, &config.num_key_value_heads);
+  if (absl::Status s =
+          OptionalInt(obj, "num_key_value_heads", 1, kMaxHeads, &config.num_key_value_heads);
       !s.ok()) {
     return s;
   }
@@ -349,8 +364,8 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& obj) {
   if (!head_dim.ok()) return head_dim.status();
   if (head_dim->has_value()) {
     config.head_dim = **head_dim;
-    if (config.head_dim < 1) {
-      return absl::InvalidArgumentError(Cat("head_dim = ", config.head_dim, " must be >= 1"));
+    if (absl::Status s = CheckRange("head_dim", config.head_dim, 1, kMaxHeadDim); !s.ok()) {
+      return s;
     }
   } else {
     if (config.hidden_size % config.num_attention_heads != 0) {
@@ -359,6 +374,9 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& obj) {
               config.num_attention_heads, " and no head_dim is given"));
     }
     config.head_dim = config.hidden_size / config.num_attention_heads;
+    if (absl::Status s = CheckRange("head_dim", config.head_dim, 1, kMaxHeadDim); !s.ok()) {
+      return s;
+    }
   }
   if (config.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(
@@ -370,8 +388,8 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& obj) {
     return s;
   }
   config.max_position_embeddings = info.default_max_position_embeddings;
-  if (absl::Status s =
-          OptionalInt(obj, "max_position_embeddings", 1, &config.max_position_embeddings);
+  if (absl::Status s = OptionalInt(obj, "max_position_embeddings", 1, kMaxPositionEmbeddings,
+                                   &config.max_position_embeddings);
       !s.ok()) {
     return s;
   }

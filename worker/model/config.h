@@ -43,6 +43,17 @@
 
 namespace tessera::model {
 
+// Upper bounds on the sizes in a config, far above any released model, so a
+// corrupt file cannot make later code allocate absurd amounts of memory.
+// Token ids are int32, hence the vocabulary bound.
+inline constexpr int64_t kMaxVocabSize = 2147483647;
+inline constexpr int64_t kMaxHiddenSize = int64_t{1} << 20;
+inline constexpr int64_t kMaxIntermediateSize = int64_t{1} << 22;
+inline constexpr int64_t kMaxLayers = 4096;
+inline constexpr int64_t kMaxHeads = 4096;
+inline constexpr int64_t kMaxHeadDim = 8192;
+inline constexpr int64_t kMaxPositionEmbeddings = int64_t{1} << 30;
+
 enum class ModelArchitecture { kLlama, kMistral, kQwen2, kQwen3 };
 
 // "LlamaForCausalLM", ...

@@ -10,9 +10,9 @@ namespace tessera::model {
 
 absl::StatusOr<std::vector<float>> RopeInverseFrequencies(int64_t head_dim, double theta,
                                                           const RopeScaling& scaling) {
-  if (head_dim < 2 || head_dim % 2 != 0) {
+  if (head_dim < 2 || head_dim % 2 != 0 || head_dim > kMaxHeadDim) {
     return absl::InvalidArgumentError(
-        Cat("rotary head_dim = ", head_dim, " must be even and positive"));
+        Cat("rotary head_dim = ", head_dim, " must be even, positive and at most ", kMaxHeadDim));
   }
   if (!(theta > 0) || !std::isfinite(theta)) {
     return absl::InvalidArgumentError(Cat("rope_theta = ", theta, " must be > 0"));

@@ -36,8 +36,8 @@
 
 namespace tessera::model {
 
-// head_dim / 2 inverse frequencies. INVALID_ARGUMENT unless head_dim is even
-// and positive, theta > 0 and the scaling parameters are valid (see
+// head_dim / 2 inverse frequencies. INVALID_ARGUMENT unless head_dim is even,
+// positive and <= kMaxHeadDim, theta > 0 and the scaling parameters are valid (see
 // RopeScaling).
 absl::StatusOr<std::vector<float>> RopeInverseFrequencies(int64_t head_dim, double theta,
                                                           const RopeScaling& scaling);
