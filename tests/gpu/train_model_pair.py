@@ -411,7 +411,7 @@ def pick_prompts(tok, test_docs, lengths):
     candidates = [t for _, t in test_docs if len(t) > 3000] or [t for _, t in test_docs]
     prompts = []
     for k, want in enumerate(lengths):
-        doc = candidates[(k * 7) % len(candidates)]
+        doc = candidates[(k * len(candidates)) // len(lengths)]  # different files (given 3+)
         lines = doc.splitlines(keepends=True)
         start = 0
         for j, line in enumerate(lines):  # start at a definition when there is one
