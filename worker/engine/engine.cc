@@ -1,0 +1,435 @@
+#include "worker/engine/engine.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/log.h"
+
+namespace tessera::engine {
+
+// A request the engine owns: its stream, sampling state and timing.
+struct Engine::Request {
+  SequenceId id = 0;
+  EngineRequest request;
+  std::shared_ptr<RequestStream> stream;
+  sampling::TokenCounts counts;
+  absl::Time arrival;
+  std::optional<absl::Time> last_token_time;
+  bool admitted = false;
+};
+
+// ---- RequestStream ----
+
+bool RequestStream::Next(StreamEvent* event, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !events_.empty(); };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) return false;
+  *event = std::move(events_.front());
+  events_.pop_front();
+  return true;
+}
+
+void RequestStream::Push(StreamEvent event) {
+  absl::MutexLock lock(&mu_);
+  events_.push_back(std::move(event));
+}
+
+// ---- Engine ----
+
+Engine::Engine(std::unique_ptr<runner::ModelRunner> runner, EngineOptions options,
+               EngineObserver* observer)
+    : runner_(std::move(runner)), options_(std::move(options)), observer_(observer) {
+  static EngineObserver* const kNoObserver = new EngineObserver();
+  if (observer_ == nullptr) observer_ = kNoObserver;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<runner::ModelRunner> runner,
+                                                       EngineOptions options,
+                                                       EngineObserver* observer) {
+  if (runner == nullptr) return absl::InvalidArgumentError("engine needs a model runner");
+  options.scheduler.block_size = runner->block_size();
+  options.scheduler.num_blocks = static_cast<int>(runner->num_kv_blocks());
+  options.scheduler.vocab_size = static_cast<int>(runner->config().vocab_size);
+  options.scheduler.max_model_len = static_cast<int>(
+      std::min<int64_t>(options.scheduler.max_model_len, runner->config().max_position_embeddings));
+  if (options.max_waiting < 1) return absl::InvalidArgumentError("max_waiting must be >= 1");
+  auto scheduler = Scheduler::Create(options.scheduler);
+  if (!scheduler.ok()) return scheduler.status();
+  std::unique_ptr<Engine> engine(new Engine(std::move(runner), std::move(options), observer));
+  engine->scheduler_ = std::move(*scheduler);
+  engine->PublishLoad();
+  return engine;
+}
+
+Engine::~Engine() { Stop(); }
+
+void Engine::Start() {
+  if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+}
+
+void Engine::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_ && !thread_.joinable()) return;
+    stopped_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  FailAll(absl::CancelledError("the engine stopped"));
+}
+
+absl::StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request) {
+  const int vocab = static_cast<int>(runner_->config().vocab_size);
+  if (request.prompt.empty()) return absl::InvalidArgumentError("prompt must not be empty");
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    if (request.prompt[i] < 0 || request.prompt[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " is ", request.prompt[i],
+                                                     ": ids must be in [0, ", vocab, ")"));
+    }
+  }
+  if (request.max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens must be >= 1, got ", request.max_tokens));
+  }
+  if (auto s = sampling::ValidateSamplingParams(request.sampling, vocab); !s.ok()) return s;
+  SamplingOptions so;
+  so.max_tokens = request.max_tokens;
+  so.eos_token_ids = options_.eos_token_ids;
+  so.ignore_eos = request.ignore_eos;
+  so.stop_token_ids = request.stop_token_ids;
+  so.priority = request.priority;
+  if (auto s = scheduler_->CheckAdmissible(request.prompt, request.generated, so); !s.ok()) {
+    return s;
+  }
+  auto r = std::make_unique<Request>();
+  r->id = next_id_.fetch_add(1);
+  r->arrival = absl::Now();
+  r->counts.AddPrompt(request.prompt);
+  for (TokenId t : request.generated) r->counts.AddOutput(t);
+  r->request = std::move(request);
+  r->stream = std::make_shared<RequestStream>(r->id);
+  std::shared_ptr<RequestStream> stream = r->stream;
+  absl::MutexLock lock(&mu_);
+  if (stopped_) return absl::UnavailableError("the engine is stopped");
+  if (load_.waiting + static_cast<int>(inbox_.size()) >= options_.max_waiting) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the worker's waiting queue is full (", options_.max_waiting,
+                     " requests); retry later or on another worker"));
+  }
+  inbox_.push_back(std::move(r));
+  return stream;
+}
+
+void Engine::Cancel(SequenceId id) {
+  absl::MutexLock lock(&mu_);
+  cancels_.push_back(id);
+}
+
+LoadSnapshot Engine::Load() const {
+  absl::MutexLock lock(&mu_);
+  LoadSnapshot l = load_;
+  l.waiting += static_cast<int>(inbox_.size());
+  for (const auto& r : inbox_) l.waiting_prefill_tokens += r->request.prompt.size();
+  return l;
+}
+
+std::vector<NumberedKvEvent> Engine::EventsSince(uint64_t from, uint64_t* next, bool* gap) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<NumberedKvEvent> out;
+  uint64_t oldest = kv_log_.empty() ? next_kv_number_ : kv_log_.front().number;
+  *gap = from < oldest;
+  for (const NumberedKvEvent& e : kv_log_) {
+    if (e.number >= from) out.push_back(e);
+  }
+  *next = next_kv_number_;
+  return out;
+}
+
+std::vector<KvCacheEvent> Engine::CachedBlocks() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<KvCacheEvent> out;
+  out.reserve(cached_.size());
+  for (const auto& [hash, block] : cached_) {
+    KvCacheEvent e;
+    e.kind = KvCacheEvent::Kind::kStored;
+    e.block_hashes.push_back(hash);
+    e.parent_hash = block.parent;
+    e.token_ids = block.tokens;
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+void Engine::ApplyToSnapshot(const KvCacheEvent& e) {
+  if (e.kind == KvCacheEvent::Kind::kRemoved) {
+    for (uint64_t h : e.block_hashes) cached_.erase(h);
+    return;
+  }
+  const size_t bs = static_cast<size_t>(runner_->block_size());
+  std::optional<uint64_t> parent = e.parent_hash;
+  for (size_t i = 0; i < e.block_hashes.size(); ++i) {
+    CachedBlock& b = cached_[e.block_hashes[i]];
+    b.parent = parent;
+    if (e.token_ids.size() >= (i + 1) * bs) {
+      b.tokens.assign(e.token_ids.begin() + i * bs, e.token_ids.begin() + (i + 1) * bs);
+    }
+    parent = e.block_hashes[i];
+  }
+}
+
+void Engine::Loop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopped_) return;
+    }
+    DrainInbox();
+    if (!Step()) {
+      // Idle: wait for new work.
+      absl::MutexLock lock(&mu_);
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopped_ || !inbox_.empty() || !cancels_.empty();
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&has_work), absl::Milliseconds(50));
+    }
+  }
+}
+
+void Engine::DrainInbox() {
+  std::vector<std::unique_ptr<Request>> inbox;
+  std::vector<SequenceId> cancels;
+  {
+    absl::MutexLock lock(&mu_);
+    inbox.swap(inbox_);
+    cancels.swap(cancels_);
+  }
+  for (auto& r : inbox) {
+    SamplingOptions so;
+    so.max_tokens = r->request.max_tokens;
+    so.eos_token_ids = options_.eos_token_ids;
+    so.ignore_eos = r->request.ignore_eos;
+    so.stop_token_ids = r->request.stop_token_ids;
+    so.priority = r->request.priority;
+    absl::Status s = scheduler_->AddSequence(r->id, r->request.prompt, so, r->request.generated);
+    if (!s.ok()) {
+      StreamEvent e;
+      e.finished = true;
+      e.error = s;
+      r->stream->Push(std::move(e));
+      continue;
+    }
+    SequenceId id = r->id;
+    active_[id] = std::move(r);
+  }
+  for (SequenceId id : cancels) {
+    auto it = active_.find(id);
+    if (it == active_.end()) continue;
+    // Abort frees the blocks now, or when the step in flight completes.
+    scheduler_->Abort(id).IgnoreError();
+    StreamEvent e;
+    e.finished = true;
+    e.finish_reason = FinishReason::kAbort;
+    it->second->stream->Push(std::move(e));
+    active_.erase(it);
+  }
+  PublishLoad();
+}
+
+// One engine step: schedule → run → sample → emit → free.
+bool Engine::Step() {
+  absl::StatusOr<ScheduledBatch> batch = scheduler_->Schedule();
+  if (!batch.ok()) {
+    FailAll(batch.status());
+    return false;
+  }
+  if (batch->empty()) return false;
+
+  runner::ForwardBatch forward = ToForwardBatch(*batch);
+  std::vector<float> logits;
+  absl::Time start = absl::Now();
+  absl::Status run = runner_->Forward(forward, &logits);
+  observer_->OnStep(*batch, absl::Now() - start);
+  if (!run.ok()) {
+    LogError("model step failed; failing the batch's requests",
+             {{"error", std::string(run.message())}});
+    FailAll(run);
+    return true;
+  }
+
+  std::vector<SampledTokens> sampled;
+  Sample(*batch, logits, &sampled);
+  absl::StatusOr<std::vector<SequenceOutput>> outputs = scheduler_->OnStepDone(sampled);
+  if (!outputs.ok()) {
+    FailAll(outputs.status());
+    return true;
+  }
+  Emit(*outputs);
+  PublishLoad();
+  return true;
+}
+
+runner::ForwardBatch ToForwardBatch(const ScheduledBatch& batch) {
+  runner::ForwardBatch f;
+  size_t stride = 0;
+  for (const ScheduledSequence& s : batch.sequences)
+    stride = std::max(stride, s.block_table.size());
+  f.block_table_stride = static_cast<int64_t>(stride);
+  f.query_start_loc.push_back(0);
+  for (const ScheduledSequence& s : batch.sequences) {
+    for (int i = 0; i < s.num_tokens; ++i) {
+      f.token_ids.push_back(s.token_ids[i]);
+      f.positions.push_back(s.start_position + i);
+      f.slot_mapping.push_back(s.slot_mapping[i]);
+    }
+    f.query_start_loc.push_back(static_cast<int32_t>(f.token_ids.size()));
+    f.seq_lens.push_back(s.context_len());
+    for (size_t i = 0; i < stride; ++i) {
+      f.block_tables.push_back(i < s.block_table.size() ? s.block_table[i] : -1);
+    }
+    if (s.needs_logits) f.logits_indices.push_back(static_cast<int32_t>(f.token_ids.size()) - 1);
+  }
+  return f;
+}
+
+void Engine::Sample(const ScheduledBatch& batch, const std::vector<float>& logits,
+                    std::vector<SampledTokens>* sampled) {
+  const int64_t vocab = runner_->config().vocab_size;
+  int row = 0;
+  for (const ScheduledSequence& s : batch.sequences) {
+    if (!s.needs_logits) continue;
+    absl::Span<const float> r(logits.data() + row * vocab, vocab);
+    ++row;
+    auto it = active_.find(s.id);
+    if (it == active_.end()) continue;  // aborted during the step
+    Request& req = *it->second;
+    const Sequence* seq = scheduler_->FindSequence(s.id);
+    int64_t position = seq ? seq->num_tokens() : s.context_len();
+    absl::StatusOr<sampling::SampleResult> result =
+        sampling::Sample(r, req.request.sampling, req.counts, position);
+    if (!result.ok()) {
+      // Non-finite logits: fail this request only.
+      StreamEvent e;
+      e.finished = true;
+      e.error = absl::InternalError(absl::StrCat("sampling failed: ", result.status().message()));
+      req.stream->Push(std::move(e));
+      scheduler_->Abort(s.id).IgnoreError();
+      active_.erase(it);
+      continue;
+    }
+    req.counts.AddOutput(result->token);
+    SampledTokens st;
+    st.id = s.id;
+    st.token_ids.push_back(result->token);
+    sampled->push_back(std::move(st));
+    // Logprobs travel with the token; kept until Emit.
+    TokenReport report;
+    report.token = result->token;
+    if (req.request.logprobs) {
+      report.logprob = result->logprob;
+      report.top_logprobs = std::move(result->top_logprobs);
+    }
+    pending_reports_[s.id].push_back(std::move(report));
+  }
+}
+
+void Engine::Emit(const std::vector<SequenceOutput>& outputs) {
+  absl::Time now = absl::Now();
+  for (const SequenceOutput& out : outputs) {
+    auto it = active_.find(out.id);
+    if (it == active_.end()) continue;
+    Request& req = *it->second;
+    StreamEvent e;
+    auto pending = pending_reports_.find(out.id);
+    if (pending != pending_reports_.end()) {
+      // The scheduler may keep fewer tokens than were sampled (a stop).
+      for (size_t i = 0; i < out.new_token_ids.size() && i < pending->second.size(); ++i) {
+        e.tokens.push_back(std::move(pending->second[i]));
+      }
+      pending_reports_.erase(pending);
+    }
+    if (!out.new_token_ids.empty()) {
+      if (!req.last_token_time) {
+        observer_->OnFirstToken(now - req.arrival);
+        observer_->OnTokens(static_cast<int>(out.new_token_ids.size()) - 1, absl::ZeroDuration());
+      } else {
+        observer_->OnTokens(static_cast<int>(out.new_token_ids.size()), now - *req.last_token_time);
+      }
+      req.last_token_time = now;
+    }
+    if (out.finished) {
+      e.finished = true;
+      e.finish_reason = out.finish_reason;
+      if (out.finish_reason == FinishReason::kStop && !out.new_token_ids.empty()) {
+        e.stop_token = out.new_token_ids.back();
+      }
+      e.prompt_tokens = out.num_prompt_tokens;
+      e.output_tokens = out.num_output_tokens;
+      e.cached_tokens = out.num_cached_tokens;
+      const SequenceTimes& t = out.times;
+      absl::Time scheduled = t.first_scheduled.value_or(now);
+      absl::Time first = t.first_token.value_or(now);
+      e.queue_time = scheduled - t.arrival;
+      e.prefill_time = first - scheduled;
+      e.decode_time = t.finished.value_or(now) - first;
+      observer_->OnFinished(e, now - req.arrival);
+      req.stream->Push(std::move(e));
+      active_.erase(it);
+    } else if (!e.tokens.empty()) {
+      req.stream->Push(std::move(e));
+    }
+  }
+}
+
+void Engine::FailAll(const absl::Status& status) {
+  for (auto& [id, req] : active_) {
+    scheduler_->Abort(id).IgnoreError();
+    StreamEvent e;
+    e.finished = true;
+    e.error = status;
+    req->stream->Push(std::move(e));
+  }
+  active_.clear();
+  pending_reports_.clear();
+  std::vector<std::unique_ptr<Request>> inbox;
+  {
+    absl::MutexLock lock(&mu_);
+    inbox.swap(inbox_);
+  }
+  for (auto& r : inbox) {
+    StreamEvent e;
+    e.finished = true;
+    e.error = status;
+    r->stream->Push(std::move(e));
+  }
+}
+
+void Engine::PublishLoad() {
+  SchedulerStats stats = scheduler_->stats();
+  std::vector<KvCacheEvent> events = scheduler_->TakeKvEvents();
+  int64_t waiting_tokens = 0;
+  for (const auto& [id, req] : active_) {
+    const Sequence* seq = scheduler_->FindSequence(id);
+    if (seq && seq->status() != SequenceStatus::kRunning) {
+      waiting_tokens += seq->num_uncomputed_tokens();
+    }
+  }
+  observer_->OnSchedulerStats(stats);
+  absl::MutexLock lock(&mu_);
+  load_.running = stats.num_running;
+  load_.waiting = stats.num_waiting;
+  load_.kv_blocks_used = stats.blocks.num_used_blocks;
+  load_.kv_blocks_total = stats.blocks.num_total_blocks;
+  load_.prefix_cache_hit_rate =
+      stats.blocks.prefix_query_blocks == 0
+          ? 0.0
+          : static_cast<double>(stats.blocks.prefix_hit_blocks) / stats.blocks.prefix_query_blocks;
+  load_.waiting_prefill_tokens = waiting_tokens;
+  load_.preemptions = stats.num_preemptions;
+  for (KvCacheEvent& e : events) {
+    ApplyToSnapshot(e);
+    kv_log_.push_back({next_kv_number_++, std::move(e)});
+  }
+  while (kv_log_.size() > options_.max_logged_kv_events) kv_log_.pop_front();
+}
+
+}  // namespace tessera::engine

@@ -1,0 +1,208 @@
+// Engine: one worker's inference loop. A dedicated thread repeats
+//
+//   schedule → run the model → sample → emit tokens → free finished requests
+//
+// fed by a thread-safe inbox (new requests, cancellations) from the gRPC
+// threads. Each request gets a RequestStream its caller reads tokens from.
+// Batching, KV blocks and preemption are the Scheduler's business
+// (scheduler.h); the forward pass is the ModelRunner's (worker/runner).
+//
+// Observability: load snapshots and prefix-cache events for the router
+// (Load(), the event log), and an EngineObserver the service layer turns
+// into metrics — the engine itself knows nothing of Prometheus or gRPC.
+//
+// Thread-safety: Submit, Cancel, Load, EventsSince and Stop are thread-safe;
+// everything else runs on the engine thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "worker/engine/scheduler.h"
+#include "worker/runner/model_runner.h"
+#include "worker/sampling/sampler.h"
+
+namespace tessera::engine {
+
+// A request as the engine takes it: token ids in.
+struct EngineRequest {
+  std::string request_id;  // for logs
+  std::vector<TokenId> prompt;
+  // Tokens generated elsewhere (migration); generation continues after them.
+  std::vector<TokenId> generated;
+  sampling::SamplingParams sampling;
+  int max_tokens = 16;
+  bool ignore_eos = false;
+  std::vector<TokenId> stop_token_ids;
+  int priority = 0;
+  bool logprobs = false;  // report each token's log-probability
+};
+
+// One token's report.
+struct TokenReport {
+  TokenId token = 0;
+  float logprob = 0;                                 // when requested
+  std::vector<sampling::TokenLogprob> top_logprobs;  // when requested
+};
+
+// What a request's stream carries: tokens as they are sampled, then one
+// final event.
+struct StreamEvent {
+  std::vector<TokenReport> tokens;
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::optional<TokenId> stop_token;  // the id that stopped it, for kStop
+  int prompt_tokens = 0;
+  int output_tokens = 0;  // including resumed ones
+  int cached_tokens = 0;
+  absl::Duration queue_time, prefill_time, decode_time;
+  absl::Status error;  // non-OK when the request failed after acceptance
+};
+
+// A single-consumer channel from the engine thread to one request's reader.
+class RequestStream {
+ public:
+  explicit RequestStream(SequenceId id) : id_(id) {}
+  SequenceId id() const { return id_; }
+  // Waits up to `timeout` for the next event; false on timeout. After the
+  // final event (finished == true) no more arrive.
+  bool Next(StreamEvent* event, absl::Duration timeout);
+  void Push(StreamEvent event);
+
+ private:
+  const SequenceId id_;
+  absl::Mutex mu_;
+  std::deque<StreamEvent> events_ ABSL_GUARDED_BY(mu_);
+};
+
+// The numbers the router routes by.
+struct LoadSnapshot {
+  int running = 0;
+  int waiting = 0;  // includes requests still in the inbox
+  int64_t kv_blocks_used = 0;
+  int64_t kv_blocks_total = 0;
+  double prefix_cache_hit_rate = 0;  // lifetime, in blocks
+  int64_t waiting_prefill_tokens = 0;
+  int64_t preemptions = 0;
+};
+
+// Prefix-cache events numbered in order; a subscriber remembers the number
+// after the last one it saw.
+struct NumberedKvEvent {
+  uint64_t number = 0;
+  KvCacheEvent event;
+};
+
+// Hooks for metrics, called on the engine thread. Default: nothing.
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+  virtual void OnStep(const ScheduledBatch& batch, absl::Duration model_time) {}
+  virtual void OnFirstToken(absl::Duration ttft) {}
+  virtual void OnTokens(int count, absl::Duration since_previous) {}
+  virtual void OnFinished(const StreamEvent& final_event, absl::Duration e2e) {}
+  // Cumulative scheduler counters after each step (preemptions, prefix-cache
+  // queries and hits, ...); observers turn them into deltas.
+  virtual void OnSchedulerStats(const SchedulerStats& stats) {}
+};
+
+// The runner's view of a scheduled step.
+runner::ForwardBatch ToForwardBatch(const ScheduledBatch& batch);
+
+struct EngineOptions {
+  SchedulerOptions scheduler;  // block_size/num_blocks are taken from the runner
+  int max_waiting = 1024;      // Submit refuses (RESOURCE_EXHAUSTED) beyond this
+  std::vector<TokenId> eos_token_ids;
+  size_t max_logged_kv_events = 100000;  // older events are dropped (subscribers resync)
+};
+
+class Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(std::unique_ptr<runner::ModelRunner> runner,
+                                                        EngineOptions options,
+                                                        EngineObserver* observer = nullptr);
+  ~Engine();  // stops the loop; open streams get a final CANCELLED event
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Starts the loop thread.
+  void Start();
+  // Stops the loop; in-flight requests end with an error event.
+  void Stop();
+
+  // Validates and queues a request. INVALID_ARGUMENT for a malformed one
+  // (the message names the field), RESOURCE_EXHAUSTED when the waiting
+  // queue is full, UNAVAILABLE once stopped.
+  absl::StatusOr<std::shared_ptr<RequestStream>> Submit(EngineRequest request);
+  // Aborts a request; its blocks are freed at once (or at the end of the
+  // step in flight). Unknown or finished ids are ignored.
+  void Cancel(SequenceId id);
+
+  LoadSnapshot Load() const;
+  // Events numbered >= `from` (oldest first) and the next number to ask
+  // for. `gap` is set when some were dropped from the log.
+  std::vector<NumberedKvEvent> EventsSince(uint64_t from, uint64_t* next, bool* gap) const;
+  // Every block now in the prefix cache, as stored-events (a snapshot).
+  std::vector<KvCacheEvent> CachedBlocks() const;
+
+  const runner::ModelRunner& runner() const { return *runner_; }
+  const EngineOptions& options() const { return options_; }
+
+  // Runs one step on the calling thread (for tests that drive the engine
+  // without its thread). Returns false when there was nothing to do.
+  bool StepForTest() { return Step(); }
+
+ private:
+  struct Request;
+  Engine(std::unique_ptr<runner::ModelRunner> runner, EngineOptions options,
+         EngineObserver* observer);
+  void Loop();
+  bool Step();
+  void DrainInbox();
+  void Sample(const ScheduledBatch& batch, const std::vector<float>& logits,
+              std::vector<SampledTokens>* sampled);
+  void Emit(const std::vector<SequenceOutput>& outputs);
+  void FailAll(const absl::Status& status);
+  void PublishLoad();
+  void ApplyToSnapshot(const KvCacheEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  std::unique_ptr<runner::ModelRunner> runner_;
+  EngineOptions options_;
+  EngineObserver* observer_;
+  std::unique_ptr<Scheduler> scheduler_;  // engine thread only
+
+  mutable absl::Mutex mu_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::unique_ptr<Request>> inbox_ ABSL_GUARDED_BY(mu_);
+  std::vector<SequenceId> cancels_ ABSL_GUARDED_BY(mu_);
+  LoadSnapshot load_ ABSL_GUARDED_BY(mu_);
+  std::deque<NumberedKvEvent> kv_log_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_kv_number_ ABSL_GUARDED_BY(mu_) = 0;
+  // Blocks now in the prefix cache: hash -> (parent hash, token ids).
+  struct CachedBlock {
+    std::optional<uint64_t> parent;
+    std::vector<TokenId> tokens;
+  };
+  absl::flat_hash_map<uint64_t, CachedBlock> cached_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> next_id_{1};
+
+  // Engine thread only.
+  absl::flat_hash_map<SequenceId, std::unique_ptr<Request>> active_;
+  // Tokens sampled this step, with their logprobs, until Emit.
+  absl::flat_hash_map<SequenceId, std::vector<TokenReport>> pending_reports_;
+  std::thread thread_;
+};
+
+}  // namespace tessera::engine
