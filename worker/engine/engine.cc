@@ -221,18 +221,22 @@ void Engine::DrainInbox() {
     SequenceId id = r->id;
     active_[id] = std::move(r);
   }
+  std::vector<std::unique_ptr<Request>> aborted;
   for (SequenceId id : cancels) {
     auto it = active_.find(id);
     if (it == active_.end()) continue;
     // Abort frees the blocks now, or when the step in flight completes.
     scheduler_->Abort(id).IgnoreError();
-    StreamEvent e;
-    e.finished = true;
-    e.finish_reason = FinishReason::kAbort;
-    it->second->stream->Push(std::move(e));
+    aborted.push_back(std::move(it->second));
     active_.erase(it);
   }
   PublishLoad();
+  for (auto& r : aborted) {
+    StreamEvent e;
+    e.finished = true;
+    e.finish_reason = FinishReason::kAbort;
+    r->stream->Push(std::move(e));
+  }
 }
 
 // One engine step: schedule → run → sample → emit → free.
@@ -263,8 +267,9 @@ bool Engine::Step() {
     FailAll(outputs.status());
     return true;
   }
-  Emit(*outputs);
+  // Load first: a reader that sees a request finish then sees its blocks freed.
   PublishLoad();
+  Emit(*outputs);
   return true;
 }
 

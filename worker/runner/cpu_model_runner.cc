@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/reference_ops.h"
 #include "worker/model/rope.h"
 
 namespace tessera::runner {
@@ -46,12 +45,9 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   if (options.block_size < 1 || options.num_kv_blocks < 1) {
     return absl::InvalidArgumentError("block_size and num_kv_blocks must be >= 1");
   }
-  if (options.backend != "cpu" && options.backend != "cpu_reference") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CPU runner backend '", options.backend, "': expected cpu or cpu_reference"));
-  }
   std::unique_ptr<CpuModelRunner> runner(new CpuModelRunner(model, std::move(options)));
-  runner->reference_ = runner->options_.backend == "cpu_reference";
+  runner->kernels_ =
+      runner->options_.kernels ? *runner->options_.kernels : kernels::OptimizedCpuKernels();
   runner->ctx_ = kc::DefaultCpuContext();
   if (runner->options_.num_threads > 0) {
     runner->own_pool_ = std::make_unique<kc::ThreadPool>(runner->options_.num_threads);
@@ -258,23 +254,19 @@ void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
   const int64_t H = c.hidden_size, Q = c.q_size(), K = c.kv_size(), D = c.head_dim;
   const int64_t I = c.intermediate_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const bool ref = reference_;
+  const kernels::CpuKernels& k = kernels_;
 
   // x holds this layer's input (normalized below); residual the stream.
   if (index == 0) {
     std::memcpy(residual_.data(), x_.data(), sizeof(float) * n * H);
-    ref ? kc::reference::RmsNorm(x_.data(), l.input_norm.data(), n, H, eps, x_.data())
-        : kc::RmsNorm(ctx_, x_.data(), l.input_norm.data(), n, H, eps, x_.data());
+    k.rms_norm(ctx_, x_.data(), l.input_norm.data(), n, H, eps, x_.data());
   } else {
-    ref ? kc::reference::FusedAddRmsNorm(x_.data(), residual_.data(), l.input_norm.data(), n, H,
-                                         eps)
-        : kc::FusedAddRmsNorm(ctx_, x_.data(), residual_.data(), l.input_norm.data(), n, H, eps);
+    k.fused_add_rms_norm(ctx_, x_.data(), residual_.data(), l.input_norm.data(), n, H, eps);
   }
 
   // Attention.
   const float* qkv_bias = l.qkv_bias.empty() ? nullptr : l.qkv_bias.data();
-  ref ? kc::reference::Gemm(x_.data(), n, l.qkv, qkv_bias, qkv_.data())
-      : kc::Gemm(ctx_, x_.data(), n, l.qkv, qkv_bias, qkv_.data());
+  k.gemm(ctx_, x_.data(), n, l.qkv, qkv_bias, qkv_.data());
   for (int64_t t = 0; t < n; ++t) {
     const float* row = qkv_.data() + t * (Q + 2 * K);
     std::memcpy(q_.data() + t * Q, row, sizeof(float) * Q);
@@ -284,19 +276,13 @@ void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
   const int heads = static_cast<int>(c.num_attention_heads);
   const int kv_heads = static_cast<int>(c.num_key_value_heads);
   if (!l.q_norm.empty()) {
-    ref ? kc::reference::RmsNorm(q_.data(), l.q_norm.data(), n * heads, D, eps, q_.data())
-        : kc::RmsNorm(ctx_, q_.data(), l.q_norm.data(), n * heads, D, eps, q_.data());
-    ref ? kc::reference::RmsNorm(k_.data(), l.k_norm.data(), n * kv_heads, D, eps, k_.data())
-        : kc::RmsNorm(ctx_, k_.data(), l.k_norm.data(), n * kv_heads, D, eps, k_.data());
+    k.rms_norm(ctx_, q_.data(), l.q_norm.data(), n * heads, D, eps, q_.data());
+    k.rms_norm(ctx_, k_.data(), l.k_norm.data(), n * kv_heads, D, eps, k_.data());
   }
-  ref ? kc::reference::Rope(batch.positions, inv_freq_, static_cast<int>(D), q_.data(), heads, Q,
-                            k_.data(), kv_heads, K)
-      : kc::Rope(ctx_, batch.positions, inv_freq_, static_cast<int>(D), q_.data(), heads, Q,
-                 k_.data(), kv_heads, K);
+  k.rope(ctx_, batch.positions, inv_freq_, static_cast<int>(D), q_.data(), heads, Q, k_.data(),
+         kv_heads, K);
   // Batch validated up front: these cannot fail.
-  (ref ? kc::reference::WriteKvCache(k_.data(), K, v_.data(), K, batch.slot_mapping, l.cache)
-       : kc::WriteKvCache(ctx_, k_.data(), K, v_.data(), K, batch.slot_mapping, l.cache))
-      .IgnoreError();
+  (k.write_kv_cache(ctx_, k_.data(), K, v_.data(), K, batch.slot_mapping, l.cache)).IgnoreError();
   kc::PagedAttentionArgs args;
   args.q = q_.data();
   args.q_token_stride = Q;
@@ -308,22 +294,17 @@ void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
   args.block_table_stride = batch.block_table_stride;
   args.scale = 1.0f / std::sqrt(static_cast<float>(D));
   args.out = attn_.data();
-  (ref ? kc::reference::PagedAttention(args) : kc::PagedAttention(ctx_, args)).IgnoreError();
+  (k.attention_prefill(ctx_, args)).IgnoreError();
   const float* o_bias = l.o_bias.empty() ? nullptr : l.o_bias.data();
-  ref ? kc::reference::Gemm(attn_.data(), n, l.o, o_bias, x_.data())
-      : kc::Gemm(ctx_, attn_.data(), n, l.o, o_bias, x_.data());
+  k.gemm(ctx_, attn_.data(), n, l.o, o_bias, x_.data());
 
   // MLP.
-  ref ? kc::reference::FusedAddRmsNorm(x_.data(), residual_.data(), l.post_norm.data(), n, H, eps)
-      : kc::FusedAddRmsNorm(ctx_, x_.data(), residual_.data(), l.post_norm.data(), n, H, eps);
+  k.fused_add_rms_norm(ctx_, x_.data(), residual_.data(), l.post_norm.data(), n, H, eps);
   const float* gu_bias = l.gate_up_bias.empty() ? nullptr : l.gate_up_bias.data();
-  ref ? kc::reference::Gemm(x_.data(), n, l.gate_up, gu_bias, gate_up_.data())
-      : kc::Gemm(ctx_, x_.data(), n, l.gate_up, gu_bias, gate_up_.data());
-  ref ? kc::reference::SiluMul(gate_up_.data(), n, I, act_.data())
-      : kc::SiluMul(ctx_, gate_up_.data(), n, I, act_.data());
+  k.gemm(ctx_, x_.data(), n, l.gate_up, gu_bias, gate_up_.data());
+  k.silu_mul(ctx_, gate_up_.data(), n, I, act_.data());
   const float* down_bias = l.down_bias.empty() ? nullptr : l.down_bias.data();
-  ref ? kc::reference::Gemm(act_.data(), n, l.down, down_bias, x_.data())
-      : kc::Gemm(ctx_, act_.data(), n, l.down, down_bias, x_.data());
+  k.gemm(ctx_, act_.data(), n, l.down, down_bias, x_.data());
 }
 
 absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
@@ -341,9 +322,7 @@ absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::vector<floa
   gate_up_.resize(n * 2 * c.intermediate_size);
   act_.resize(n * c.intermediate_size);
 
-  if (auto s = reference_ ? kc::reference::Embedding(embed_, batch.token_ids, x_.data())
-                          : kc::Embedding(ctx_, embed_, batch.token_ids, x_.data());
-      !s.ok()) {
+  if (auto s = kernels_.embedding(ctx_, embed_, batch.token_ids, x_.data()); !s.ok()) {
     return s;
   }
   for (int i = 0; i < c.num_hidden_layers; ++i) RunLayer(i, batch, n);
@@ -360,14 +339,9 @@ absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::vector<floa
     std::memcpy(rows_residual.data() + j * H, residual_.data() + t * H, sizeof(float) * H);
   }
   const float eps = static_cast<float>(c.rms_norm_eps);
-  if (reference_) {
-    kc::reference::FusedAddRmsNorm(rows_.data(), rows_residual.data(), final_norm_.data(), r, H,
-                                   eps);
-    kc::reference::Gemm(rows_.data(), r, lm_head_, nullptr, logits->data());
-  } else {
-    kc::FusedAddRmsNorm(ctx_, rows_.data(), rows_residual.data(), final_norm_.data(), r, H, eps);
-    kc::Gemm(ctx_, rows_.data(), r, lm_head_, nullptr, logits->data());
-  }
+  kernels_.fused_add_rms_norm(ctx_, rows_.data(), rows_residual.data(), final_norm_.data(), r, H,
+                              eps);
+  kernels_.gemm(ctx_, rows_.data(), r, lm_head_, nullptr, logits->data());
   return absl::OkStatus();
 }
 

@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu_backend.h"
 #include "worker/model/weights.h"
 #include "worker/runner/model_runner.h"
 
@@ -34,8 +35,9 @@ namespace tessera::runner {
 struct CpuRunnerOptions {
   int block_size = 16;
   int64_t num_kv_blocks = 256;
-  // "cpu" (threads + SIMD) or "cpu_reference" (plain loops), for every op.
-  std::string backend = "cpu";
+  // The kernels per op, as the registry chose them (kernels/cpu_backend.h);
+  // null = the optimized `cpu` backend for every op.
+  const kernels::CpuKernels* kernels = nullptr;
   // Threads for the optimized kernels; 0 = the default pool.
   int num_threads = 0;
 };
@@ -65,7 +67,7 @@ class CpuModelRunner final : public ModelRunner {
   CpuRunnerOptions options_;
   std::unique_ptr<kernels::cpu::ThreadPool> own_pool_;
   kernels::cpu::CpuContext ctx_;
-  bool reference_ = false;
+  kernels::CpuKernels kernels_;
 
   std::vector<std::vector<std::byte>> owned_;  // fused / aligned weight copies
   std::vector<Layer> layers_;

@@ -37,7 +37,8 @@ class CpuModelRunnerTest : public ::testing::TestWithParam<std::string> {
     CpuRunnerOptions o;
     o.block_size = 4;
     o.num_kv_blocks = 64;
-    o.backend = backend;
+    o.kernels =
+        backend == "cpu" ? &kernels::OptimizedCpuKernels() : &kernels::ReferenceCpuKernels();
     auto r = CpuModelRunner::Create(model_.get(), o);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? std::move(*r) : nullptr;

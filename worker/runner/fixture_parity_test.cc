@@ -48,7 +48,8 @@ TEST_P(FixtureParityTest, LogitsAndGreedyContinuationsMatchTransformers) {
     CpuRunnerOptions options;
     options.block_size = 16;
     options.num_kv_blocks = 32;
-    options.backend = backend;
+    options.kernels = std::string(backend) == "cpu" ? &kernels::OptimizedCpuKernels()
+                                                    : &kernels::ReferenceCpuKernels();
     auto runner = CpuModelRunner::Create(model->get(), options);
     ASSERT_TRUE(runner.ok()) << runner.status();
     const int64_t vocab = (*model)->config.vocab_size;
