@@ -6,7 +6,7 @@
 // complete. Bytes that can no longer become valid become U+FFFD as soon as
 // that is certain, and Finish() turns an incomplete tail into U+FFFD, so the
 // concatenated deltas always equal Tokenizer::Decode of the same ids (with
-// clean_up_tokenization_spaces off, which streaming cannot apply).
+// its default clean_up_tokenization_spaces=false).
 //
 // Thread-safety: one instance belongs to one stream; it is not safe to use
 // from several threads at once. Several instances may share one Tokenizer.

@@ -607,7 +607,7 @@ absl::Status TokenizerLoader::LoadConfig(const Json& config) {
   t_->add_eos_token_ = *b;
   b = cfg_.Bool(config, "clean_up_tokenization_spaces", "", false);
   if (!b.ok()) return b.status();
-  t_->clean_up_default_ = *b;
+  t_->config_clean_up_ = *b;
   if (auto list = config.find("additional_special_tokens");
       list != config.end() && list->is_array()) {
     for (const Json& v : *list) {
@@ -846,7 +846,7 @@ absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids,
     }
   }
   tokenizer::AppendUtf8Lossy(bytes, /*final=*/true, &out);
-  if (options.clean_up_tokenization_spaces.value_or(clean_up_default_)) {
+  if (options.clean_up_tokenization_spaces) {
     return CleanUpTokenizationSpaces(out);
   }
   return out;

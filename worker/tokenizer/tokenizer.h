@@ -12,7 +12,7 @@
 //
 // Decode maps ids to bytes, decodes runs of byte-level tokens as UTF-8
 // (invalid sequences become U+FFFD), inserts added tokens verbatim, and
-// optionally applies clean_up_tokenization_spaces.
+// applies clean_up_tokenization_spaces only when asked to.
 //
 // Thread-safety: a Tokenizer is immutable after loading (the BPE word cache
 // is internally synchronized); all const methods may be called concurrently.
@@ -55,8 +55,10 @@ struct DecodeOptions {
   // additional_special_tokens of tokenizer_config.json).
   bool skip_special_tokens = false;
   // Remove spaces before punctuation and contractions (" ." -> ".", " 's" ->
-  // "'s", ...). Unset means tokenizer_config.json's setting (default false).
-  std::optional<bool> clean_up_tokenization_spaces;
+  // "'s", ...). Off by default whatever tokenizer_config.json says: for
+  // byte-level BPE the clean-up corrupts text ("a , b" cannot come back),
+  // and transformers 5 ignores the setting for BPE tokenizers too.
+  bool clean_up_tokenization_spaces = false;
 };
 
 // What one token id stands for when decoding.
@@ -116,7 +118,9 @@ class Tokenizer {
   std::optional<int32_t> pad_token_id() const { return pad_id_; }
   bool add_bos_token() const { return add_bos_token_; }
   bool add_eos_token() const { return add_eos_token_; }
-  bool clean_up_tokenization_spaces() const { return clean_up_default_; }
+  // tokenizer_config.json's clean_up_tokenization_spaces, for callers that
+  // want the older transformers behaviour (Decode does not apply it itself).
+  bool config_clean_up_tokenization_spaces() const { return config_clean_up_; }
   // The default chat template (Jinja source), empty when there is none.
   const std::string& chat_template() const { return chat_template_; }
   // True when tokenizer.json asks for NFC normalization.
@@ -151,7 +155,7 @@ class Tokenizer {
   std::optional<int32_t> bos_id_, eos_id_, pad_id_;
   bool add_bos_token_ = false;
   bool add_eos_token_ = false;
-  bool clean_up_default_ = false;
+  bool config_clean_up_ = false;
   bool regex_jit_ = false;
   std::string chat_template_;
 };

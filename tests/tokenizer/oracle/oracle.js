@@ -55,8 +55,12 @@ const out = {
 
 for (const m of models) {
   const tokenizer = req(m.pkg).fromPreTrained();
-  const decode = (ids, skip) =>
-    ids.length === 0 ? "" : tokenizer.decode(ids, { skip_special_tokens: skip });
+  // Clean-up is asked for explicitly: the parity test checks Decode without
+  // it (our default) and with it.
+  const decode = (ids, skip, cleanUp) =>
+    ids.length === 0
+      ? ""
+      : tokenizer.decode(ids, { skip_special_tokens: skip, clean_up_tokenization_spaces: cleanUp });
   const cases = corpus.map((row) => {
     const ids = tokenizer.encode(row.text, { add_special_tokens: false });
     const idsSpecial = tokenizer.encode(row.text, { add_special_tokens: true });
@@ -66,8 +70,9 @@ for (const m of models) {
       nfc: row.text.normalize("NFC"),
       ids,
       ids_add_special: idsSpecial,
-      decoded: decode(ids, false),
-      decoded_skip_special: decode(ids, true),
+      decoded: decode(ids, false, false),
+      decoded_skip_special: decode(ids, true, false),
+      decoded_clean_up: decode(ids, false, true),
     };
   });
   out.models.push({
