@@ -141,36 +141,55 @@ absl::Status PagedAttention(const CpuContext& ctx, const PagedAttentionArgs& arg
   const IsaKernels& k = KernelsFor(ctx.isa);
   const int kv_heads = args.cache.num_kv_heads;
   const int group = args.num_heads / kv_heads;
-  // Each work item is (sequence, kv head, a tile of query tokens); a tile
-  // holds about 32 query rows (tokens x heads of the group) that share every
-  // K/V block load.
+  // A work item is (sequence, a range of kv heads, a tile of query tokens).
+  // A tile holds about 32 query rows per kv head (tokens x the heads of its
+  // group) that share every K/V load. Walking several kv heads per block
+  // reads the block's [slot, heads, d] rows as long contiguous runs, which
+  // matters for decode, where K/V stream from memory; heads are split only
+  // to give every thread work or to bound an item's rows.
   const int64_t tile_tokens = std::max(1, 32 / group);
+  int64_t tiles = 0;
+  for (int s = 0; s < args.num_seqs(); ++s) {
+    tiles += CeilDiv(args.query_start_loc[s + 1] - args.query_start_loc[s], tile_tokens);
+  }
+  if (tiles == 0) return absl::OkStatus();
+  const int64_t max_rows_per_item = 128;
+  const int64_t want_groups =
+      std::max(CeilDiv(2 * Threads(ctx), tiles),
+               CeilDiv(int64_t{kv_heads} * tile_tokens * group, max_rows_per_item));
+  int head_groups = kv_heads;
+  for (int g = 1; g <= kv_heads; ++g) {
+    if (kv_heads % g == 0 && g >= want_groups) {
+      head_groups = g;
+      break;
+    }
+  }
+  const int heads_per_item = kv_heads / head_groups;
   struct Item {
     int seq;
-    int kv_head;
+    int h_begin;
     int64_t t_begin;
     int64_t t_end;
+    int64_t keys;  // keys the item's last token attends to: its cost
   };
   std::vector<Item> items;
   for (int s = 0; s < args.num_seqs(); ++s) {
     const int64_t q_len = args.query_start_loc[s + 1] - args.query_start_loc[s];
-    for (int h = 0; h < kv_heads; ++h) {
-      for (int64_t t = 0; t < q_len; t += tile_tokens) {
-        items.push_back({s, h, t, std::min(q_len, t + tile_tokens)});
+    const int64_t context_start = args.seq_lens[s] - q_len;
+    for (int64_t t = 0; t < q_len; t += tile_tokens) {
+      const int64_t t_end = std::min(q_len, t + tile_tokens);
+      for (int h = 0; h < kv_heads; h += heads_per_item) {
+        items.push_back({s, h, t, t_end, context_start + t_end});
       }
     }
   }
-  // Later tiles of a prefill see more keys; hand them out first.
-  std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
-    const int64_t ka = args.seq_lens[a.seq] -
-                       (args.query_start_loc[a.seq + 1] - args.query_start_loc[a.seq]) + a.t_end;
-    const int64_t kb = args.seq_lens[b.seq] -
-                       (args.query_start_loc[b.seq + 1] - args.query_start_loc[b.seq]) + b.t_end;
-    return ka > kb;
-  });
+  // Costlier items first, so that the last ones to start are short.
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.keys > b.keys; });
   ParallelFor(ctx.pool, items.size(), 1, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      k.attention(args, items[i].seq, items[i].kv_head, items[i].t_begin, items[i].t_end);
+      const Item& it = items[i];
+      k.attention(args, it.seq, it.h_begin, it.h_begin + heads_per_item, it.t_begin, it.t_end);
     }
   });
   return absl::OkStatus();

@@ -31,10 +31,11 @@ struct IsaKernels {
                        int64_t n_begin, int64_t n_end, float* y);
   // out[i] = silu(gate[i]) * up[i] for i < n.
   void (*silu_mul)(const float* gate, const float* up, int64_t n, float* out);
-  // One work item of paged attention: sequence `seq`, kv head `kv_head`, its
-  // query tokens [t_begin, t_end) (relative to the sequence's first new token).
-  void (*attention)(const PagedAttentionArgs& args, int seq, int kv_head, int64_t t_begin,
-                    int64_t t_end);
+  // One work item of paged attention: sequence `seq`, kv heads [h_begin,
+  // h_end) with all their query heads, and the sequence's new tokens
+  // [t_begin, t_end) (relative to its first new token).
+  void (*attention)(const PagedAttentionArgs& args, int seq, int h_begin, int h_end,
+                    int64_t t_begin, int64_t t_end);
   void (*softmax)(const float* x, int64_t rows, int64_t cols, float* out);
   void (*log_softmax)(const float* x, int64_t rows, int64_t cols, float* out);
   void (*argmax)(const float* x, int64_t rows, int64_t cols, int32_t* out);
