@@ -63,7 +63,9 @@ TEST(TensorSliceTest, EveryDimensionMatchesIndexArithmetic) {
         // The raw-byte variant agrees with the converting one.
         std::vector<std::byte> raw(got->size() * sizeof(float));
         ASSERT_TRUE(ReadSlice(t, dim, start, len, absl::MakeSpan(raw)).ok());
-        EXPECT_EQ(std::memcmp(raw.data(), got->data(), raw.size()), 0);
+        if (!raw.empty()) {
+          EXPECT_EQ(std::memcmp(raw.data(), got->data(), raw.size()), 0);
+        }
       }
     }
   }
