@@ -323,7 +323,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
       MtimeNs(after) != file->mtime_ns_) {
     return absl::FailedPreconditionError(Cat(path, ": the file changed while it was being opened"));
   }
-  if (absl::Status s = file->Index(); !s.ok()) return s;
+  file->Index();
   return file;
 }
 
@@ -337,7 +337,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBytes(std:
   file->owned_bytes_ = std::move(bytes);
   file->base_ = reinterpret_cast<const std::byte*>(file->owned_bytes_.data());
   file->size_ = file->owned_bytes_.size();
-  if (absl::Status s = file->Index(); !s.ok()) return s;
+  file->Index();
   return file;
 }
 
@@ -345,7 +345,7 @@ SafetensorsFile::~SafetensorsFile() {
   if (mapping_ != nullptr) munmap(mapping_, static_cast<size_t>(size_));
 }
 
-absl::Status SafetensorsFile::Index() {
+void SafetensorsFile::Index() {
   views_.reserve(header_.tensors.size());
   const std::byte* data = base_ + header_.data_offset();
   for (const SafetensorsEntry& e : header_.tensors) {
@@ -359,7 +359,6 @@ absl::Status SafetensorsFile::Index() {
   }
   by_name_.reserve(views_.size());
   for (size_t i = 0; i < views_.size(); ++i) by_name_.emplace(views_[i].name, i);
-  return absl::OkStatus();
 }
 
 const TensorView* SafetensorsFile::Find(std::string_view name) const {

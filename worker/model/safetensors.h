@@ -122,7 +122,7 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
-  absl::Status Index();  // builds views_ and by_name_ from header_ and base_
+  void Index();  // builds views_ and by_name_ from header_ and base_
 
   std::string path_;
   SafetensorsHeader header_;
