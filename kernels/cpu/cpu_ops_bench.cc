@@ -29,6 +29,7 @@
 #include "absl/strings/str_join.h"
 #include "benchmark/benchmark.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/host_buffer.h"
 #include "kernels/cpu/reference_ops.h"
 
 namespace tessera::kernels::cpu {
@@ -182,7 +183,8 @@ void RegisterGemm(int64_t m, int64_t n, int64_t k, DType dtype, std::vector<int>
 // Paged attention.
 
 struct AttentionData {
-  std::vector<float> k, v, q, out;
+  HostBuffer k, v;  // the KV cache, as a worker should allocate it
+  std::vector<float> q, out;
   std::vector<int32_t> query_start_loc, seq_lens, block_tables;
   PagedAttentionArgs args;
   double kv_bytes = 0, flops = 0;
@@ -195,8 +197,13 @@ std::shared_ptr<AttentionData> MakeAttention(int seqs, int context, int q_len, i
   const int blocks_per_seq = (seq_len + bs - 1) / bs;
   const int64_t blocks = int64_t{seqs} * blocks_per_seq;
   const int64_t slot_stride = int64_t{kv_heads} * d;
-  a->k = Filled(blocks * bs * slot_stride, 1.0f, 1);
-  a->v = Filled(blocks * bs * slot_stride, 1.0f, 2);
+  const size_t cache_floats = blocks * bs * slot_stride;
+  a->k = *HostBuffer::Allocate(cache_floats * sizeof(float));
+  a->v = *HostBuffer::Allocate(cache_floats * sizeof(float));
+  const std::vector<float> k_values = Filled(cache_floats, 1.0f, 1);
+  const std::vector<float> v_values = Filled(cache_floats, 1.0f, 2);
+  std::memcpy(a->k.data(), k_values.data(), cache_floats * sizeof(float));
+  std::memcpy(a->v.data(), v_values.data(), cache_floats * sizeof(float));
   a->q = Filled(int64_t{seqs} * q_len * heads * d, 1.0f, 3);
   a->out.resize(a->q.size());
   a->query_start_loc.push_back(0);
@@ -210,7 +217,7 @@ std::shared_ptr<AttentionData> MakeAttention(int seqs, int context, int q_len, i
   args.q = a->q.data();
   args.q_token_stride = int64_t{heads} * d;
   args.num_heads = heads;
-  args.cache = PagedKvCache{a->k.data(), a->v.data(), blocks, bs, kv_heads, d};
+  args.cache = PagedKvCache{a->k.As<float>(), a->v.As<float>(), blocks, bs, kv_heads, d};
   args.query_start_loc = a->query_start_loc;
   args.seq_lens = a->seq_lens;
   args.block_tables = a->block_tables;

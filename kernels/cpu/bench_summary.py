@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Ratio table of a cpu_ops_bench JSON run (Google Benchmark format).
+
+Usage: kernels/cpu/bench_summary.py tests/bench/results/cpu_ops.json
+
+Prints, from that one run: the memory-bandwidth ceilings, every GEMV's
+effective bandwidth against them, and each optimized op's speed-up over the
+reference. All numbers use wall-clock (real) time; with repetitions, medians.
+"""
+import json
+import re
+import sys
+
+
+def main(path):
+    with open(path) as f:
+        run = json.load(f)
+    # Medians when the run had repetitions, else the single runs.
+    medians = [b for b in run["benchmarks"] if b.get("aggregate_name") == "median"]
+    chosen = medians or [b for b in run["benchmarks"] if b.get("run_type") == "iteration"]
+    rows = {}
+    for b in chosen:
+        rows[b["run_name"].removesuffix("/real_time")] = b
+    ctx = run["context"]
+    print(f"Machine: {ctx.get('cpu_brand', '?')}, {ctx.get('num_cpus')} CPUs; "
+          f"features: {ctx.get('cpu_features', '?')}; optimized ISA: {ctx.get('opt_isa', '?')}")
+    print(f"Command: {ctx.get('command', '?')}\n")
+
+    def gbps(name):
+        return rows[name]["GB/s"] if name in rows else None
+
+    read = max(filter(None, [gbps("memory/read/t1"), gbps("memory/read/t2")]), default=None)
+    copy = max(filter(None, [gbps("memory/memcpy/t1"), gbps("memory/memcpy/t2")]), default=None)
+    print("| ceiling | GB/s |\n|---|---|")
+    for n in ("memory/read/t1", "memory/read/t2", "memory/memcpy/t1", "memory/memcpy/t2"):
+        if n in rows:
+            print(f"| {n} | {gbps(n):.1f} |")
+    print()
+
+    print("| GEMV | time (us) | GB/s | vs read ceiling | vs memcpy |\n|---|---|---|---|---|")
+    for n, b in rows.items():
+        if n.startswith("gemv/"):
+            g = gbps(n)
+            print(f"| {n} | {b['real_time']:.0f} | {g:.1f} | "
+                  f"{g / read:.0%} | {g / copy:.0%} |" if read and copy else f"| {n} | {g:.1f} |")
+    print()
+
+    print("| op | reference (us) | optimized (us) | speed-up | opt GB/s | opt GFLOP/s |")
+    print("|---|---|---|---|---|---|")
+    for n, b in rows.items():
+        m = re.match(r"(.*)/opt_t(\d)/(.*)", n)
+        if not m:
+            continue
+        ref = rows.get(f"{m.group(1)}/ref/{m.group(3)}")
+        speedup = f"{ref['real_time'] / b['real_time']:.1f}x" if ref else "-"
+        ref_time = f"{ref['real_time']:.0f}" if ref else "-"
+        flops = f"{b['GFLOP/s']:.1f}" if "GFLOP/s" in b else "-"
+        gb = f"{b['GB/s']:.1f}" if "GB/s" in b else "-"
+        print(f"| {m.group(1)}/{m.group(3)} t{m.group(2)} | {ref_time} | {b['real_time']:.1f} | "
+              f"{speedup} | {gb} | {flops} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
