@@ -14,6 +14,7 @@
 //     and widen to fp32; LoadPartial zero-fills lanes >= n.
 //   Add, Sub, Mul, Div, Max, Fma(a, b, c) = a * b + c
 //   ReduceSum, ReduceMax, Exp (fast exp, ~2 ulp; exact 0 below ln(FLT_MIN))
+//   ReduceSum4(a, b, c, d, out): out[0..3] = the lane sums of a, b, c, d
 //   EqualMask(v, s): bit i set when lane i == s
 //
 // Thread-safety: stateless.
@@ -76,6 +77,12 @@ struct Scalar {
   static TESSERA_ALWAYS_INLINE F Fma(F a, F b, F c) { return a * b + c; }
   static TESSERA_ALWAYS_INLINE float ReduceSum(F v) { return v; }
   static TESSERA_ALWAYS_INLINE float ReduceMax(F v) { return v; }
+  static TESSERA_ALWAYS_INLINE void ReduceSum4(F a, F b, F c, F d, float* out) {
+    out[0] = a;
+    out[1] = b;
+    out[2] = c;
+    out[3] = d;
+  }
   static TESSERA_ALWAYS_INLINE F Exp(F x) { return std::exp(x); }
   static TESSERA_ALWAYS_INLINE uint32_t EqualMask(F v, float s) { return v == s ? 1u : 0u; }
 };
@@ -129,6 +136,15 @@ struct Avx2 {
     x = _mm_add_ps(x, _mm_movehl_ps(x, x));
     x = _mm_add_ss(x, _mm_movehdup_ps(x));
     return _mm_cvtss_f32(x);
+  }
+  // Sums within 128-bit lanes first: [a0+a2, b0+b2, a1+a3, b1+b3] and the
+  // like for c, d; then regroup to [a, b, c, d] per lane and add the lanes.
+  TESSERA_TARGET_AVX2 static TESSERA_ALWAYS_INLINE void ReduceSum4(F a, F b, F c, F d, float* out) {
+    const __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+    const __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+    const __m256 abcd = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                      _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
   }
   TESSERA_TARGET_AVX2 static TESSERA_ALWAYS_INLINE float ReduceMax(F v) {
     __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -217,6 +233,18 @@ struct Avx512 {
     y = _mm_add_ps(y, _mm_movehl_ps(y, y));
     y = _mm_add_ss(y, _mm_movehdup_ps(y));
     return _mm_cvtss_f32(y);
+  }
+  TESSERA_TARGET_AVX512 static TESSERA_ALWAYS_INLINE void ReduceSum4(F a, F b, F c, F d,
+                                                                     float* out) {
+    const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    const __m512 abcd = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                      _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 halves =
+        _mm256_add_ps(_mm512_castps512_ps256(abcd),
+                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
+    _mm_storeu_ps(out,
+                  _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1)));
   }
   TESSERA_TARGET_AVX512 static TESSERA_ALWAYS_INLINE float ReduceMax(F v) {
     __m256 x = _mm256_max_ps(_mm512_castps512_ps256(v),
