@@ -33,11 +33,14 @@ TEST(PrometheusScrapeTest, PrometheusSeesEveryServiceUp) {
   for (const auto& [job, binary] : binaries) {
     auto p = std::make_unique<TestProcess>();
     std::string port_file = absl::StrCat(dir, "/", job, ".ports");
-    ASSERT_TRUE(p->Start(BinaryPath(binary),
-                         {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
-                          "--port_file=" + port_file},
-                         absl::StrCat(dir, "/", job, ".log"))
-                    .ok());
+    std::vector<std::string> args = {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+                                     "--port_file=" + port_file};
+    if (job == "worker") {
+      const char* src = std::getenv("TESSERA_SOURCE_DIR");
+      args.push_back(
+          absl::StrCat("--model=", src ? src : ".", "/tests/fixtures/models/qwen3_tiny"));
+    }
+    ASSERT_TRUE(p->Start(BinaryPath(binary), args, absl::StrCat(dir, "/", job, ".log")).ok());
     auto ports = p->WaitForPortFile(port_file, absl::Seconds(20));
     ASSERT_TRUE(ports.ok()) << ports.status();
     metrics_ports[job] = (*ports)["metrics_port"];

@@ -33,12 +33,18 @@ using ::testing::Not;
 struct ServiceSpec {
   std::string binary;
   std::string service_name;
+  std::vector<std::string> args;  // what the binary needs to start
 };
 
+std::string FixtureModel() {
+  const char* src = std::getenv("TESSERA_SOURCE_DIR");
+  return absl::StrCat(src ? src : ".", "/tests/fixtures/models/qwen3_tiny");
+}
+
 const ServiceSpec kServices[] = {
-    {"services/worker/tessera-worker", "tessera.v1.Worker"},
-    {"services/router/tessera-router", "tessera.v1.Inference"},
-    {"services/drafter/tessera-drafter", "tessera.v1.Drafter"},
+    {"services/worker/tessera-worker", "tessera.v1.Worker", {"--model=" + FixtureModel()}},
+    {"services/router/tessera-router", "tessera.v1.Inference", {}},
+    {"services/drafter/tessera-drafter", "tessera.v1.Drafter", {}},
 };
 
 // A started service with its ports and a channel to it.
@@ -55,6 +61,7 @@ Running StartService(const ServiceSpec& spec, std::vector<std::string> extra_arg
   std::string port_file = dir + "/ports";
   std::vector<std::string> args = {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
                                    "--port_file=" + port_file};
+  args.insert(args.end(), spec.args.begin(), spec.args.end());
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   r.process = std::make_unique<TestProcess>();
   EXPECT_TRUE(r.process->Start(BinaryPath(spec.binary), args, dir + "/log").ok());
@@ -245,9 +252,10 @@ TEST(ServicesTest, DrainRpcRefusesNewWorkAndStopsTheWorker) {
 }
 
 // A start-up error must be one clear line and a non-zero exit, not a crash.
-void ExpectStartupError(const std::string& binary, const std::vector<std::string>& args,
+void ExpectStartupError(const ServiceSpec& spec, std::vector<std::string> args,
                         const std::string& expected_text) {
-  auto result = RunToCompletion(BinaryPath(binary), args, absl::Seconds(20));
+  args.insert(args.begin(), spec.args.begin(), spec.args.end());
+  auto result = RunToCompletion(BinaryPath(spec.binary), args, absl::Seconds(20));
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_TRUE(result->exit.exited) << "killed by signal " << result->exit.signal;
   EXPECT_NE(result->exit.code, 0);
@@ -257,13 +265,16 @@ void ExpectStartupError(const std::string& binary, const std::vector<std::string
 }
 
 TEST(ServicesTest, BadFlagsGiveOneLineErrors) {
-  const std::string worker = kServices[0].binary;
+  const ServiceSpec& worker = kServices[0];
   ExpectStartupError(worker, {"--attention_backend=warpspeed"},
                      "--attention_backend=warpspeed: unknown backend; valid choices: auto");
   ExpectStartupError(worker, {"--no_such_flag=1"}, "Unknown command line flag 'no_such_flag'");
   ExpectStartupError(worker, {"--tls_cert=/nonexistent/cert.pem", "--tls_key=/nonexistent/k.pem"},
                      "--tls_cert=/nonexistent/cert.pem: No such file or directory");
-  ExpectStartupError(worker, {"--tensor_parallel_size=0"}, "--tensor_parallel_size must be >= 1");
+  ExpectStartupError(worker, {"--tensor_parallel_size=0"}, "--tensor_parallel_size=0");
+  ExpectStartupError({worker.binary, worker.service_name, {}}, {}, "--model is required");
+  ExpectStartupError({worker.binary, worker.service_name, {"--model=/nonexistent/model"}}, {},
+                     "/nonexistent/model");
 
   // A port held by another socket.
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -276,9 +287,8 @@ TEST(ServicesTest, BadFlagsGiveOneLineErrors) {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   std::string busy = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
   for (const ServiceSpec& spec : kServices) {
-    ExpectStartupError(spec.binary, {"--listen=" + busy}, "cannot listen on " + busy);
-    ExpectStartupError(spec.binary, {"--metrics_listen=" + busy},
-                       "cannot serve metrics on " + busy);
+    ExpectStartupError(spec, {"--listen=" + busy}, "cannot listen on " + busy);
+    ExpectStartupError(spec, {"--metrics_listen=" + busy}, "cannot serve metrics on " + busy);
   }
   close(fd);
 }

@@ -68,7 +68,9 @@ TEST(TlsTest, MutualTlsAdmitsOnlyClientsWithCertificates) {
   TestProcess worker;
   ASSERT_TRUE(worker
                   .Start(BinaryPath("services/worker/tessera-worker"),
-                         {"--listen=127.0.0.1:0", "--metrics_listen=",
+                         {"--model=" + std::string(std::getenv("TESSERA_SOURCE_DIR")) +
+                              "/tests/fixtures/models/qwen3_tiny",
+                          "--listen=127.0.0.1:0", "--metrics_listen=",
                           "--port_file=" + dir + "/ports", "--tls_cert=" + dir + "/server.pem",
                           "--tls_key=" + dir + "/server.key", "--tls_client_ca=" + dir + "/ca.pem"},
                          dir + "/worker.log")

@@ -1,0 +1,102 @@
+#include "services/worker/worker_metrics.h"
+
+#include "absl/strings/string_view.h"
+
+namespace tessera::services {
+namespace {
+
+// Latency buckets from 1 ms to 60 s (TTFT, queue, end-to-end).
+prometheus::Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60};
+}
+// Per-token and per-step buckets from 0.5 ms to 2.5 s.
+prometheus::Histogram::BucketBoundaries StepBuckets() {
+  return {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2.5};
+}
+
+prometheus::Gauge& Gauge(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+}
+prometheus::Counter& Counter(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+prometheus::Histogram& Histogram(prometheus::Registry& r, const char* name, const char* help,
+                                 prometheus::Histogram::BucketBoundaries buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, std::move(buckets));
+}
+
+}  // namespace
+
+WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
+    : running_(Gauge(r, "tessera_worker_requests_running", "Requests holding KV blocks")),
+      waiting_(Gauge(r, "tessera_worker_requests_waiting", "Requests queued for admission")),
+      kv_usage_(Gauge(r, "tessera_worker_kv_cache_usage_ratio",
+                      "Fraction of KV blocks referenced by requests (0..1)")),
+      prefix_queries_(Counter(r, "tessera_worker_prefix_cache_queries_total",
+                              "Prompt blocks looked up in the prefix cache")),
+      prefix_hits_(Counter(r, "tessera_worker_prefix_cache_hits_total",
+                           "Prompt blocks found in the prefix cache")),
+      preemptions_(Counter(r, "tessera_worker_preemptions_total",
+                           "Requests preempted (recomputed later) for lack of KV blocks")),
+      prompt_tokens_(Counter(r, "tessera_worker_prompt_tokens_total",
+                             "Prompt tokens computed (prefill, excluding cache hits)")),
+      generation_tokens_(Counter(r, "tessera_worker_generation_tokens_total", "Tokens generated")),
+      finished_(prometheus::BuildCounter()
+                    .Name("tessera_worker_requests_finished_total")
+                    .Help("Finished requests by finish reason (stop, length, abort, error)")
+                    .Register(r)),
+      ttft_(Histogram(r, "tessera_worker_time_to_first_token_seconds",
+                      "Arrival to first generated token", LatencyBuckets())),
+      itl_(Histogram(r, "tessera_worker_inter_token_latency_seconds",
+                     "Time between consecutive tokens of a request", StepBuckets())),
+      queue_time_(Histogram(r, "tessera_worker_queue_time_seconds", "Arrival to first scheduling",
+                            LatencyBuckets())),
+      e2e_(Histogram(r, "tessera_worker_e2e_request_latency_seconds", "Arrival to the final token",
+                     LatencyBuckets())),
+      step_time_(Histogram(r, "tessera_worker_step_duration_seconds",
+                           "Model forward time per engine step", StepBuckets())),
+      step_tokens_(Histogram(r, "tessera_worker_step_tokens", "Tokens computed per engine step",
+                             {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096})) {}
+
+void WorkerMetrics::OnStep(const engine::ScheduledBatch& batch, absl::Duration model_time) {
+  step_time_.Observe(absl::ToDoubleSeconds(model_time));
+  step_tokens_.Observe(batch.num_batched_tokens);
+}
+
+void WorkerMetrics::OnFirstToken(absl::Duration ttft) {
+  ttft_.Observe(absl::ToDoubleSeconds(ttft));
+  generation_tokens_.Increment();
+}
+
+void WorkerMetrics::OnTokens(int count, absl::Duration since_previous) {
+  if (count <= 0) return;
+  generation_tokens_.Increment(count);
+  if (since_previous > absl::ZeroDuration()) {
+    // Several tokens at once (speculation) share the interval.
+    for (int i = 0; i < count; ++i) itl_.Observe(absl::ToDoubleSeconds(since_previous) / count);
+  }
+}
+
+void WorkerMetrics::OnFinished(const engine::StreamEvent& e, absl::Duration e2e) {
+  std::string reason =
+      e.error.ok() ? std::string(engine::FinishReasonName(e.finish_reason)) : std::string("error");
+  finished_.Add({{"reason", reason}}).Increment();
+  queue_time_.Observe(absl::ToDoubleSeconds(e.queue_time));
+  e2e_.Observe(absl::ToDoubleSeconds(e2e));
+}
+
+void WorkerMetrics::OnSchedulerStats(const engine::SchedulerStats& s) {
+  running_.Set(s.num_running);
+  waiting_.Set(s.num_waiting);
+  kv_usage_.Set(s.blocks.num_total_blocks == 0
+                    ? 0.0
+                    : static_cast<double>(s.blocks.num_used_blocks) / s.blocks.num_total_blocks);
+  auto delta = [](int64_t now, int64_t before) { return now > before ? now - before : 0; };
+  prefix_queries_.Increment(delta(s.blocks.prefix_query_blocks, last_.blocks.prefix_query_blocks));
+  prefix_hits_.Increment(delta(s.blocks.prefix_hit_blocks, last_.blocks.prefix_hit_blocks));
+  preemptions_.Increment(delta(s.num_preemptions, last_.num_preemptions));
+  prompt_tokens_.Increment(delta(s.num_prefill_tokens, last_.num_prefill_tokens));
+  last_ = s;
+}
+
+}  // namespace tessera::services
