@@ -18,5 +18,6 @@ const std::vector<Command>& Commands();
 
 int RunDoctor(const std::vector<char*>& args);
 int RunHealth(const std::vector<char*>& args);
+int RunGenerate(const std::vector<char*>& args);
 
 }  // namespace tessera::cli

@@ -15,9 +15,6 @@ int NotInThisBuild(const char* what) {
   return 2;
 }
 
-int RunGenerate(const std::vector<char*>&) {
-  return NotInThisBuild("generate: this build has no model runtime (loader, forward pass)");
-}
 int RunUp(const std::vector<char*>&) {
   return NotInThisBuild("up: this build has no cluster launcher (router with worker registry)");
 }

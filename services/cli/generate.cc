@@ -1,0 +1,131 @@
+// `tessera generate`: runs a model in-process on this machine's CPU and
+// streams the completion of a prompt to stdout, then prints timing (time to
+// first token, decode tokens/s) to stderr, and as JSON with --stats_json.
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "nlohmann/json.hpp"
+#include "services/cli/commands.h"
+#include "worker/engine/local_engine.h"
+#include "worker/tokenizer/incremental_detokenizer.h"
+#include "worker/tokenizer/tokenizer.h"
+
+ABSL_FLAG(std::string, model, "", "generate: model directory (config.json, *.safetensors)");
+ABSL_FLAG(std::string, tokenizer, "", "generate: tokenizer directory; default: --model");
+ABSL_FLAG(std::string, prompt, "", "generate: the prompt text");
+ABSL_FLAG(int, max_tokens, 128, "generate: tokens to generate at most");
+ABSL_FLAG(float, temperature, 0.0f, "generate: sampling temperature (0 = greedy)");
+ABSL_FLAG(float, top_p, 1.0f, "generate: nucleus sampling mass, (0, 1]");
+ABSL_FLAG(int, top_k, 0, "generate: keep the k most likely tokens (0 = off)");
+ABSL_FLAG(float, min_p, 0.0f, "generate: drop tokens below min_p x the top probability");
+ABSL_FLAG(float, repetition_penalty, 1.0f, "generate: penalty on tokens already seen (1 = off)");
+ABSL_FLAG(float, presence_penalty, 0.0f, "generate: presence penalty [-2, 2]");
+ABSL_FLAG(float, frequency_penalty, 0.0f, "generate: frequency penalty [-2, 2]");
+ABSL_FLAG(int64_t, seed, -1, "generate: RNG seed; -1 = random");
+ABSL_FLAG(bool, ignore_eos, false, "generate: keep going past end-of-sequence tokens");
+ABSL_FLAG(int, cpu_threads, 0, "generate: CPU kernel threads (0 = all cores)");
+ABSL_FLAG(std::string, stats_json, "", "generate: write timing statistics as JSON to this file");
+
+namespace tessera::cli {
+
+int RunGenerate(const std::vector<char*>&) {
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
+    return 1;
+  };
+  engine::LocalEngineOptions lo;
+  lo.model_dir = absl::GetFlag(FLAGS_model);
+  if (lo.model_dir.empty()) return fail(absl::InvalidArgumentError("--model is required"));
+  lo.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  lo.kv_cache_memory_mb = 256;
+  std::string tok_dir =
+      absl::GetFlag(FLAGS_tokenizer).empty() ? lo.model_dir : absl::GetFlag(FLAGS_tokenizer);
+  auto tokenizer = Tokenizer::FromDirectory(tok_dir);
+  if (!tokenizer.ok()) return fail(tokenizer.status());
+  auto prompt = (*tokenizer)->Encode(absl::GetFlag(FLAGS_prompt));
+  if (!prompt.ok()) return fail(prompt.status());
+  if (prompt->empty()) return fail(absl::InvalidArgumentError("the prompt encodes to no tokens"));
+
+  absl::Time load_start = absl::Now();
+  auto local = engine::BuildLocalEngine(lo);
+  if (!local.ok()) return fail(local.status());
+  engine::Engine& eng = *(*local)->engine;
+  absl::Duration load_time = absl::Now() - load_start;
+
+  engine::EngineRequest req;
+  req.prompt = *prompt;
+  req.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  req.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  req.sampling.temperature = absl::GetFlag(FLAGS_temperature);
+  req.sampling.top_p = absl::GetFlag(FLAGS_top_p);
+  req.sampling.top_k = absl::GetFlag(FLAGS_top_k);
+  req.sampling.min_p = absl::GetFlag(FLAGS_min_p);
+  req.sampling.repetition_penalty = absl::GetFlag(FLAGS_repetition_penalty);
+  req.sampling.presence_penalty = absl::GetFlag(FLAGS_presence_penalty);
+  req.sampling.frequency_penalty = absl::GetFlag(FLAGS_frequency_penalty);
+  req.sampling.seed = absl::GetFlag(FLAGS_seed) >= 0
+                          ? static_cast<uint64_t>(absl::GetFlag(FLAGS_seed))
+                          : std::random_device{}();
+  if ((*tokenizer)->eos_token_id()) req.stop_token_ids.push_back(*(*tokenizer)->eos_token_id());
+
+  eng.Start();
+  absl::Time start = absl::Now();
+  auto stream = eng.Submit(req);
+  if (!stream.ok()) return fail(stream.status());
+  IncrementalDetokenizer detok(tokenizer->get(), /*skip_special_tokens=*/true);
+  std::fputs(absl::GetFlag(FLAGS_prompt).c_str(), stdout);
+  std::fflush(stdout);
+  engine::StreamEvent event;
+  std::optional<absl::Time> first_token;
+  int generated = 0;
+  while ((*stream)->Next(&event, absl::Seconds(600))) {
+    if (!event.error.ok()) return fail(event.error);
+    for (const engine::TokenReport& t : event.tokens) {
+      if (!first_token) first_token = absl::Now();
+      ++generated;
+      auto text = detok.Add(t.token);
+      if (!text.ok()) return fail(text.status());
+      std::fputs(text->c_str(), stdout);
+      std::fflush(stdout);
+    }
+    if (event.finished) break;
+  }
+  std::fputs(detok.Finish().c_str(), stdout);
+  std::fputs("\n", stdout);
+  absl::Time end = absl::Now();
+  if (!event.finished) return fail(absl::DeadlineExceededError("generation did not finish"));
+
+  double ttft = absl::ToDoubleSeconds(first_token.value_or(end) - start);
+  double decode_s = absl::ToDoubleSeconds(end - first_token.value_or(end));
+  double decode_tps = generated > 1 && decode_s > 0 ? (generated - 1) / decode_s : 0;
+  nlohmann::json stats = {
+      {"model", lo.model_dir},
+      {"prompt_tokens", prompt->size()},
+      {"generated_tokens", generated},
+      {"finish_reason", std::string(engine::FinishReasonName(event.finish_reason))},
+      {"load_seconds", absl::ToDoubleSeconds(load_time)},
+      {"time_to_first_token_seconds", ttft},
+      {"prefill_tokens_per_second", ttft > 0 ? prompt->size() / ttft : 0},
+      {"decode_seconds", decode_s},
+      {"decode_tokens_per_second", decode_tps},
+      {"cpu_threads", lo.cpu_threads},
+      {"backends", (*local)->backends.ToTable()},
+  };
+  std::fprintf(stderr, "[%zu prompt tokens, %d generated (%s); TTFT %.1f ms; decode %.1f tok/s]\n",
+               prompt->size(), generated,
+               std::string(engine::FinishReasonName(event.finish_reason)).c_str(), ttft * 1e3,
+               decode_tps);
+  if (!absl::GetFlag(FLAGS_stats_json).empty()) {
+    std::ofstream out(absl::GetFlag(FLAGS_stats_json));
+    out << stats.dump(2) << "\n";
+    if (!out) return fail(absl::InternalError("cannot write --stats_json"));
+  }
+  return 0;
+}
+
+}  // namespace tessera::cli
