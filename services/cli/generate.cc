@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
@@ -18,6 +19,9 @@
 ABSL_FLAG(std::string, model, "", "generate: model directory (config.json, *.safetensors)");
 ABSL_FLAG(std::string, tokenizer, "", "generate: tokenizer directory; default: --model");
 ABSL_FLAG(std::string, prompt, "", "generate: the prompt text");
+ABSL_FLAG(std::vector<std::string>, prompt_ids, {},
+          "generate: the prompt as token ids (comma-separated) instead of text; without a "
+          "tokenizer the output is printed as ids");
 ABSL_FLAG(int, max_tokens, 128, "generate: tokens to generate at most");
 ABSL_FLAG(float, temperature, 0.0f, "generate: sampling temperature (0 = greedy)");
 ABSL_FLAG(float, top_p, 1.0f, "generate: nucleus sampling mass, (0, 1]");
@@ -45,9 +49,31 @@ int RunGenerate(const std::vector<char*>&) {
   lo.kv_cache_memory_mb = 256;
   std::string tok_dir =
       absl::GetFlag(FLAGS_tokenizer).empty() ? lo.model_dir : absl::GetFlag(FLAGS_tokenizer);
-  auto tokenizer = Tokenizer::FromDirectory(tok_dir);
-  if (!tokenizer.ok()) return fail(tokenizer.status());
-  auto prompt = (*tokenizer)->Encode(absl::GetFlag(FLAGS_prompt));
+  const bool ids_in = !absl::GetFlag(FLAGS_prompt_ids).empty();
+  if (ids_in == !absl::GetFlag(FLAGS_prompt).empty()) {
+    return fail(absl::InvalidArgumentError("give exactly one of --prompt and --prompt_ids"));
+  }
+  // The tokenizer is needed for text in or out; with ids in it is optional.
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (auto t = Tokenizer::FromDirectory(tok_dir); t.ok()) {
+    tokenizer = std::move(*t);
+  } else if (!ids_in) {
+    return fail(t.status());
+  }
+  absl::StatusOr<std::vector<int32_t>> prompt;
+  if (ids_in) {
+    prompt.emplace();
+    for (const std::string& s : absl::GetFlag(FLAGS_prompt_ids)) {
+      int32_t id;
+      if (!absl::SimpleAtoi(s, &id)) {
+        return fail(
+            absl::InvalidArgumentError(absl::StrCat("--prompt_ids: '", s, "' is not an id")));
+      }
+      prompt->push_back(id);
+    }
+  } else {
+    prompt = tokenizer->Encode(absl::GetFlag(FLAGS_prompt));
+  }
   if (!prompt.ok()) return fail(prompt.status());
   if (prompt->empty()) return fail(absl::InvalidArgumentError("the prompt encodes to no tokens"));
 
@@ -71,13 +97,15 @@ int RunGenerate(const std::vector<char*>&) {
   req.sampling.seed = absl::GetFlag(FLAGS_seed) >= 0
                           ? static_cast<uint64_t>(absl::GetFlag(FLAGS_seed))
                           : std::random_device{}();
-  if ((*tokenizer)->eos_token_id()) req.stop_token_ids.push_back(*(*tokenizer)->eos_token_id());
+  if (tokenizer && tokenizer->eos_token_id())
+    req.stop_token_ids.push_back(*tokenizer->eos_token_id());
 
   eng.Start();
   absl::Time start = absl::Now();
   auto stream = eng.Submit(req);
   if (!stream.ok()) return fail(stream.status());
-  IncrementalDetokenizer detok(tokenizer->get(), /*skip_special_tokens=*/true);
+  std::optional<IncrementalDetokenizer> detok;
+  if (tokenizer) detok.emplace(tokenizer.get(), /*skip_special_tokens=*/true);
   std::fputs(absl::GetFlag(FLAGS_prompt).c_str(), stdout);
   std::fflush(stdout);
   engine::StreamEvent event;
@@ -88,14 +116,18 @@ int RunGenerate(const std::vector<char*>&) {
     for (const engine::TokenReport& t : event.tokens) {
       if (!first_token) first_token = absl::Now();
       ++generated;
-      auto text = detok.Add(t.token);
-      if (!text.ok()) return fail(text.status());
-      std::fputs(text->c_str(), stdout);
+      if (detok) {
+        auto text = detok->Add(t.token);
+        if (!text.ok()) return fail(text.status());
+        std::fputs(text->c_str(), stdout);
+      } else {
+        std::printf("%d ", t.token);
+      }
       std::fflush(stdout);
     }
     if (event.finished) break;
   }
-  std::fputs(detok.Finish().c_str(), stdout);
+  if (detok) std::fputs(detok->Finish().c_str(), stdout);
   std::fputs("\n", stdout);
   absl::Time end = absl::Now();
   if (!event.finished) return fail(absl::DeadlineExceededError("generation did not finish"));
