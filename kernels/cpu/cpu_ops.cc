@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/cpu/isa_kernels.h"
+#include "kernels/cpu/reference_ops.h"
 
 namespace tessera::kernels::cpu {
 namespace {
@@ -79,6 +80,11 @@ void FusedAddRmsNorm(const CpuContext& ctx, float* x, float* residual, const flo
 void Rope(const CpuContext& ctx, absl::Span<const int32_t> positions,
           absl::Span<const float> inv_freq, int head_dim, float* q, int num_heads, int64_t q_stride,
           float* k, int num_kv_heads, int64_t k_stride) {
+  if (head_dim > 512) {  // beyond the optimized kernel's stack tables; see REQUIRES
+    reference::Rope(positions, inv_freq, head_dim, q, num_heads, q_stride, k, num_kv_heads,
+                    k_stride);
+    return;
+  }
   const IsaKernels& kernels = KernelsFor(ctx.isa);
   const int64_t n = positions.size();
   const int64_t work = int64_t{num_heads + (k != nullptr ? num_kv_heads : 0)} * head_dim * 3;

@@ -192,7 +192,7 @@ TEST_P(CpuOpsTest, RopeMatchesReferenceInsideAFusedQkvBuffer) {
     int head_dim, heads, kv_heads;
   };
   for (Shape sh : {Shape{2, 1, 1}, Shape{6, 3, 1}, Shape{64, 4, 2}, Shape{80, 5, 5},
-                   Shape{128, 8, 2}, Shape{256, 2, 1}}) {
+                   Shape{128, 8, 2}, Shape{256, 2, 1}, Shape{516, 1, 1}}) {
     const int64_t tokens = 11;
     // One fused row per token: [q heads | k heads | v heads].
     const int64_t stride = int64_t{sh.heads + 2 * sh.kv_heads} * sh.head_dim;

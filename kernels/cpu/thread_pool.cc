@@ -5,6 +5,15 @@
 namespace tessera::kernels::cpu {
 namespace {
 
+// About 20-50 microseconds of pause instructions.
+constexpr int kSpinIterations = 1000;
+
+void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 // Set on pool worker threads and while a thread runs a loop body, so that a
 // nested ParallelFor runs inline instead of waiting on itself.
 thread_local bool t_inside_parallel_for = false;
@@ -42,6 +51,12 @@ void ThreadPool::WorkerLoop() {
   t_inside_parallel_for = true;
   uint64_t seen = 0;
   while (true) {
+    // Spin briefly before sleeping: a decode step issues one parallel loop
+    // after another, and a futex wake-up costs more than a small kernel.
+    for (int i = 0; i < kSpinIterations && published_.load(std::memory_order_acquire) == seen;
+         ++i) {
+      CpuRelax();
+    }
     Job* job = nullptr;
     {
       absl::MutexLock lock(&mu_);
@@ -50,12 +65,12 @@ void ThreadPool::WorkerLoop() {
       seen = generation_;
       job = job_;
       if (job == nullptr) continue;
-      ++active_;
+      active_.fetch_add(1, std::memory_order_relaxed);  // under mu_: see ParallelFor
     }
     RunChunks(*job);
-    {
+    if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       absl::MutexLock lock(&mu_);
-      if (--active_ == 0) done_cv_.Signal();
+      done_cv_.Signal();
     }
   }
 }
@@ -74,14 +89,23 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     absl::MutexLock lock(&mu_);
     job_ = &job;
     ++generation_;
+    published_.store(generation_, std::memory_order_release);
     work_cv_.SignalAll();
   }
   t_inside_parallel_for = true;
   RunChunks(job);
   t_inside_parallel_for = false;
+  {
+    // Workers take the job and count themselves in active_ under mu_, so
+    // after this no worker can join, and active_ only falls.
+    absl::MutexLock lock(&mu_);
+    job_ = nullptr;
+  }
+  for (int i = 0; i < kSpinIterations && active_.load(std::memory_order_acquire) > 0; ++i) {
+    CpuRelax();
+  }
   absl::MutexLock lock(&mu_);
-  job_ = nullptr;  // workers that wake from now on skip this job
-  while (active_ > 0) done_cv_.Wait(&mu_);
+  while (active_.load(std::memory_order_acquire) > 0) done_cv_.Wait(&mu_);
 }
 
 ThreadPool* DefaultThreadPool() {
