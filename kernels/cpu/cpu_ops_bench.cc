@@ -4,10 +4,13 @@
 // Names: <op>/<impl>/<shape>, impl = ref | opt_t<threads> (opt at the best
 // ISA level of this CPU unless the name says otherwise). Counters:
 //   GB/s     bytes the op must move (weights / KV / activations) per second
+//            (memory/*: the ceilings, memcpy counting bytes copied)
 //   GFLOP/s  useful floating-point operations per second (GEMM, attention)
 //
 // Run (the results in tests/bench/results/cpu_ops.json come from this):
-//   build-kern/kernels/cpu/cpu_ops_bench --benchmark_out=tests/bench/results/cpu_ops.json
+//   build-kern/kernels/cpu/cpu_ops_bench --benchmark_repetitions=5
+//     --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true
+//     --benchmark_out=tests/bench/results/cpu_ops.json
 //     --benchmark_out_format=json
 // The command line, the CPU features and the ISA level are recorded in the
 // JSON "context". kernels/cpu/bench_summary.py turns the JSON into the
@@ -102,16 +105,26 @@ void SetRates(benchmark::State& state, double bytes, double flops = 0) {
 
 constexpr size_t kBandwidthBytes = size_t{512} << 20;  // far beyond the last-level cache
 
+// Sums n floats read as `kStreams` interleaved sequential streams. A GEMV
+// reads 8 weight rows at once; more streams per core can draw more
+// bandwidth, so both shapes are measured and the best is the ceiling.
+template <int kStreams>
 __attribute__((target("avx2"))) float ReadSum(const float* p, size_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (size_t i = 0; i + 32 <= n; i += 32) {
-    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
-    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
-    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
-    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
+  const size_t len = n / kStreams / 32 * 32;
+  __m256 acc[kStreams];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  for (size_t i = 0; i < len; i += 32) {
+    for (int s = 0; s < kStreams; ++s) {
+      const float* q = p + s * len + i;
+      const __m256 lo = _mm256_add_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(q + 8));
+      const __m256 hi = _mm256_add_ps(_mm256_loadu_ps(q + 16), _mm256_loadu_ps(q + 24));
+      acc[s] = _mm256_add_ps(acc[s], _mm256_add_ps(lo, hi));
+    }
   }
+  __m256 total = _mm256_setzero_ps();
+  for (const __m256& a : acc) total = _mm256_add_ps(total, a);
   float lanes[8];
-  _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  _mm256_storeu_ps(lanes, total);
   return std::accumulate(lanes, lanes + 8, 0.0f);
 }
 
@@ -132,22 +145,25 @@ void RegisterBandwidth() {
       // Bytes copied per second (each byte is read once and written once).
       SetRates(state, kBandwidthBytes);
     });
-    if (HostCpuFeatures().avx2) {
-      Register(absl::StrCat("memory/read/t", threads), [threads](benchmark::State& state) {
-        std::vector<float> src(kBandwidthBytes / sizeof(float), 1.0f);
-        ThreadPool* pool = Pool(threads);
-        std::vector<float> sums(threads);
-        for (auto _ : state) {
-          pool->ParallelFor(threads, 1, [&](int64_t b, int64_t e) {
-            for (int64_t t = b; t < e; ++t) {
-              const size_t part = src.size() / threads;
-              sums[t] = ReadSum(src.data() + t * part, part);
-            }
-          });
-          benchmark::DoNotOptimize(sums.data());
-        }
-        SetRates(state, kBandwidthBytes);
-      });
+    if (!HostCpuFeatures().avx2) continue;
+    for (int streams : {1, 8}) {
+      Register(absl::StrCat("memory/read_", streams, "stream/t", threads),
+               [threads, streams](benchmark::State& state) {
+                 std::vector<float> src(kBandwidthBytes / sizeof(float), 1.0f);
+                 ThreadPool* pool = Pool(threads);
+                 std::vector<float> sums(threads);
+                 for (auto _ : state) {
+                   pool->ParallelFor(threads, 1, [&](int64_t b, int64_t e) {
+                     for (int64_t t = b; t < e; ++t) {
+                       const size_t part = src.size() / threads;
+                       const float* p = src.data() + t * part;
+                       sums[t] = streams == 1 ? ReadSum<1>(p, part) : ReadSum<8>(p, part);
+                     }
+                   });
+                   benchmark::DoNotOptimize(sums.data());
+                 }
+                 SetRates(state, kBandwidthBytes);
+               });
     }
   }
 }
