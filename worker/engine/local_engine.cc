@@ -1,10 +1,108 @@
 #include "worker/engine/local_engine.h"
 
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/log.h"
 #include "worker/runner/cpu_model_runner.h"
+#include "worker/runner/simulated_model_runner.h"
 
 namespace tessera::engine {
+namespace {
+
+absl::Status BadSpecPair(const std::string& pair, std::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("simulation spec: '", pair, "': ", std::string(why)));
+}
+
+// The shortest text that reads back as the same double.
+std::string ShortestDouble(double v) {
+  char buf[64];
+  auto result = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, result.ptr);
+}
+
+runner::SimulatedRunnerOptions ToRunnerOptions(const SimulationOptions& s) {
+  runner::SimulatedRunnerOptions r;
+  r.vocab_size = s.vocab;
+  r.max_position_embeddings = s.context;
+  r.prefill_us_per_token = s.prefill_us_per_token;
+  r.decode_step_us = s.decode_step_us;
+  r.decode_us_per_seq = s.decode_us_per_seq;
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<SimulationOptions> ParseSimulationSpec(std::string_view spec) {
+  SimulationOptions o;
+  absl::flat_hash_set<std::string> seen;
+  const std::string text(spec);
+  for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    const std::string pair(absl::StripAsciiWhitespace(piece));
+    const size_t eq = pair.find('=');
+    if (eq == std::string::npos) return BadSpecPair(pair, "expected key=value");
+    const std::string key(absl::StripAsciiWhitespace(absl::string_view(pair).substr(0, eq)));
+    const absl::string_view value =
+        absl::StripAsciiWhitespace(absl::string_view(pair).substr(eq + 1));
+    if (!seen.insert(key).second) return BadSpecPair(pair, "key given twice");
+    auto integer = [&](int64_t lo, int64_t hi, int64_t* out) -> absl::Status {
+      int64_t v = 0;
+      if (!absl::SimpleAtoi(value, &v)) return BadSpecPair(pair, "not an integer");
+      if (v < lo || v > hi) {
+        return BadSpecPair(pair, absl::StrCat("must be in [", lo, ", ", hi, "]"));
+      }
+      *out = v;
+      return absl::OkStatus();
+    };
+    auto micros = [&](double* out) -> absl::Status {
+      double v = 0;
+      if (!absl::SimpleAtod(value, &v)) return BadSpecPair(pair, "not a number");
+      if (!std::isfinite(v) || v < 0 || v > 1e9) {
+        return BadSpecPair(pair, "must be a number of microseconds in [0, 1e9]");
+      }
+      *out = v;
+      return absl::OkStatus();
+    };
+    absl::Status status;
+    if (key == "vocab") {
+      status = integer(runner::SimulatedModelRunner::kMinVocabSize,
+                       runner::SimulatedModelRunner::kMaxVocabSize, &o.vocab);
+    } else if (key == "context") {
+      status = integer(1, model::kMaxPositionEmbeddings, &o.context);
+    } else if (key == "prefill_us_per_token") {
+      status = micros(&o.prefill_us_per_token);
+    } else if (key == "decode_step_us") {
+      status = micros(&o.decode_step_us);
+    } else if (key == "decode_us_per_seq") {
+      status = micros(&o.decode_us_per_seq);
+    } else if (key == "kv_bytes_per_token") {
+      status = integer(1, int64_t{1} << 40, &o.kv_bytes_per_token);
+    } else {
+      status = BadSpecPair(pair,
+                           "unknown key; known: vocab, context, prefill_us_per_token, "
+                           "decode_step_us, decode_us_per_seq, kv_bytes_per_token");
+    }
+    if (!status.ok()) return status;
+  }
+  return o;
+}
+
+std::string SimulationSpecString(const SimulationOptions& o) {
+  return absl::StrCat("vocab=", o.vocab, ",context=", o.context,
+                      ",prefill_us_per_token=", ShortestDouble(o.prefill_us_per_token),
+                      ",decode_step_us=", ShortestDouble(o.decode_step_us),
+                      ",decode_us_per_seq=", ShortestDouble(o.decode_us_per_seq),
+                      ",kv_bytes_per_token=", o.kv_bytes_per_token);
+}
 
 LocalEngine::~LocalEngine() {
   if (engine) engine->Stop();
@@ -23,33 +121,56 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineO
   auto cpu_kernels = kernels::CpuKernelsFor(*report);
   if (!cpu_kernels.ok()) return cpu_kernels.status();
   local->kernels = std::make_unique<kernels::CpuKernels>(*cpu_kernels);
-  if (o.cpu_threads > 0) local->pool = std::make_unique<kernels::cpu::ThreadPool>(o.cpu_threads);
-  kernels::cpu::CpuContext ctx = kernels::CpuContextFor(local->device, local->pool.get());
-  if (auto s = kernels::PreflightCpuKernels(*local->kernels, ctx); !s.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "preflight failed on ", local->device.Summary(), ": ", s.message(),
-        "; choose another backend with --gemm_backend/--attention_backend/--norm_backend"));
-  }
+  std::unique_ptr<runner::ModelRunner> model_runner;
+  if (o.simulate) {
+    // Nothing runs a kernel: no thread pool, no preflight, no weights.
+    local->simulated = true;
+    runner::SimulatedRunnerOptions ro = ToRunnerOptions(*o.simulate);
+    ro.block_size = o.block_size;
+    int64_t blocks = o.kv_cache_blocks;
+    if (blocks <= 0) {
+      if (o.block_size < 1 || o.simulate->kv_bytes_per_token < 1) {
+        return absl::InvalidArgumentError("block_size and kv_bytes_per_token must be >= 1");
+      }
+      const int64_t bytes_per_block = o.simulate->kv_bytes_per_token * o.block_size;
+      blocks = std::max<int64_t>(1, (o.kv_cache_memory_mb << 20) / bytes_per_block);
+    }
+    ro.num_kv_blocks = blocks;
+    local->kv_cache_blocks = blocks;
+    auto runner = runner::SimulatedModelRunner::Create(ro);
+    if (!runner.ok()) return runner.status();
+    model_runner = std::move(*runner);
+  } else {
+    if (o.cpu_threads > 0) local->pool = std::make_unique<kernels::cpu::ThreadPool>(o.cpu_threads);
+    kernels::cpu::CpuContext ctx = kernels::CpuContextFor(local->device, local->pool.get());
+    if (auto s = kernels::PreflightCpuKernels(*local->kernels, ctx); !s.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "preflight failed on ", local->device.Summary(), ": ", s.message(),
+          "; choose another backend with --gemm_backend/--attention_backend/--norm_backend"));
+    }
 
-  auto model = model::LoadModel(o.model_dir);
-  if (!model.ok()) return model.status();
-  local->model = std::move(*model);
-  const model::ModelConfig& config = local->model->config;
+    auto model = model::LoadModel(o.model_dir);
+    if (!model.ok()) return model.status();
+    local->model = std::move(*model);
+    const model::ModelConfig& config = local->model->config;
 
-  runner::CpuRunnerOptions ro;
-  ro.block_size = o.block_size;
-  ro.kernels = local->kernels.get();
-  ro.num_threads = o.cpu_threads;
-  int64_t blocks = o.kv_cache_blocks;
-  if (blocks <= 0) {
-    const int64_t bytes_per_block = int64_t{2} * config.num_hidden_layers * config.kv_size() *
-                                    o.block_size * static_cast<int64_t>(sizeof(float));
-    blocks = std::max<int64_t>(1, (o.kv_cache_memory_mb << 20) / bytes_per_block);
+    runner::CpuRunnerOptions ro;
+    ro.block_size = o.block_size;
+    ro.kernels = local->kernels.get();
+    ro.num_threads = o.cpu_threads;
+    int64_t blocks = o.kv_cache_blocks;
+    if (blocks <= 0) {
+      const int64_t bytes_per_block = int64_t{2} * config.num_hidden_layers * config.kv_size() *
+                                      o.block_size * static_cast<int64_t>(sizeof(float));
+      blocks = std::max<int64_t>(1, (o.kv_cache_memory_mb << 20) / bytes_per_block);
+    }
+    ro.num_kv_blocks = blocks;
+    local->kv_cache_blocks = blocks;
+    auto runner = runner::CpuModelRunner::Create(local->model.get(), ro);
+    if (!runner.ok()) return runner.status();
+    model_runner = std::move(*runner);
   }
-  ro.num_kv_blocks = blocks;
-  local->kv_cache_blocks = blocks;
-  auto runner = runner::CpuModelRunner::Create(local->model.get(), ro);
-  if (!runner.ok()) return runner.status();
+  const model::ModelConfig& config = model_runner->config();
 
   EngineOptions eo;
   eo.scheduler.max_num_seqs = o.max_num_seqs;
@@ -60,7 +181,7 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineO
   eo.max_waiting = o.max_waiting;
   for (int64_t id : config.eos_token_ids) eo.eos_token_ids.push_back(static_cast<TokenId>(id));
   if (auto s = model::CheckContextLength(config, eo.scheduler.max_model_len); !s.ok()) return s;
-  auto engine = Engine::Create(std::move(*runner), eo, observer);
+  auto engine = Engine::Create(std::move(model_runner), eo, observer);
   if (!engine.ok()) return engine.status();
   local->engine = std::move(*engine);
   return local;

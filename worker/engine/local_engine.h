@@ -4,12 +4,25 @@
 // cache sized → engine created. Used by tessera-worker and `tessera
 // generate`, so both start the same way.
 //
+// Simulation: with LocalEngineOptions::simulate set, no model is loaded. The
+// kernel backends are still selected (and the overrides validated) so the
+// report reads as on a real worker, but nothing is preflighted, since no
+// kernel runs: the engine runs on a SimulatedModelRunner
+// (worker/runner/simulated_model_runner.h) whose Forward waits as long as the
+// cost model says and produces deterministic tokens. Scheduling, KV-block
+// accounting and the prefix cache are the real ones, so a router sees the
+// same load and prefix-cache events as from a real worker. For benchmarks
+// of the router with many workers on one machine.
+//
 // Thread-safety: build on one thread; the Engine inside is thread-safe as
 // documented in engine.h.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "kernels/cpu_backend.h"
@@ -19,8 +32,38 @@
 
 namespace tessera::engine {
 
+// The synthetic model and its cost model (see simulated_model_runner.h).
+struct SimulationOptions {
+  int64_t vocab = 1024;     // vocabulary size, [4, 2^20]
+  int64_t context = 32768;  // max_position_embeddings
+  double prefill_us_per_token = 20;
+  double decode_step_us = 2000;
+  double decode_us_per_seq = 50;
+  // Nominal KV-cache bytes per token, which turns --kv_cache_memory_mb into
+  // blocks when kv_cache_blocks is 0. Default: Llama-3-8B in 16-bit
+  // (32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes).
+  int64_t kv_bytes_per_token = 131072;
+};
+
+// Parses a spec such as
+//   "vocab=1024,context=32768,prefill_us_per_token=20,decode_step_us=2000,decode_us_per_seq=50"
+// Comma-separated key=value pairs in any order; keys are the field names of
+// SimulationOptions; an omitted key keeps its default, so "" means all
+// defaults. Spaces around keys and values are ignored. INVALID_ARGUMENT
+// naming the pair for an unknown or repeated key, a malformed number or a
+// value out of range (costs: finite, in [0, 1e9] us; context in [1, 2^30];
+// kv_bytes_per_token >= 1).
+absl::StatusOr<SimulationOptions> ParseSimulationSpec(std::string_view spec);
+
+// The canonical spec of `options` (every key, in declaration order); it
+// parses back to the same options.
+std::string SimulationSpecString(const SimulationOptions& options);
+
 struct LocalEngineOptions {
+  // Model directory; ignored when `simulate` is set.
   std::string model_dir;
+  // When set, run the simulated runner instead of loading a model.
+  std::optional<SimulationOptions> simulate;
   kernels::BackendOverrides backends;  // flag name -> backend ("auto" = choose)
   int cpu_threads = 0;                 // 0 = all cores
   int block_size = 16;
@@ -38,15 +81,20 @@ struct LocalEngine {
   kernels::SelectionReport backends;
   std::unique_ptr<kernels::CpuKernels> kernels;
   std::unique_ptr<kernels::cpu::ThreadPool> pool;
-  std::unique_ptr<model::LoadedModel> model;
+  std::unique_ptr<model::LoadedModel> model;  // null when simulated
+  bool simulated = false;
   int64_t kv_cache_blocks = 0;
   std::unique_ptr<Engine> engine;  // not started
+
+  // The model's config (the synthetic one when simulated).
+  const model::ModelConfig& config() const { return engine->runner().config(); }
 
   ~LocalEngine();  // stops the engine before the model goes away
 };
 
 // Builds the engine. Errors say which step failed and why (an unknown or
-// unusable backend, a failed preflight, a bad model directory, ...).
+// unusable backend, a failed preflight, a bad model directory, simulation
+// options out of range, ...).
 absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineOptions& options,
                                                               EngineObserver* observer = nullptr);
 

@@ -1,0 +1,190 @@
+#include "worker/runner/simulated_model_runner.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace tessera::runner {
+namespace {
+
+// SplitMix64's finalizer: a fixed, well-mixed 64-bit permutation.
+uint64_t Mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+absl::Status CheckCost(double us, const char* name) {
+  if (!std::isfinite(us) || us < 0 || us > 1e9) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " must be a number of microseconds in [0, 1e9], got ", us));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+SimulatedModelRunner::SimulatedModelRunner(SimulatedRunnerOptions options)
+    : options_(std::move(options)),
+      config_(SyntheticConfig(options_.vocab_size, options_.max_position_embeddings)) {}
+
+absl::StatusOr<std::unique_ptr<SimulatedModelRunner>> SimulatedModelRunner::Create(
+    SimulatedRunnerOptions options) {
+  if (options.vocab_size < kMinVocabSize || options.vocab_size > kMaxVocabSize) {
+    return absl::InvalidArgumentError(absl::StrCat("simulated vocab_size must be in [",
+                                                   kMinVocabSize, ", ", kMaxVocabSize, "], got ",
+                                                   options.vocab_size));
+  }
+  if (options.max_position_embeddings < 1 ||
+      options.max_position_embeddings > model::kMaxPositionEmbeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("simulated context must be in [1, ",
+                                                   model::kMaxPositionEmbeddings, "], got ",
+                                                   options.max_position_embeddings));
+  }
+  if (options.block_size < 1 || options.num_kv_blocks < 1) {
+    return absl::InvalidArgumentError("block_size and num_kv_blocks must be >= 1");
+  }
+  if (auto s = CheckCost(options.prefill_us_per_token, "prefill_us_per_token"); !s.ok()) return s;
+  if (auto s = CheckCost(options.decode_step_us, "decode_step_us"); !s.ok()) return s;
+  if (auto s = CheckCost(options.decode_us_per_seq, "decode_us_per_seq"); !s.ok()) return s;
+  return std::unique_ptr<SimulatedModelRunner>(new SimulatedModelRunner(std::move(options)));
+}
+
+model::ModelConfig SimulatedModelRunner::SyntheticConfig(int64_t vocab_size,
+                                                         int64_t max_position_embeddings) {
+  model::ModelConfig c;
+  c.architecture = model::ModelArchitecture::kLlama;
+  c.model_type = "simulated";
+  c.vocab_size = vocab_size;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = 1;
+  c.num_key_value_heads = 1;
+  c.head_dim = 64;
+  c.max_position_embeddings = max_position_embeddings;
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2};
+  return c;
+}
+
+int32_t SimulatedModelRunner::NextToken(int32_t token, int32_t position, int64_t vocab_size) {
+  const uint64_t key =
+      (uint64_t{static_cast<uint32_t>(token)} << 32) | uint64_t{static_cast<uint32_t>(position)};
+  const uint64_t range = static_cast<uint64_t>(vocab_size - kFirstGeneratedId);
+  return static_cast<int32_t>(Mix(key) % range) + kFirstGeneratedId;
+}
+
+absl::Duration SimulatedModelRunner::StepCost(const ForwardBatch& batch,
+                                              const SimulatedRunnerOptions& options) {
+  int64_t prefill_tokens = 0;
+  int64_t decode_seqs = 0;
+  for (int s = 0; s < batch.num_seqs(); ++s) {
+    const int64_t q_len = batch.query_start_loc[s + 1] - batch.query_start_loc[s];
+    if (q_len > 1) {
+      prefill_tokens += q_len;
+    } else if (q_len == 1) {
+      ++decode_seqs;
+    }
+  }
+  double us = options.prefill_us_per_token * static_cast<double>(prefill_tokens);
+  if (decode_seqs > 0) {
+    us += options.decode_step_us + options.decode_us_per_seq * static_cast<double>(decode_seqs);
+  }
+  return absl::Nanoseconds(std::llround(us * 1e3));
+}
+
+absl::Status SimulatedModelRunner::ValidateBatch(const ForwardBatch& b) const {
+  const int n = b.num_tokens();
+  const int s = b.num_seqs();
+  if (n == 0 || s == 0) return absl::InvalidArgumentError("empty batch");
+  if (b.positions.size() != static_cast<size_t>(n) ||
+      b.slot_mapping.size() != static_cast<size_t>(n)) {
+    return absl::InvalidArgumentError("positions and slot_mapping must have one entry per token");
+  }
+  if (b.query_start_loc.size() != static_cast<size_t>(s) + 1 || b.query_start_loc[0] != 0 ||
+      b.query_start_loc.back() != n) {
+    return absl::InvalidArgumentError(
+        "query_start_loc must have num_seqs + 1 entries from 0 to num_tokens");
+  }
+  if (b.block_table_stride < 0 ||
+      b.block_tables.size() < static_cast<size_t>(s * b.block_table_stride)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_tables has ", b.block_tables.size(), " entries; expected num_seqs (", s,
+                     ") * block_table_stride (", b.block_table_stride, ")"));
+  }
+  const int64_t bs = options_.block_size;
+  for (int i = 0; i < s; ++i) {
+    const int q_len = b.query_start_loc[i + 1] - b.query_start_loc[i];
+    if (q_len < 0 || q_len > b.seq_lens[i]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", i, ": ", q_len, " new tokens but seq_len ", b.seq_lens[i]));
+    }
+    if (b.seq_lens[i] > config_.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": length ", b.seq_lens[i],
+                                                     " exceeds the model's context of ",
+                                                     config_.max_position_embeddings));
+    }
+    const int64_t blocks_needed = (b.seq_lens[i] + bs - 1) / bs;
+    if (blocks_needed > b.block_table_stride) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", i, ": seq_len ", b.seq_lens[i], " needs ", blocks_needed,
+                       " blocks; its block table holds ", b.block_table_stride));
+    }
+    const int32_t* table = b.block_tables.data() + i * b.block_table_stride;
+    for (int64_t k = 0; k < blocks_needed; ++k) {
+      if (table[k] < 0 || table[k] >= options_.num_kv_blocks) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", i, " block ", k, " is ",
+                                                       table[k], "; the cache has ",
+                                                       options_.num_kv_blocks, " blocks"));
+      }
+    }
+    for (int j = 0; j < q_len; ++j) {
+      const int t = b.query_start_loc[i] + j;
+      const int32_t pos = b.seq_lens[i] - q_len + j;
+      if (b.positions[t] != pos) {
+        return absl::InvalidArgumentError(absl::StrCat("token ", t, ": position ", b.positions[t],
+                                                       " but sequence ", i, " places it at ", pos));
+      }
+      const int64_t slot = int64_t{table[pos / bs]} * bs + pos % bs;
+      if (b.slot_mapping[t] != slot) {
+        return absl::InvalidArgumentError(absl::StrCat("token ", t, ": slot ", b.slot_mapping[t],
+                                                       " but the block table puts position ", pos,
+                                                       " at slot ", slot));
+      }
+    }
+  }
+  for (int t = 0; t < n; ++t) {
+    if (b.token_ids[t] < 0 || b.token_ids[t] >= config_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token ", t, " is ", b.token_ids[t], ": ids must be in [0, ", config_.vocab_size, ")"));
+    }
+  }
+  for (int32_t idx : b.logits_indices) {
+    if (idx < 0 || idx >= n) {
+      return absl::InvalidArgumentError(absl::StrCat("logits index ", idx, " outside the batch"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SimulatedModelRunner::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
+  const absl::Time start = absl::Now();
+  if (auto s = ValidateBatch(batch); !s.ok()) return s;
+  const int64_t vocab = config_.vocab_size;
+  const size_t rows = batch.logits_indices.size();
+  logits->assign(rows * static_cast<size_t>(vocab), 0.0f);
+  for (size_t r = 0; r < rows; ++r) {
+    const int32_t t = batch.logits_indices[r];
+    const int32_t next = NextToken(batch.token_ids[t], batch.positions[t], vocab);
+    (*logits)[r * vocab + next] = kWinningLogit;
+  }
+  const absl::Duration remaining = start + StepCost(batch, options_) - absl::Now();
+  if (remaining > absl::ZeroDuration()) absl::SleepFor(remaining);
+  return absl::OkStatus();
+}
+
+}  // namespace tessera::runner

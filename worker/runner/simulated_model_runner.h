@@ -1,0 +1,108 @@
+// SimulatedModelRunner: a ModelRunner without weights, for benchmarks of the
+// router with many workers on one small machine. Forward() validates the
+// batch exactly as a real runner must, waits for the time a cost model says
+// the step would take on real hardware, and returns logits whose argmax is a
+// fixed function of the last token and its position:
+//
+//   next token after (token t at position p) = NextToken(t, p)
+//
+// That row holds kWinningLogit at the chosen token and 0 elsewhere, so the
+// chosen token has probability ~1 at any temperature. Greedy output is
+// therefore a pure function of the token list: independent of batching,
+// chunked prefill, prefix-cache hits, preemption, migration, or which worker
+// computes it. NextToken never returns ids 0..2 (kept for the synthetic
+// config's BOS = 1 and EOS = 2), so generation never stops on EOS.
+//
+// Cost of one step (the wait), with q_len = the new tokens of a sequence in
+// the batch:
+//
+//   prefill_us_per_token * (sum of q_len over sequences with q_len > 1)
+//   + decode_step_us     (once, if any sequence has q_len == 1)
+//   + decode_us_per_seq  * (number of sequences with q_len == 1)
+//
+// A batch holds only the tokens the scheduler decided to compute, so
+// prefix-cache hits cost nothing: that is what makes prefix-aware routing
+// measurable. A one-token prefill (e.g. all but the last prompt token came
+// from the cache) costs like a decode, as it does on real hardware. The wait
+// runs from the start of Forward() with absl::SleepFor, so the validation
+// time is part of it; the operating system's timer slack adds some tens of
+// microseconds per step. The thread sleeps rather than spins, so many
+// simulated workers can share a few cores.
+//
+// No KV is stored. The block table and slot mapping are still checked
+// against the configured cache (block ids in range, each slot where the
+// block table puts its position), so scheduler bugs surface here as they
+// would with a real runner.
+//
+// Thread-safety: not thread-safe (one engine loop owns it), like every
+// ModelRunner. NextToken and StepCost are pure.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/model/config.h"
+#include "worker/runner/model_runner.h"
+
+namespace tessera::runner {
+
+struct SimulatedRunnerOptions {
+  int64_t vocab_size = 1024;                // >= 4
+  int64_t max_position_embeddings = 32768;  // the synthetic model's context
+  int block_size = 16;
+  int64_t num_kv_blocks = 4096;
+  // The cost model, in microseconds; each >= 0.
+  double prefill_us_per_token = 20;
+  double decode_step_us = 2000;
+  double decode_us_per_seq = 50;
+};
+
+class SimulatedModelRunner final : public ModelRunner {
+ public:
+  // The logit of the chosen token; every other logit is 0.
+  static constexpr float kWinningLogit = 30.0f;
+  // Ids below this are never generated (special tokens of the synthetic
+  // config: 0 = padding, 1 = BOS, 2 = EOS).
+  static constexpr int32_t kFirstGeneratedId = 3;
+  // Limits on the synthetic vocabulary (logits are vocab floats per row).
+  static constexpr int64_t kMinVocabSize = 4;
+  static constexpr int64_t kMaxVocabSize = int64_t{1} << 20;
+
+  // INVALID_ARGUMENT for options out of range.
+  static absl::StatusOr<std::unique_ptr<SimulatedModelRunner>> Create(
+      SimulatedRunnerOptions options);
+
+  // The synthetic config: architecture Llama, model_type "simulated",
+  // the given vocabulary and context, BOS 1, EOS 2, and small nominal layer
+  // sizes (1 layer, 1 head of 64) that nothing computes with.
+  static model::ModelConfig SyntheticConfig(int64_t vocab_size, int64_t max_position_embeddings);
+
+  // The token generated after `token` at `position`, in
+  // [kFirstGeneratedId, vocab_size). REQUIRES: vocab_size >= kMinVocabSize.
+  static int32_t NextToken(int32_t token, int32_t position, int64_t vocab_size);
+
+  // The simulated duration of a step over `batch` (REQUIRES: a valid batch).
+  static absl::Duration StepCost(const ForwardBatch& batch, const SimulatedRunnerOptions& options);
+
+  const model::ModelConfig& config() const override { return config_; }
+  int block_size() const override { return options_.block_size; }
+  int64_t num_kv_blocks() const override { return options_.num_kv_blocks; }
+  const SimulatedRunnerOptions& options() const { return options_; }
+
+  // Validates the batch (INVALID_ARGUMENT, without waiting, when malformed),
+  // waits StepCost(batch), and returns one logits row per logits index.
+  absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
+
+ private:
+  explicit SimulatedModelRunner(SimulatedRunnerOptions options);
+  absl::Status ValidateBatch(const ForwardBatch& batch) const;
+
+  SimulatedRunnerOptions options_;
+  model::ModelConfig config_;
+};
+
+}  // namespace tessera::runner
