@@ -1,20 +1,59 @@
-// InferenceService: the gRPC adapter of the public tessera.v1.Inference API.
+// InferenceService: the public tessera.v1.Inference API, the router's text
+// layer over the routing core (router/router.h).
 //
-// Until a worker registry and the text layer are attached, it lists no
-// models and refuses Generate and Tokenize with UNIMPLEMENTED, naming what
-// is missing.
+// Generate: authenticate (optional API keys) → tokenize (text prompts) →
+// admit (bounded in-flight, RESOURCE_EXHAUSTED with a retry hint) → route →
+// stream from the chosen worker, detokenizing incrementally and applying stop
+// strings (a match cancels the worker's stream) → complete with usage.
+// Failure handling: before the first token, a retryable worker failure is
+// retried on another worker; after it, the request migrates — it resumes on
+// another worker with the prompt plus the tokens already sent, so the client
+// sees one stream with nothing lost or repeated. Client cancellation and
+// deadlines propagate to the worker call.
 //
-// Thread-safety: stateless; gRPC calls handlers from its threads.
+// Thread-safety: gRPC calls the handlers from its threads; shared state is
+// the thread-safe Router, atomics and a mutex-guarded upstream map.
 #pragma once
 
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/security/credentials.h"
+#include "router/router.h"
 #include "services/common/drain.h"
+#include "services/router/router_metrics.h"
+#include "services/router/upstream.h"
 #include "tessera/v1/inference.grpc.pb.h"
+#include "worker/tokenizer/tokenizer.h"
 
 namespace tessera::services {
 
-class InferenceService final : public tessera::v1::Inference::Service {
+struct InferenceServiceOptions {
+  std::string model_name;             // served name; requests may name it or leave it empty
+  int context_length = 0;             // reported by ListModels (0 = from workers)
+  std::vector<std::string> api_keys;  // empty = no authentication
+  int max_in_flight = 1024;           // admitted requests at once
+  int max_attempts = 4;               // worker calls per request (retries + migrations)
+  int load_interval_ms = 50;          // WatchLoad period asked of workers
+  std::shared_ptr<grpc::ChannelCredentials> upstream_credentials;
+};
+
+class InferenceService final : public tessera::v1::Inference::Service, public UpstreamSink {
  public:
-  explicit InferenceService(DrainState* drain) : drain_(drain) {}
+  // `tokenizer` may be null: then only token-id prompts are accepted.
+  // REQUIRES: router, drain and metrics outlive the service.
+  InferenceService(InferenceServiceOptions options, router::Router* router,
+                   std::unique_ptr<Tokenizer> tokenizer, DrainState* drain, RouterMetrics* metrics);
+  ~InferenceService() override;
+
+  // Makes the set of workers equal `addresses` (connecting new ones,
+  // dropping gone ones).
+  void SetWorkers(const std::vector<std::string>& addresses);
+  void StopUpstreams();
 
   grpc::Status Generate(grpc::ServerContext* context, const tessera::v1::GenerateRequest* request,
                         grpc::ServerWriter<tessera::v1::GenerateResponse>* writer) override;
@@ -24,8 +63,25 @@ class InferenceService final : public tessera::v1::Inference::Service {
                           const tessera::v1::ListModelsRequest* request,
                           tessera::v1::ListModelsResponse* response) override;
 
+  // UpstreamSink
+  void OnInfo(const std::string& address, const tessera::v1::WorkerInfo& info) override;
+  void OnHealth(const std::string& address, bool serving) override;
+  void OnLoad(const std::string& address, const tessera::v1::LoadReport& report) override;
+
  private:
+  grpc::Status Authenticate(const grpc::ServerContext& context) const;
+  tessera::v1::Worker::Stub* StubFor(const std::string& address);
+
+  InferenceServiceOptions options_;
+  router::Router* router_;
+  std::unique_ptr<Tokenizer> tokenizer_;
   DrainState* drain_;
+  RouterMetrics* metrics_;
+  std::atomic<int> in_flight_{0};
+  std::atomic<int> context_length_{0};
+
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<WorkerUpstream>> upstreams_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera::services

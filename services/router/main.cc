@@ -1,20 +1,150 @@
 // tessera-router: the public tessera.v1.Inference service of a cluster.
+//
+// Workers come from --workers (a static list) and/or --workers_file (one
+// address per line, '#' comments; re-read when it changes, so a systemd
+// drop-in or a Kubernetes headless-service resolver can update it).
+#include <sys/stat.h>
+
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "base/log.h"
+#include "router/router.h"
 #include "services/common/server_flags.h"
 #include "services/common/service_host.h"
 #include "services/router/inference_service.h"
+#include "services/router/router_metrics.h"
+
+ABSL_FLAG(std::vector<std::string>, workers, {}, "Worker addresses host:port, comma-separated");
+ABSL_FLAG(std::string, workers_file, "", "File listing worker addresses, re-read on change");
+ABSL_FLAG(std::string, tokenizer, "", "Tokenizer directory (tokenizer.json); empty = ids only");
+ABSL_FLAG(std::string, served_model_name, "default", "Model name clients may ask for");
+ABSL_FLAG(std::string, policy, "cost", "Routing policy: cost, round_robin or least_loaded");
+ABSL_FLAG(std::string, api_keys_file, "", "File of accepted API keys, one per line");
+ABSL_FLAG(int, max_in_flight, 1024, "Admitted requests at once; more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_attempts, 4, "Worker calls per request (retries and migrations)");
+ABSL_FLAG(int, load_interval_ms, 50, "Load report period asked of workers");
+ABSL_FLAG(absl::Duration, load_staleness, absl::Seconds(2),
+          "A worker not heard from for this long gets no new requests");
+ABSL_FLAG(std::string, upstream_tls_ca, "", "PEM CA for TLS to workers; empty = plaintext");
+ABSL_FLAG(std::string, upstream_tls_cert, "", "PEM client certificate for mTLS to workers");
+ABSL_FLAG(std::string, upstream_tls_key, "", "PEM key of --upstream_tls_cert");
 
 namespace ts = tessera::services;
+
+namespace {
+
+absl::StatusOr<std::vector<std::string>> ReadLines(const std::string& flag,
+                                                   const std::string& path) {
+  auto text = ts::ReadFileForFlag(flag, path);
+  if (!text.ok()) return text.status();
+  std::vector<std::string> out;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    line = absl::StripAsciiWhitespace(line.substr(0, line.find('#')));
+    if (!line.empty()) out.emplace_back(line);
+  }
+  return out;
+}
+
+std::vector<std::string> Merge(const std::vector<std::string>& a,
+                               const std::vector<std::string>& b) {
+  std::set<std::string> s(a.begin(), a.end());
+  s.insert(b.begin(), b.end());
+  return {s.begin(), s.end()};
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   ts::BlockTerminationSignals();
   ts::ParseServiceFlags(argc, argv,
                         "tessera-router: routes requests to workers (tessera.v1.Inference)");
   tessera::SetLogService("router");
+
+  tessera::router::RouterOptions ro;
+  auto policy = tessera::router::ParsePolicyKind(absl::GetFlag(FLAGS_policy));
+  if (!policy.ok()) return ts::StartupError(policy.status());
+  ro.policy.kind = *policy;
+  ro.registry.load_staleness = absl::GetFlag(FLAGS_load_staleness);
+
+  ts::InferenceServiceOptions so;
+  so.model_name = absl::GetFlag(FLAGS_served_model_name);
+  so.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
+  so.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  so.load_interval_ms = absl::GetFlag(FLAGS_load_interval_ms);
+  if (so.max_in_flight < 1 || so.max_attempts < 1 || so.load_interval_ms < 10) {
+    return ts::StartupError(absl::InvalidArgumentError(
+        "--max_in_flight and --max_attempts must be >= 1, --load_interval_ms >= 10"));
+  }
+  if (!absl::GetFlag(FLAGS_api_keys_file).empty()) {
+    auto keys = ReadLines("api_keys_file", absl::GetFlag(FLAGS_api_keys_file));
+    if (!keys.ok()) return ts::StartupError(keys.status());
+    if (keys->empty()) {
+      return ts::StartupError(absl::InvalidArgumentError("--api_keys_file lists no key"));
+    }
+    so.api_keys = *keys;
+  }
+  auto creds = ts::MakeChannelCredentials({absl::GetFlag(FLAGS_upstream_tls_ca),
+                                           absl::GetFlag(FLAGS_upstream_tls_cert),
+                                           absl::GetFlag(FLAGS_upstream_tls_key)});
+  if (!creds.ok()) return ts::StartupError(creds.status());
+  so.upstream_credentials = *creds;
+
+  std::unique_ptr<tessera::Tokenizer> tokenizer;
+  if (!absl::GetFlag(FLAGS_tokenizer).empty()) {
+    auto t = tessera::Tokenizer::FromDirectory(absl::GetFlag(FLAGS_tokenizer));
+    if (!t.ok()) return ts::StartupError(t.status());
+    tokenizer = std::move(*t);
+  }
+  const std::vector<std::string> static_workers = absl::GetFlag(FLAGS_workers);
+  const std::string workers_file = absl::GetFlag(FLAGS_workers_file);
+  std::vector<std::string> file_workers;
+  if (!workers_file.empty()) {
+    auto w = ReadLines("workers_file", workers_file);
+    if (!w.ok()) return ts::StartupError(w.status());
+    file_workers = *w;
+  }
+  if (static_workers.empty() && workers_file.empty()) {
+    return ts::StartupError(
+        absl::InvalidArgumentError("give the workers with --workers and/or --workers_file"));
+  }
+
   ts::ServiceHost host(ts::ServerOptionsFromFlags("router"));
-  ts::InferenceService service(&host.drain());
+  ts::RouterMetrics metrics(host.metrics().registry());
+  tessera::router::Router router(ro);
+  ts::InferenceService service(so, &router, std::move(tokenizer), &host.drain(), &metrics);
   host.AddService(&service, "tessera.v1.Inference");
   if (auto s = host.Start(); !s.ok()) return ts::StartupError(s);
+  service.SetWorkers(Merge(static_workers, file_workers));
+
+  // Re-read the workers file when it changes.
+  std::thread watcher;
+  if (!workers_file.empty()) {
+    watcher = std::thread([&] {
+      struct timespec last {};
+      while (!host.drain().WaitDrainingFor(absl::Seconds(1))) {
+        struct stat st;
+        if (stat(workers_file.c_str(), &st) != 0) continue;
+        if (st.st_mtim.tv_sec == last.tv_sec && st.st_mtim.tv_nsec == last.tv_nsec) continue;
+        last = st.st_mtim;
+        auto w = ReadLines("workers_file", workers_file);
+        if (!w.ok()) {
+          tessera::LogWarning("workers file unreadable",
+                              {{"error", std::string(w.status().message())}});
+          continue;
+        }
+        service.SetWorkers(Merge(static_workers, *w));
+      }
+    });
+  }
   host.SetReady(true);
-  return host.RunUntilShutdown();
+  int code = host.RunUntilShutdown();
+  if (watcher.joinable()) watcher.join();
+  service.StopUpstreams();
+  return code;
 }

@@ -16,7 +16,10 @@
 #include "services/worker/worker_service.h"
 #include "worker/engine/local_engine.h"
 
-ABSL_FLAG(std::string, model, "", "Model directory (config.json, *.safetensors). Required.");
+ABSL_FLAG(std::string, model, "", "Model directory (config.json, *.safetensors); or --simulate");
+ABSL_FLAG(std::string, simulate, "",
+          "Run a simulated model instead of --model (for cluster tests and benchmarks), e.g. "
+          "'vocab=1024,context=32768,prefill_us_per_token=20,decode_step_us=2000'");
 ABSL_FLAG(std::string, served_model_name, "", "Name reported to clients; default: the directory");
 ABSL_FLAG(std::string, gemm_backend, "auto", "Backend for matrix products, or auto");
 ABSL_FLAG(std::string, attention_backend, "auto", "Backend for paged attention, or auto");
@@ -43,7 +46,12 @@ int main(int argc, char** argv) {
 
   tessera::engine::LocalEngineOptions lo;
   lo.model_dir = absl::GetFlag(FLAGS_model);
-  if (lo.model_dir.empty()) {
+  if (!absl::GetFlag(FLAGS_simulate).empty()) {
+    auto sim = tessera::engine::ParseSimulationSpec(absl::GetFlag(FLAGS_simulate));
+    if (!sim.ok()) return ts::StartupError(sim.status());
+    lo.simulate = *sim;
+    lo.model_dir = "simulated";
+  } else if (lo.model_dir.empty()) {
     return ts::StartupError(absl::InvalidArgumentError("--model is required (a model directory)"));
   }
   if (absl::GetFlag(FLAGS_tensor_parallel_size) != 1) {
@@ -91,8 +99,8 @@ int main(int argc, char** argv) {
   service_options.model_name = absl::GetFlag(FLAGS_served_model_name).empty()
                                    ? lo.model_dir
                                    : absl::GetFlag(FLAGS_served_model_name);
-  service_options.architecture =
-      std::string(tessera::model::ArchitectureName((*local)->model->config.architecture));
+  service_options.architecture = std::string(
+      tessera::model::ArchitectureName((*local)->engine->runner().config().architecture));
   service_options.default_drain_deadline = options.drain_deadline;
   service_options.backends = (*local)->backends;
   engine.Start();

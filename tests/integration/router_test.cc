@@ -1,0 +1,324 @@
+// The router on loopback in front of real tessera-worker processes (tiny
+// fixture models, or simulated models whose cost is time): routing and
+// streaming, migration when a worker is killed mid-stream, routing around a
+// hung (SIGSTOP'd) worker, cancellation reaching the worker, admission
+// control and API keys.
+#include <signal.h>
+
+#include <atomic>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tessera/v1/inference.grpc.pb.h"
+#include "tessera/v1/worker.grpc.pb.h"
+#include "tests/integration/test_process.h"
+
+namespace tessera::testing {
+namespace {
+
+using tessera::v1::GenerateRequest;
+using tessera::v1::GenerateResponse;
+using tessera::v1::Inference;
+using ::testing::HasSubstr;
+
+// A simulated worker: 20 ms per decode step (50 tokens/s per stream).
+const char kSlowSim[] =
+    "--simulate=vocab=1024,context=8192,prefill_us_per_token=2,decode_step_us=20000";
+
+std::string Fixture(const std::string& name) {
+  const char* src = std::getenv("TESSERA_SOURCE_DIR");
+  return absl::StrCat(src ? src : ".", "/tests/fixtures/models/", name);
+}
+
+struct Service {
+  std::unique_ptr<TestProcess> process;
+  int grpc_port = 0;
+  int metrics_port = 0;
+};
+
+Service Start(const std::string& binary, std::vector<std::string> args) {
+  Service s;
+  std::string dir = MakeTempDir();
+  args.insert(args.end(), {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+                           "--port_file=" + dir + "/ports", "--drain_grace=100ms"});
+  s.process = std::make_unique<TestProcess>();
+  EXPECT_TRUE(s.process->Start(BinaryPath(binary), args, dir + "/log").ok());
+  auto ports = s.process->WaitForPortFile(dir + "/ports", absl::Seconds(30));
+  EXPECT_TRUE(ports.ok()) << ports.status();
+  if (ports.ok()) {
+    s.grpc_port = (*ports)["grpc_port"];
+    s.metrics_port = (*ports)["metrics_port"];
+  }
+  return s;
+}
+
+struct Cluster {
+  std::vector<Service> workers;
+  Service router;
+  std::unique_ptr<Inference::Stub> stub;
+};
+
+Cluster StartCluster(int n, const std::vector<std::string>& worker_args,
+                     std::vector<std::string> router_args = {}, const std::string& api_key = "") {
+  Cluster c;
+  std::vector<std::string> addrs;
+  for (int i = 0; i < n; ++i) {
+    c.workers.push_back(Start("services/worker/tessera-worker", worker_args));
+    addrs.push_back(absl::StrCat("127.0.0.1:", c.workers.back().grpc_port));
+  }
+  router_args.push_back("--workers=" + absl::StrJoin(addrs, ","));
+  c.router = Start("services/router/tessera-router", router_args);
+  c.stub = Inference::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", c.router.grpc_port),
+                                                  grpc::InsecureChannelCredentials()));
+  // Ready when ListModels counts every worker healthy.
+  absl::Time until = absl::Now() + absl::Seconds(30);
+  bool ready = false;
+  while (!ready && absl::Now() < until) {
+    grpc::ClientContext ctx;
+    if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
+    tessera::v1::ListModelsResponse resp;
+    ready = c.stub->ListModels(&ctx, {}, &resp).ok() && resp.models_size() == 1 &&
+            resp.models(0).healthy_workers() == n;
+    if (!ready) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(ready) << "router log:\n" << c.router.process->ReadLog();
+  return c;
+}
+
+GenerateRequest Greedy(const std::vector<int32_t>& prompt, int max_tokens) {
+  GenerateRequest r;
+  for (int32_t t : prompt) r.mutable_token_ids()->add_ids(t);
+  r.mutable_sampling()->set_temperature(0);
+  r.mutable_sampling()->set_max_tokens(max_tokens);
+  r.mutable_sampling()->set_ignore_eos(true);
+  return r;
+}
+
+struct Result {
+  std::vector<int32_t> tokens;
+  tessera::v1::Complete complete;
+  grpc::Status status;
+  std::map<std::string, std::string> trailers;
+};
+
+// Runs one stream; `on_token` (optional) sees the token count as it grows.
+Result RunStream(Inference::Stub* stub, const GenerateRequest& req,
+                 std::function<void(int)> on_token = nullptr,
+                 grpc::ClientContext* ctx_in = nullptr) {
+  Result r;
+  grpc::ClientContext local;
+  grpc::ClientContext* ctx = ctx_in ? ctx_in : &local;
+  auto reader = stub->Generate(ctx, req);
+  GenerateResponse resp;
+  while (reader->Read(&resp)) {
+    for (int32_t t : resp.chunk().token_ids()) r.tokens.push_back(t);
+    if (on_token) on_token(static_cast<int>(r.tokens.size()));
+    if (resp.has_complete()) r.complete = resp.complete();
+  }
+  r.status = reader->Finish();
+  for (const auto& [k, v] : ctx->GetServerTrailingMetadata()) {
+    r.trailers[std::string(k.data(), k.size())] = std::string(v.data(), v.size());
+  }
+  return r;
+}
+
+double MetricValue(int port, const std::string& name) {
+  auto body = HttpGet(port, "/metrics");
+  if (!body.ok()) return -1;
+  std::istringstream in(*body);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  return -1;
+}
+
+TEST(RouterTest, StreamsTransformersContinuationsThroughTheRouter) {
+  Cluster c = StartCluster(2, {"--model=" + Fixture("qwen3_tiny")});
+  std::ifstream in(Fixture("qwen3_tiny") + "/expected.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json expected = nlohmann::json::parse(ss.str());
+  for (int i = 0; i < 3; ++i) {
+    Result r =
+        RunStream(c.stub.get(), Greedy(expected["prompts"][i].get<std::vector<int32_t>>(), 32));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens, expected["greedy_continuations"][i].get<std::vector<int32_t>>());
+    EXPECT_EQ(r.complete.finish_reason(), tessera::v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(r.complete.usage().completion_tokens(), 32);
+    EXPECT_EQ(r.complete.usage().prompt_tokens(), expected["prompts"][i].size());
+  }
+  // A malformed request is the client's error, not retried.
+  Result bad = RunStream(c.stub.get(), Greedy({1, 999}, 4));
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad.status.error_message(), HasSubstr("prompt_ids[1] is 999"));
+  Result text = [&] {
+    GenerateRequest r = Greedy({}, 4);
+    r.set_text("hello");
+    return RunStream(c.stub.get(), r);
+  }();
+  EXPECT_EQ(text.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST(RouterTest, KillNineMidStreamMigratesWithoutLosingOrRepeatingTokens) {
+  Cluster c = StartCluster(3, {kSlowSim});
+  const int kStreams = 64, kTokens = 40;
+  auto prompt = [](int i) {
+    std::vector<int32_t> p;
+    for (int j = 0; j < 8 + i % 5; ++j) p.push_back(3 + (i * 31 + j * 7) % 1000);
+    return p;
+  };
+  auto run_all = [&](bool kill) {
+    std::vector<Result> results(kStreams);
+    std::atomic<int> with_tokens{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kStreams; ++i) {
+      threads.emplace_back([&, i] {
+        bool counted = false;
+        results[i] = RunStream(c.stub.get(), Greedy(prompt(i), kTokens), [&](int n) {
+          if (!counted && n >= 3) {
+            counted = true;
+            with_tokens.fetch_add(1);
+          }
+        });
+      });
+    }
+    if (kill) {
+      absl::Time until = absl::Now() + absl::Seconds(60);
+      while (with_tokens.load() < kStreams && absl::Now() < until) {
+        absl::SleepFor(absl::Milliseconds(2));
+      }
+      c.workers[0].process->Signal(SIGKILL);
+    }
+    for (auto& t : threads) t.join();
+    return results;
+  };
+  std::vector<Result> reference = run_all(false);
+  std::vector<Result> killed = run_all(true);
+  for (int i = 0; i < kStreams; ++i) {
+    SCOPED_TRACE(absl::StrCat("stream ", i));
+    ASSERT_TRUE(reference[i].status.ok()) << reference[i].status.error_message();
+    ASSERT_TRUE(killed[i].status.ok()) << killed[i].status.error_message();
+    EXPECT_EQ(killed[i].tokens.size(), static_cast<size_t>(kTokens));
+    EXPECT_EQ(killed[i].tokens, reference[i].tokens);
+    EXPECT_EQ(killed[i].complete.usage().completion_tokens(), kTokens);
+  }
+  EXPECT_GT(MetricValue(c.router.metrics_port, "tessera_router_migrations_total"), 0);
+}
+
+TEST(RouterTest, HungWorkerIsRoutedAroundWithinTheStalenessBound) {
+  // Bound: a worker that stops answering gets no new requests once
+  // --load_staleness (1 s) has passed since its last load report.
+  Cluster c = StartCluster(2, {kSlowSim}, {"--load_staleness=1s", "--load_interval_ms=50"});
+  c.workers[0].process->Signal(SIGSTOP);
+  absl::SleepFor(absl::Milliseconds(1200));
+  for (int i = 0; i < 8; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    Result r = RunStream(c.stub.get(), Greedy({5, 6, 7, i + 8}, 3), nullptr, &ctx);
+    EXPECT_TRUE(r.status.ok()) << "request " << i << ": " << r.status.error_message();
+  }
+  c.workers[0].process->Signal(SIGCONT);
+}
+
+TEST(RouterTest, ClientCancellationFreesTheWorkersBlocks) {
+  Cluster c = StartCluster(1, {kSlowSim});
+  auto worker = tessera::v1::Worker::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", c.workers[0].grpc_port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext load_ctx;
+  tessera::v1::WatchLoadRequest lr;
+  lr.set_interval_ms(10);
+  auto load = worker->WatchLoad(&load_ctx, lr);
+  absl::Mutex mu;
+  tessera::v1::LoadReport latest;
+  std::thread watcher([&] {
+    tessera::v1::LoadReport r;
+    while (load->Read(&r)) {
+      absl::MutexLock lock(&mu);
+      latest = r;
+    }
+  });
+  grpc::ClientContext ctx;
+  std::atomic<bool> cancelled{false};
+  std::vector<int32_t> prompt(100, 9);
+  std::thread client([&] {
+    RunStream(
+        c.stub.get(), Greedy(prompt, 2000),
+        [&](int n) {
+          if (n >= 5 && !cancelled.exchange(true)) ctx.TryCancel();
+        },
+        &ctx);
+  });
+  auto used = [&] {
+    absl::MutexLock lock(&mu);
+    return latest.kv_blocks_used();
+  };
+  absl::Time until = absl::Now() + absl::Seconds(30);
+  while (used() == 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_GT(used(), 0);
+  client.join();
+  until = absl::Now() + absl::Seconds(5);
+  while (used() != 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(used(), 0) << "the worker still holds the cancelled request's blocks";
+  load_ctx.TryCancel();
+  watcher.join();
+}
+
+TEST(RouterTest, OverloadAnswersResourceExhaustedWithARetryHint) {
+  Cluster c = StartCluster(1, {kSlowSim}, {"--max_in_flight=4"});
+  const int kStreams = 16;
+  std::vector<Result> results(kStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = RunStream(c.stub.get(), Greedy({4, 5, i + 6}, 20));
+    });
+  }
+  for (auto& t : threads) t.join();
+  int ok = 0, exhausted = 0;
+  for (const Result& r : results) {
+    ok += r.status.ok();
+    if (r.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++exhausted;
+      EXPECT_TRUE(r.trailers.count("retry-after-ms"));
+    }
+  }
+  EXPECT_GE(ok, 4);
+  EXPECT_GT(exhausted, 0);
+  EXPECT_EQ(ok + exhausted, kStreams);
+  EXPECT_TRUE(RunStream(c.stub.get(), Greedy({1, 2}, 2)).status.ok())
+      << "the router must stay healthy";
+}
+
+TEST(RouterTest, ApiKeysAreRequiredWhenConfigured) {
+  std::string dir = MakeTempDir();
+  {
+    std::ofstream keys(dir + "/keys");
+    keys << "# clients\nsecret-one\nsecret-two\n";
+  }
+  Cluster c = StartCluster(1, {"--model=" + Fixture("qwen3_tiny")},
+                           {"--api_keys_file=" + dir + "/keys"}, "secret-one");
+  auto with_key = [&](const std::string& key) {
+    grpc::ClientContext ctx;
+    if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
+    return RunStream(c.stub.get(), Greedy({1, 2, 3}, 2), nullptr, &ctx).status;
+  };
+  EXPECT_EQ(with_key("").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(with_key("secret-three").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(with_key("secret-two").ok());
+}
+
+}  // namespace
+}  // namespace tessera::testing
