@@ -18,9 +18,6 @@ int NotInThisBuild(const char* what) {
 int RunUp(const std::vector<char*>&) {
   return NotInThisBuild("up: this build has no cluster launcher (router with worker registry)");
 }
-int RunBench(const std::vector<char*>&) {
-  return NotInThisBuild("bench: this build has no load generator");
-}
 
 void PrintHelp(FILE* out) {
   std::fprintf(out, "usage: tessera <command> [flags]\n\ncommands:\n");
