@@ -1,0 +1,422 @@
+#include "router/worker_registry.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace tessera::router {
+namespace {
+
+absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+}  // namespace
+
+std::string_view HealthStateName(HealthState state) {
+  switch (state) {
+    case HealthState::kUnknown:
+      return "unknown";
+    case HealthState::kServing:
+      return "serving";
+    case HealthState::kNotServing:
+      return "not_serving";
+  }
+  return "unknown";
+}
+
+std::string_view BreakerStateName(BreakerState state) {
+  switch (state) {
+    case BreakerState::kClosed:
+      return "closed";
+    case BreakerState::kOpen:
+      return "open";
+    case BreakerState::kHalfOpen:
+      return "half_open";
+  }
+  return "closed";
+}
+
+std::string_view UnroutableName(Unroutable reason) {
+  switch (reason) {
+    case Unroutable::kNone:
+      return "routable";
+    case Unroutable::kHealthUnknown:
+      return "health_unknown";
+    case Unroutable::kNotServing:
+      return "not_serving";
+    case Unroutable::kDraining:
+      return "draining";
+    case Unroutable::kEjected:
+      return "ejected";
+    case Unroutable::kProbeInFlight:
+      return "probe_in_flight";
+    case Unroutable::kStale:
+      return "stale";
+  }
+  return "routable";
+}
+
+struct WorkerRegistry::Entry {
+  std::shared_ptr<const std::string> id;
+  WorkerRef ref;
+  absl::Time added_at;
+
+  bool info_known = false;
+  WorkerStaticInfo info;
+  HealthState health = HealthState::kUnknown;
+  bool load_known = false;
+  WorkerLoad load;
+  uint64_t last_sequence = 0;
+  uint64_t report_epoch = 0;  // load reports received
+  absl::Time last_heard;
+
+  // Circuit breaker. `breaker` is kept up to date by UpdateBreakerLocked
+  // (kOpen turns into kHalfOpen when ejected_until has passed).
+  BreakerState breaker = BreakerState::kClosed;
+  int consecutive_failures = 0;
+  int ejections_in_row = 0;
+  absl::Time ejected_until = absl::InfinitePast();
+  bool probe_in_flight = false;
+
+  int32_t in_flight = 0;
+  int32_t pending_requests = 0;
+  int64_t pending_prefill_tokens = 0;
+
+  uint64_t assigned_total = 0;
+  uint64_t failures_total = 0;
+  uint64_t ejections_total = 0;
+};
+
+WorkerRegistry::WorkerRegistry(RegistryOptions options, int default_block_size, const Clock* clock)
+    : options_(std::move(options)),
+      default_block_size_(default_block_size > 0 ? default_block_size : 16),
+      clock_(clock) {
+  slots_.resize(static_cast<size_t>(std::max(1, options_.max_workers)));
+}
+
+WorkerRegistry::~WorkerRegistry() = default;
+
+WorkerRegistry::Entry* WorkerRegistry::FindLocked(std::string_view id) const {
+  auto it = slot_of_.find(ToAbsl(id));
+  if (it == slot_of_.end()) return nullptr;
+  return slots_[it->second].get();
+}
+
+WorkerRegistry::Entry* WorkerRegistry::FindLocked(const WorkerRef& ref) const {
+  if (ref.slot < 0 || ref.slot >= static_cast<int>(slots_.size())) return nullptr;
+  Entry* e = slots_[ref.slot].get();
+  if (e == nullptr || e->ref.incarnation != ref.incarnation) return nullptr;
+  return e;
+}
+
+absl::StatusOr<WorkerRef> WorkerRegistry::AddLocked(std::string_view id) {
+  if (id.empty()) return absl::InvalidArgumentError("a worker address must not be empty");
+  if (FindLocked(id) != nullptr) {
+    return absl::AlreadyExistsError(absl::StrCat("worker ", std::string(id), " is registered"));
+  }
+  auto free_slot = std::find(slots_.begin(), slots_.end(), nullptr);
+  if (free_slot == slots_.end()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot add worker ", std::string(id), ": all ", slots_.size(), " worker slots are taken"));
+  }
+  auto e = std::make_unique<Entry>();
+  e->id = std::make_shared<const std::string>(id);
+  e->ref.slot = static_cast<int>(free_slot - slots_.begin());
+  e->ref.incarnation = next_incarnation_++;
+  e->added_at = clock_->Now();
+  e->last_heard = e->added_at;
+  const WorkerRef ref = e->ref;
+  slot_of_.emplace(std::string(id), ref.slot);
+  *free_slot = std::move(e);
+  return ref;
+}
+
+std::optional<WorkerRef> WorkerRegistry::RemoveLocked(std::string_view id) {
+  auto it = slot_of_.find(ToAbsl(id));
+  if (it == slot_of_.end()) return std::nullopt;
+  const int slot = it->second;
+  const WorkerRef ref = slots_[slot]->ref;
+  slots_[slot].reset();
+  slot_of_.erase(it);
+  return ref;
+}
+
+absl::StatusOr<WorkerRef> WorkerRegistry::Add(std::string_view id) {
+  absl::MutexLock lock(&mu_);
+  return AddLocked(id);
+}
+
+std::optional<WorkerRef> WorkerRegistry::Remove(std::string_view id) {
+  absl::MutexLock lock(&mu_);
+  return RemoveLocked(id);
+}
+
+ReconcileResult WorkerRegistry::Reconcile(const std::vector<std::string>& addresses) {
+  ReconcileResult result;
+  absl::flat_hash_set<std::string> wanted(addresses.begin(), addresses.end());
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> gone;
+  for (const auto& [id, slot] : slot_of_) {
+    if (!wanted.contains(id)) gone.push_back(id);
+  }
+  std::sort(gone.begin(), gone.end());
+  for (const std::string& id : gone) {
+    std::optional<WorkerRef> ref = RemoveLocked(id);
+    if (ref.has_value()) result.removed.emplace_back(id, *ref);
+  }
+  absl::flat_hash_set<std::string> seen;
+  for (const std::string& id : addresses) {
+    if (!seen.insert(id).second || FindLocked(id) != nullptr) continue;
+    absl::StatusOr<WorkerRef> ref = AddLocked(id);
+    if (ref.ok()) {
+      result.added.emplace_back(id, *ref);
+    } else {
+      result.rejected.emplace_back(id, ref.status());
+    }
+  }
+  return result;
+}
+
+std::optional<WorkerRef> WorkerRegistry::Find(std::string_view id) const {
+  absl::MutexLock lock(&mu_);
+  const Entry* e = FindLocked(id);
+  if (e == nullptr) return std::nullopt;
+  return e->ref;
+}
+
+size_t WorkerRegistry::size() const {
+  absl::MutexLock lock(&mu_);
+  return slot_of_.size();
+}
+
+absl::Status WorkerRegistry::SetInfo(std::string_view id, const WorkerStaticInfo& info) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = FindLocked(id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("unknown worker ", std::string(id)));
+  e->info = info;
+  e->info_known = true;
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRegistry::SetHealth(std::string_view id, HealthState state) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = FindLocked(id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("unknown worker ", std::string(id)));
+  e->health = state;
+  e->last_heard = clock_->Now();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoadReportResult> WorkerRegistry::ReportLoad(std::string_view id,
+                                                            const WorkerLoad& load,
+                                                            uint64_t sequence, bool events_reset) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = FindLocked(id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("unknown worker ", std::string(id)));
+  LoadReportResult result;
+  result.ref = e->ref;
+  result.scheme.block_size =
+      e->info_known && e->info.kv_block_size > 0 ? e->info.kv_block_size : default_block_size_;
+  result.scheme.seed = e->info_known ? e->info.prefix_hash_seed : 0;
+  result.sequence_gap = sequence != 0 && !events_reset && sequence != e->last_sequence + 1;
+  if (sequence != 0) e->last_sequence = sequence;
+  e->load = load;
+  e->load_known = true;
+  e->last_heard = clock_->Now();
+  ++e->report_epoch;
+  e->pending_requests = 0;
+  e->pending_prefill_tokens = 0;
+  return result;
+}
+
+void WorkerRegistry::UpdateBreakerLocked(Entry& e, absl::Time now) const {
+  if (e.breaker == BreakerState::kOpen && now >= e.ejected_until) {
+    e.breaker = BreakerState::kHalfOpen;
+    e.probe_in_flight = false;
+  }
+}
+
+bool WorkerRegistry::MayEjectLocked(absl::Time now) const {
+  int ejected = 0;
+  int total = 0;
+  for (const auto& slot : slots_) {
+    if (slot == nullptr) continue;
+    ++total;
+    UpdateBreakerLocked(*slot, now);
+    if (slot->breaker == BreakerState::kOpen) ++ejected;
+  }
+  const int limit = std::max(1, total * std::clamp(options_.max_ejected_percent, 0, 100) / 100);
+  return ejected < limit;
+}
+
+void WorkerRegistry::EjectLocked(Entry& e, absl::Time now) {
+  ++e.ejections_in_row;
+  ++e.ejections_total;
+  const double factor =
+      std::pow(std::max(1.0, options_.ejection_multiplier), e.ejections_in_row - 1);
+  absl::Duration d = options_.base_ejection * factor;
+  if (d > options_.max_ejection || factor > 1e9) d = options_.max_ejection;
+  e.breaker = BreakerState::kOpen;
+  e.ejected_until = now + d;
+  e.probe_in_flight = false;
+}
+
+void WorkerRegistry::RecordSuccess(std::string_view id) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = FindLocked(id);
+  if (e == nullptr) return;
+  const absl::Time now = clock_->Now();
+  UpdateBreakerLocked(*e, now);
+  e->last_heard = now;
+  e->consecutive_failures = 0;
+  if (e->breaker == BreakerState::kHalfOpen) {
+    e->breaker = BreakerState::kClosed;
+    e->ejections_in_row = 0;
+    e->probe_in_flight = false;
+  }
+}
+
+void WorkerRegistry::RecordFailure(std::string_view id) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = FindLocked(id);
+  if (e == nullptr) return;
+  const absl::Time now = clock_->Now();
+  UpdateBreakerLocked(*e, now);
+  ++e->failures_total;
+  ++e->consecutive_failures;
+  switch (e->breaker) {
+    case BreakerState::kClosed:
+      if (e->consecutive_failures >= std::max(1, options_.failures_to_eject) &&
+          MayEjectLocked(now)) {
+        EjectLocked(*e, now);
+      }
+      break;
+    case BreakerState::kHalfOpen:
+      // The probe (or a late request) failed: back off further.
+      EjectLocked(*e, now);
+      break;
+    case BreakerState::kOpen:
+      // Requests sent before the ejection are still failing; the back-off
+      // already runs.
+      break;
+  }
+}
+
+Unroutable WorkerRegistry::UnroutableLocked(const Entry& e, absl::Time now) const {
+  if (e.breaker == BreakerState::kOpen) return Unroutable::kEjected;
+  if (e.breaker == BreakerState::kHalfOpen && e.probe_in_flight) return Unroutable::kProbeInFlight;
+  if (e.health == HealthState::kUnknown) return Unroutable::kHealthUnknown;
+  if (e.health == HealthState::kNotServing) return Unroutable::kNotServing;
+  if (e.load_known && e.load.draining) return Unroutable::kDraining;
+  if (options_.load_staleness != absl::InfiniteDuration() &&
+      now - e.last_heard > options_.load_staleness) {
+    return Unroutable::kStale;
+  }
+  return Unroutable::kNone;
+}
+
+void WorkerRegistry::Snapshot(std::vector<WorkerView>* out) const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  out->resize(slot_of_.size());
+  size_t n = 0;
+  for (const auto& slot : slots_) {
+    if (slot == nullptr) continue;
+    Entry& e = *slot;
+    UpdateBreakerLocked(e, now);
+    WorkerView& v = (*out)[n++];
+    v.id = e.id;
+    v.ref = e.ref;
+    v.unroutable = UnroutableLocked(e, now);
+    v.half_open = e.breaker == BreakerState::kHalfOpen;
+    v.info_known = e.info_known;
+    v.info = e.info;
+    v.load_known = e.load_known;
+    v.load = e.load;
+    v.in_flight = e.in_flight;
+    v.pending_requests = e.pending_requests;
+    v.pending_prefill_tokens = e.pending_prefill_tokens;
+  }
+}
+
+bool WorkerRegistry::OnAssigned(const WorkerRef& ref, int64_t prefill_tokens, bool probe,
+                                uint64_t* epoch) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = FindLocked(ref);
+  if (e == nullptr) return false;
+  UpdateBreakerLocked(*e, clock_->Now());
+  if (e->breaker == BreakerState::kOpen) return false;
+  if (e->breaker == BreakerState::kHalfOpen) {
+    // Only the probe may go to a half-open worker.
+    if (!probe || e->probe_in_flight) return false;
+    e->probe_in_flight = true;
+  }
+  ++e->in_flight;
+  ++e->pending_requests;
+  e->pending_prefill_tokens += std::max<int64_t>(0, prefill_tokens);
+  ++e->assigned_total;
+  if (epoch != nullptr) *epoch = e->report_epoch;
+  return true;
+}
+
+void WorkerRegistry::OnFinished(const WorkerRef& ref, bool probe, uint64_t epoch,
+                                int64_t prefill_tokens) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = FindLocked(ref);
+  if (e == nullptr) return;
+  if (e->in_flight > 0) --e->in_flight;
+  if (epoch == e->report_epoch && e->pending_requests > 0) {
+    --e->pending_requests;
+    e->pending_prefill_tokens =
+        std::max<int64_t>(0, e->pending_prefill_tokens - std::max<int64_t>(0, prefill_tokens));
+  }
+  // A probe that ended without a verdict (say, the client cancelled it)
+  // frees the probe for the next request.
+  if (probe) e->probe_in_flight = false;
+}
+
+WorkerStatus WorkerRegistry::StatusLocked(const Entry& e, absl::Time now) const {
+  WorkerStatus s;
+  s.id = *e.id;
+  s.ref = e.ref;
+  s.health = e.health;
+  s.breaker = e.breaker;
+  s.unroutable = UnroutableLocked(e, now);
+  s.consecutive_failures = e.consecutive_failures;
+  s.ejected_until = e.ejected_until;
+  s.load_known = e.load_known;
+  s.load = e.load;
+  s.last_heard = e.last_heard;
+  s.in_flight = e.in_flight;
+  s.assigned_total = e.assigned_total;
+  s.failures_total = e.failures_total;
+  s.ejections_total = e.ejections_total;
+  return s;
+}
+
+std::vector<WorkerStatus> WorkerRegistry::Status() const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  std::vector<WorkerStatus> out;
+  for (const auto& slot : slots_) {
+    if (slot == nullptr) continue;
+    UpdateBreakerLocked(*slot, now);
+    out.push_back(StatusLocked(*slot, now));
+  }
+  return out;
+}
+
+std::optional<WorkerStatus> WorkerRegistry::StatusOf(std::string_view id) const {
+  absl::MutexLock lock(&mu_);
+  Entry* e = FindLocked(id);
+  if (e == nullptr) return std::nullopt;
+  const absl::Time now = clock_->Now();
+  UpdateBreakerLocked(*e, now);
+  return StatusLocked(*e, now);
+}
+
+}  // namespace tessera::router
