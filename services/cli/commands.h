@@ -19,6 +19,7 @@ const std::vector<Command>& Commands();
 int RunDoctor(const std::vector<char*>& args);
 int RunHealth(const std::vector<char*>& args);
 int RunGenerate(const std::vector<char*>& args);
+int RunUp(const std::vector<char*>& args);
 int RunBench(const std::vector<char*>& args);
 
 }  // namespace tessera::cli

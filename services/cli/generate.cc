@@ -10,8 +10,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
 #include "nlohmann/json.hpp"
 #include "services/cli/commands.h"
+#include "tessera/v1/inference.grpc.pb.h"
 #include "worker/engine/local_engine.h"
 #include "worker/tokenizer/incremental_detokenizer.h"
 #include "worker/tokenizer/tokenizer.h"
@@ -34,14 +37,78 @@ ABSL_FLAG(int64_t, seed, -1, "generate: RNG seed; -1 = random");
 ABSL_FLAG(bool, ignore_eos, false, "generate: keep going past end-of-sequence tokens");
 ABSL_FLAG(int, cpu_threads, 0, "generate: CPU kernel threads (0 = all cores)");
 ABSL_FLAG(std::string, stats_json, "", "generate: write timing statistics as JSON to this file");
+ABSL_FLAG(std::string, generate_target, "",
+          "generate: a router's host:port; when set, the request goes through the cluster "
+          "instead of running the model in-process");
 
 namespace tessera::cli {
+
+namespace {
+
+// Streams one request through a router (tessera.v1.Inference).
+int GenerateRemote(const std::string& target) {
+  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  auto stub = tessera::v1::Inference::NewStub(channel);
+  tessera::v1::GenerateRequest req;
+  if (!absl::GetFlag(FLAGS_prompt_ids).empty()) {
+    for (const std::string& s : absl::GetFlag(FLAGS_prompt_ids)) {
+      int32_t id;
+      if (!absl::SimpleAtoi(s, &id)) {
+        std::fprintf(stderr, "error: --prompt_ids: '%s' is not an id\n", s.c_str());
+        return 1;
+      }
+      req.mutable_token_ids()->add_ids(id);
+    }
+  } else {
+    req.set_text(absl::GetFlag(FLAGS_prompt));
+    std::fputs(absl::GetFlag(FLAGS_prompt).c_str(), stdout);
+  }
+  tessera::v1::SamplingParams* sp = req.mutable_sampling();
+  sp->set_max_tokens(absl::GetFlag(FLAGS_max_tokens));
+  sp->set_temperature(absl::GetFlag(FLAGS_temperature));
+  sp->set_top_p(absl::GetFlag(FLAGS_top_p));
+  sp->set_top_k(absl::GetFlag(FLAGS_top_k));
+  if (absl::GetFlag(FLAGS_seed) >= 0) sp->set_seed(absl::GetFlag(FLAGS_seed));
+  sp->set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+  auto reader = stub->Generate(&ctx, req);
+  tessera::v1::GenerateResponse resp;
+  tessera::v1::Complete complete;
+  while (reader->Read(&resp)) {
+    if (resp.has_chunk()) {
+      if (req.has_token_ids()) {
+        for (int32_t t : resp.chunk().token_ids()) std::printf("%d ", t);
+      } else {
+        std::fputs(resp.chunk().text().c_str(), stdout);
+      }
+      std::fflush(stdout);
+    }
+    if (resp.has_complete()) complete = resp.complete();
+  }
+  grpc::Status status = reader->Finish();
+  std::fputs("\n", stdout);
+  if (!status.ok()) {
+    std::fprintf(stderr, "error: %s\n", status.error_message().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "[%d prompt tokens (%d cached), %d generated, finish: %s]\n",
+               complete.usage().prompt_tokens(), complete.usage().cached_tokens(),
+               complete.usage().completion_tokens(),
+               tessera::v1::FinishReason_Name(complete.finish_reason()).c_str());
+  return 0;
+}
+
+}  // namespace
 
 int RunGenerate(const std::vector<char*>&) {
   auto fail = [](const absl::Status& s) {
     std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
     return 1;
   };
+  if (!absl::GetFlag(FLAGS_generate_target).empty()) {
+    return GenerateRemote(absl::GetFlag(FLAGS_generate_target));
+  }
   engine::LocalEngineOptions lo;
   lo.model_dir = absl::GetFlag(FLAGS_model);
   if (lo.model_dir.empty()) return fail(absl::InvalidArgumentError("--model is required"));

@@ -10,15 +10,6 @@
 namespace tessera::cli {
 namespace {
 
-int NotInThisBuild(const char* what) {
-  std::fprintf(stderr, "error: %s\n", what);
-  return 2;
-}
-
-int RunUp(const std::vector<char*>&) {
-  return NotInThisBuild("up: this build has no cluster launcher (router with worker registry)");
-}
-
 void PrintHelp(FILE* out) {
   std::fprintf(out, "usage: tessera <command> [flags]\n\ncommands:\n");
   for (const Command& c : Commands()) {
