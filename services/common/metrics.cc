@@ -9,6 +9,20 @@
 
 namespace tessera::services {
 
+prometheus::Counter& AddCounter(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+
+prometheus::Histogram& AddHistogram(prometheus::Registry& r, const char* name, const char* help,
+                                    prometheus::Histogram::BucketBoundaries buckets) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, std::move(buckets));
+}
+
+prometheus::Family<prometheus::Gauge>& AddGaugeFamily(prometheus::Registry& r, const char* name,
+                                                      const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r);
+}
+
 MetricsServer::MetricsServer(std::string service_name)
     : service_(std::move(service_name)), registry_(std::make_shared<prometheus::Registry>()) {
   prometheus::BuildGauge()

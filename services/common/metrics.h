@@ -15,7 +15,9 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "prometheus/counter.h"
 #include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 
 namespace prometheus {
@@ -23,6 +25,14 @@ class Exposer;
 }
 
 namespace tessera::services {
+
+// Shorthands for registering unlabelled metrics (and gauge families) on a
+// registry; the services' metric classes build their families with them.
+prometheus::Counter& AddCounter(prometheus::Registry& r, const char* name, const char* help);
+prometheus::Histogram& AddHistogram(prometheus::Registry& r, const char* name, const char* help,
+                                    prometheus::Histogram::BucketBoundaries buckets);
+prometheus::Family<prometheus::Gauge>& AddGaugeFamily(prometheus::Registry& r, const char* name,
+                                                      const char* help);
 
 class MetricsServer {
  public:

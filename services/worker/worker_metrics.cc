@@ -1,6 +1,7 @@
 #include "services/worker/worker_metrics.h"
 
 #include "absl/strings/string_view.h"
+#include "services/common/metrics.h"
 
 namespace tessera::services {
 namespace {
@@ -15,14 +16,7 @@ prometheus::Histogram::BucketBoundaries StepBuckets() {
 }
 
 prometheus::Gauge& Gauge(prometheus::Registry& r, const char* name, const char* help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
-}
-prometheus::Counter& Counter(prometheus::Registry& r, const char* name, const char* help) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
-}
-prometheus::Histogram& Histogram(prometheus::Registry& r, const char* name, const char* help,
-                                 prometheus::Histogram::BucketBoundaries buckets) {
-  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, std::move(buckets));
+  return AddGaugeFamily(r, name, help).Add({});
 }
 
 }  // namespace
@@ -32,31 +26,32 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
       waiting_(Gauge(r, "tessera_worker_requests_waiting", "Requests queued for admission")),
       kv_usage_(Gauge(r, "tessera_worker_kv_cache_usage_ratio",
                       "Fraction of KV blocks referenced by requests (0..1)")),
-      prefix_queries_(Counter(r, "tessera_worker_prefix_cache_queries_total",
-                              "Prompt blocks looked up in the prefix cache")),
-      prefix_hits_(Counter(r, "tessera_worker_prefix_cache_hits_total",
-                           "Prompt blocks found in the prefix cache")),
-      preemptions_(Counter(r, "tessera_worker_preemptions_total",
-                           "Requests preempted (recomputed later) for lack of KV blocks")),
-      prompt_tokens_(Counter(r, "tessera_worker_prompt_tokens_total",
-                             "Prompt tokens computed (prefill, excluding cache hits)")),
-      generation_tokens_(Counter(r, "tessera_worker_generation_tokens_total", "Tokens generated")),
+      prefix_queries_(AddCounter(r, "tessera_worker_prefix_cache_queries_total",
+                                 "Prompt blocks looked up in the prefix cache")),
+      prefix_hits_(AddCounter(r, "tessera_worker_prefix_cache_hits_total",
+                              "Prompt blocks found in the prefix cache")),
+      preemptions_(AddCounter(r, "tessera_worker_preemptions_total",
+                              "Requests preempted (recomputed later) for lack of KV blocks")),
+      prompt_tokens_(AddCounter(r, "tessera_worker_prompt_tokens_total",
+                                "Prompt tokens computed (prefill, excluding cache hits)")),
+      generation_tokens_(
+          AddCounter(r, "tessera_worker_generation_tokens_total", "Tokens generated")),
       finished_(prometheus::BuildCounter()
                     .Name("tessera_worker_requests_finished_total")
                     .Help("Finished requests by finish reason (stop, length, abort, error)")
                     .Register(r)),
-      ttft_(Histogram(r, "tessera_worker_time_to_first_token_seconds",
-                      "Arrival to first generated token", LatencyBuckets())),
-      itl_(Histogram(r, "tessera_worker_inter_token_latency_seconds",
-                     "Time between consecutive tokens of a request", StepBuckets())),
-      queue_time_(Histogram(r, "tessera_worker_queue_time_seconds", "Arrival to first scheduling",
-                            LatencyBuckets())),
-      e2e_(Histogram(r, "tessera_worker_e2e_request_latency_seconds", "Arrival to the final token",
-                     LatencyBuckets())),
-      step_time_(Histogram(r, "tessera_worker_step_duration_seconds",
-                           "Model forward time per engine step", StepBuckets())),
-      step_tokens_(Histogram(r, "tessera_worker_step_tokens", "Tokens computed per engine step",
-                             {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096})) {}
+      ttft_(AddHistogram(r, "tessera_worker_time_to_first_token_seconds",
+                         "Arrival to first generated token", LatencyBuckets())),
+      itl_(AddHistogram(r, "tessera_worker_inter_token_latency_seconds",
+                        "Time between consecutive tokens of a request", StepBuckets())),
+      queue_time_(AddHistogram(r, "tessera_worker_queue_time_seconds",
+                               "Arrival to first scheduling", LatencyBuckets())),
+      e2e_(AddHistogram(r, "tessera_worker_e2e_request_latency_seconds",
+                        "Arrival to the final token", LatencyBuckets())),
+      step_time_(AddHistogram(r, "tessera_worker_step_duration_seconds",
+                              "Model forward time per engine step", StepBuckets())),
+      step_tokens_(AddHistogram(r, "tessera_worker_step_tokens", "Tokens computed per engine step",
+                                {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096})) {}
 
 void WorkerMetrics::OnStep(const engine::ScheduledBatch& batch, absl::Duration model_time) {
   step_time_.Observe(absl::ToDoubleSeconds(model_time));

@@ -28,6 +28,7 @@ run_policy() {  # policy requests concurrency extra-bench-args...
   shift 3
   local run="$out_dir/$policy-$concurrency"
   mkdir -p "$run"
+  : >"$run/up.out"
   "$tessera" up --workers="$WORKERS" --up_simulate="${RUN_SIM:-$SIM}" --run_dir="$run" \
     --worker_args="--kv_cache_blocks=$KV_BLOCKS,--max_num_seqs=256,--max_waiting=4096" \
     --router_args="--policy=$policy,--max_in_flight=4096" >"$run/up.out" 2>&1 &

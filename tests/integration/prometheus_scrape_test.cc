@@ -35,6 +35,7 @@ TEST(PrometheusScrapeTest, PrometheusSeesEveryServiceUp) {
     std::string port_file = absl::StrCat(dir, "/", job, ".ports");
     std::vector<std::string> args = {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
                                      "--port_file=" + port_file};
+    if (job == "router") args.push_back("--workers=127.0.0.1:1");
     if (job == "worker") {
       const char* src = std::getenv("TESSERA_SOURCE_DIR");
       args.push_back(

@@ -43,7 +43,9 @@ std::string FixtureModel() {
 
 const ServiceSpec kServices[] = {
     {"services/worker/tessera-worker", "tessera.v1.Worker", {"--model=" + FixtureModel()}},
-    {"services/router/tessera-router", "tessera.v1.Inference", {}},
+    // A worker address nothing listens on: the router still serves (requests
+    // would get UNAVAILABLE).
+    {"services/router/tessera-router", "tessera.v1.Inference", {"--workers=127.0.0.1:1"}},
     {"services/drafter/tessera-drafter", "tessera.v1.Drafter", {}},
 };
 
