@@ -255,10 +255,14 @@ void PrefixIndex::RecordRouted(int slot, uint64_t incarnation, absl::Span<const 
   PruneLocked(slot, now);
   MaskMap& masks = predicted_masks_[slot / 64];
   // Deepest block first, so the first block ends most recent: eviction then
-  // takes the tail of a chain before its head, as a worker's cache does.
+  // takes the tail of a chain before its head, as a worker's cache does. In
+  // exact mode a prediction only bridges the time until the stored event,
+  // so blocks the worker reported, or that are predicted already, are left
+  // as they are (no refresh).
+  const bool exact = s.mode == IndexMode::kExact;
   for (size_t i = hashes.size(); i-- > 0;) {
     const uint64_t h = hashes[i];
-    if (s.mode == IndexMode::kExact && s.exact.Contains(h)) continue;
+    if (exact && (s.exact.Contains(h) || s.predicted.Contains(h))) continue;
     if (s.predicted.Touch(h, now)) SetBit(masks, h, slot);
   }
   const int64_t cap = PredictedCapacityLocked(s);
@@ -273,14 +277,20 @@ void PrefixIndex::Match(absl::Span<const uint64_t> hashes, const SlotSet& among,
   if (matched->size() < static_cast<size_t>(num_slots_)) matched->resize(num_slots_, 0);
   int32_t* out = matched->data();
   const absl::Time now = clock_->Now();
+  const int64_t now_ns = absl::ToUnixNanos(now);
+  const int64_t last = last_prune_ns_.load(std::memory_order_relaxed);
+  if (now_ns - last >= absl::ToInt64Nanoseconds(options_.prune_interval) || now_ns < last) {
+    absl::MutexLock lock(&mu_);
+    for (int slot = 0; slot < num_slots_; ++slot) PruneLocked(slot, now);
+    last_prune_ns_.store(now_ns, std::memory_order_relaxed);
+  }
   const absl::Span<const uint64_t> words = among.words();
   const int groups = std::min<int>(static_cast<int>(words.size()), num_slots_ / 64);
   const int32_t n = static_cast<int32_t>(hashes.size());
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   for (int g = 0; g < groups; ++g) {
     uint64_t alive = words[g];
     if (alive == 0) continue;
-    for (uint64_t w = alive; w != 0; w &= w - 1) PruneLocked(g * 64 + __builtin_ctzll(w), now);
     const MaskMap& exact = exact_masks_[g];
     const MaskMap& predicted = predicted_masks_[g];
     int32_t i = 0;
@@ -304,7 +314,7 @@ void PrefixIndex::Match(absl::Span<const uint64_t> hashes, const SlotSet& among,
 SlotIndexStats PrefixIndex::Stats(int slot) const {
   SlotIndexStats stats;
   if (slot < 0 || slot >= num_slots_) return stats;
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   const SlotState& s = slots_[slot];
   stats.mode = s.mode;
   stats.exact_blocks = static_cast<int64_t>(s.exact.size());

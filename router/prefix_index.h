@@ -32,11 +32,13 @@
 // Slots and incarnations are the registry's (worker_registry.h): a call made
 // with an incarnation the slot no longer has is ignored.
 //
-// Thread-safety: thread-safe (one internal mutex). REQUIRES: for each slot,
-// ApplyEvents calls come from one feeder at a time (its load stream).
+// Thread-safety: thread-safe (one internal mutex; Match takes it shared, so
+// route decisions query in parallel). REQUIRES: for each slot, ApplyEvents
+// calls come from one feeder at a time (its load stream).
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -96,6 +98,10 @@ struct PrefixIndexOptions {
   absl::Duration pending_ttl = absl::Seconds(5);
   // Hashes applied per lock hold.
   int apply_chunk = 2048;
+  // Expired predictions are dropped by writers (RecordRouted prunes its
+  // worker) and, at most this often, by a query before it matches; a query
+  // may thus see a prediction up to this much past its TTL.
+  absl::Duration prune_interval = absl::Milliseconds(100);
 };
 
 struct SlotIndexStats {
@@ -150,6 +156,7 @@ class PrefixIndex {
     bool Touch(uint64_t hash, absl::Time now);
     bool Erase(uint64_t hash);
     bool empty() const { return where_.empty(); }
+    bool Contains(uint64_t hash) const { return where_.Contains(hash); }
     size_t size() const { return where_.size(); }
     uint64_t oldest_hash() const { return nodes_[tail_].hash; }
     absl::Time oldest_time() const { return nodes_[tail_].touched; }
@@ -204,6 +211,8 @@ class PrefixIndex {
   std::vector<SlotState> slots_ ABSL_GUARDED_BY(mu_);
   std::vector<MaskMap> exact_masks_ ABSL_GUARDED_BY(mu_);      // per 64-slot group
   std::vector<MaskMap> predicted_masks_ ABSL_GUARDED_BY(mu_);  // per 64-slot group
+  // When Match last pruned every slot (unix nanoseconds of the clock).
+  std::atomic<int64_t> last_prune_ns_{0};
 };
 
 }  // namespace tessera::router

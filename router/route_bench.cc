@@ -6,11 +6,14 @@
 // tokens), a session key on every request (1,024 sessions).
 //
 // Each benchmark times every decision on its own and reports the
-// distribution as counters (microseconds): p50, p90, p99, p999, max. Variants:
+// distribution as counters (microseconds): p50, p90, p99, p999, max, and
+// slowest_at, the index of the slowest decision. Variants:
 //   route            Route() only (hashing + index lookup + policy)
 //   route_and_assign RouteAndAssign() (what the adapter calls per attempt)
 //   .../feeder       with a thread feeding every worker a load report with
 //                    prefix-cache events at 10 Hz, as the WatchLoad streams do
+//   .../concurrent   two routing threads on one router (500 in flight each),
+//                    plus the feeder: lock contention included
 //   policy           the three policies, Route() only
 //   hash_prompt      hashing one 2,048-token prompt (part of every decision)
 //
@@ -18,7 +21,8 @@
 //   build-router/router/router_route_bench
 //       --benchmark_out=tests/bench/results/router_route_decision.json
 //       --benchmark_out_format=json
-// (one command line).
+// (one command line). The checked-in results come from the 16-core host of the
+// GPU machine (router/README.md, "Latency").
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -178,16 +182,24 @@ class Feeder {
 
 void ReportDistribution(benchmark::State& state, std::vector<double>& ns) {
   if (ns.empty()) return;
+  // When the slowest decision happened (0 = first timed one): early ones
+  // point at warm-up (tables growing to their steady size).
+  const double slowest_at =
+      static_cast<double>(std::max_element(ns.begin(), ns.end()) - ns.begin());
+  state.counters["slowest_at"] = benchmark::Counter(slowest_at, benchmark::Counter::kAvgThreads);
   std::sort(ns.begin(), ns.end());
   auto at = [&](double q) {
     const size_t i = std::min(ns.size() - 1, static_cast<size_t>(q * (ns.size() - 1) + 0.5));
     return ns[i] / 1000.0;
   };
-  state.counters["p50_us"] = at(0.50);
-  state.counters["p90_us"] = at(0.90);
-  state.counters["p99_us"] = at(0.99);
-  state.counters["p999_us"] = at(0.999);
-  state.counters["max_us"] = ns.back() / 1000.0;
+  // With several threads each reports its own distribution; the counters
+  // show the mean over the threads.
+  const auto avg = benchmark::Counter::kAvgThreads;
+  state.counters["p50_us"] = benchmark::Counter(at(0.50), avg);
+  state.counters["p90_us"] = benchmark::Counter(at(0.90), avg);
+  state.counters["p99_us"] = benchmark::Counter(at(0.99), avg);
+  state.counters["p999_us"] = benchmark::Counter(at(0.999), avg);
+  state.counters["max_us"] = benchmark::Counter(ns.back() / 1000.0, avg);
   state.counters["decisions"] = static_cast<double>(ns.size());
 }
 
@@ -200,16 +212,17 @@ RouterOptions BenchOptions(PolicyKind kind) {
   return o;
 }
 
-// args: 0 = Route only, 1 = RouteAndAssign; feeder on/off; policy.
-void RunSteadyState(benchmark::State& state, bool time_assign, bool feeder_on, PolicyKind kind) {
-  Router router(BenchOptions(kind));
-  Workload wl = Setup(router, 1);
+// The timed loop of one routing thread: keeps `in_flight_target` requests in
+// flight (each new request is routed and assigned, the oldest finishes) and
+// times Route() or RouteAndAssign() per decision.
+void RunDecisions(benchmark::State& state, Router& router, const Workload& wl, bool time_assign,
+                  size_t in_flight_target, uint32_t seed) {
   std::deque<RouteDecision> in_flight;
   std::vector<double> latencies;
   latencies.reserve(state.max_iterations);
-  uint64_t n = 0;
+  uint64_t n = seed;
   uint64_t cached_tokens = 0;
-  std::mt19937 rng(5);
+  std::mt19937 rng(seed);
   std::vector<TokenId> prompt;
   // Request i: session i % kSessions, its shared prefix, 512 fresh tokens.
   auto request_for = [&](uint64_t i) {
@@ -221,15 +234,11 @@ void RunSteadyState(benchmark::State& state, bool time_assign, bool feeder_on, P
     req.routing_key = wl.keys[i % kSessions];
     return req;
   };
-  // Fill up to 1,000 requests in flight.
-  while (in_flight.size() < kInFlight) {
+  while (in_flight.size() < in_flight_target) {
     absl::StatusOr<RouteDecision> d = router.RouteAndAssign(request_for(n++));
     if (!d.ok()) std::abort();
     in_flight.push_back(std::move(*d));
   }
-  std::unique_ptr<Feeder> feeder;
-  if (feeder_on) feeder = std::make_unique<Feeder>(&router);
-
   for (auto _ : state) {
     const RouteRequest req = request_for(n++);
     const auto start = std::chrono::steady_clock::now();
@@ -244,19 +253,32 @@ void RunSteadyState(benchmark::State& state, bool time_assign, bool feeder_on, P
     state.SetIterationTime(ns * 1e-9);
     cached_tokens += d->cached_tokens;
     if (!time_assign && !router.OnAssigned(&*d)) continue;
-    // Keep 1,000 in flight: the oldest request finishes.
     router.OnFinished(in_flight.front());
     in_flight.pop_front();
     in_flight.push_back(std::move(*d));
   }
   ReportDistribution(state, latencies);
-  state.counters["cached_tokens_per_request"] =
-      latencies.empty() ? 0 : static_cast<double>(cached_tokens) / latencies.size();
-  state.counters["workers"] = kWorkers;
+  state.counters["cached_tokens_per_request"] = benchmark::Counter(
+      latencies.empty() ? 0 : static_cast<double>(cached_tokens) / latencies.size(),
+      benchmark::Counter::kAvgThreads);
   state.counters["in_flight"] = static_cast<double>(in_flight.size());
-  state.counters["prompt_tokens"] = kPrefixTokens + kUniqueTokens;
-  if (feeder) state.counters["load_reports_applied"] = static_cast<double>(feeder->reports());
   for (const RouteDecision& d : in_flight) router.OnFinished(d);
+}
+
+void SetCommonCounters(benchmark::State& state) {
+  state.counters["workers"] = benchmark::Counter(kWorkers, benchmark::Counter::kAvgThreads);
+  state.counters["prompt_tokens"] =
+      benchmark::Counter(kPrefixTokens + kUniqueTokens, benchmark::Counter::kAvgThreads);
+}
+
+void RunSteadyState(benchmark::State& state, bool time_assign, bool feeder_on, PolicyKind kind) {
+  Router router(BenchOptions(kind));
+  const Workload wl = Setup(router, 1);
+  std::unique_ptr<Feeder> feeder;
+  if (feeder_on) feeder = std::make_unique<Feeder>(&router);
+  RunDecisions(state, router, wl, time_assign, kInFlight, 5);
+  SetCommonCounters(state);
+  if (feeder) state.counters["load_reports_applied"] = static_cast<double>(feeder->reports());
 }
 
 void BM_Route(benchmark::State& state) {
@@ -268,6 +290,33 @@ void BM_RouteAndAssign(benchmark::State& state) {
 void BM_RoutePolicy(benchmark::State& state) {
   RunSteadyState(state, false, false, static_cast<PolicyKind>(state.range(0)));
   state.SetLabel(std::string(PolicyKindName(static_cast<PolicyKind>(state.range(0)))));
+}
+
+// Several routing threads share one router (and the feeder): lock
+// contention included. The 1,000 in-flight requests are split between them.
+struct Shared {
+  std::unique_ptr<Router> router;
+  Workload wl;
+  std::unique_ptr<Feeder> feeder;
+};
+Shared* g_shared = nullptr;
+
+void SetupShared(const benchmark::State&) {
+  g_shared = new Shared;
+  g_shared->router = std::make_unique<Router>(BenchOptions(PolicyKind::kCost));
+  g_shared->wl = Setup(*g_shared->router, 1);
+  g_shared->feeder = std::make_unique<Feeder>(g_shared->router.get());
+}
+
+void TeardownShared(const benchmark::State&) {
+  delete g_shared;
+  g_shared = nullptr;
+}
+
+void BM_RouteAndAssignConcurrent(benchmark::State& state) {
+  RunDecisions(state, *g_shared->router, g_shared->wl, true, kInFlight / state.threads(),
+               17 + 1000 * state.thread_index());
+  SetCommonCounters(state);
 }
 
 void BM_HashPrompt(benchmark::State& state) {
@@ -304,6 +353,14 @@ BENCHMARK(BM_RoutePolicy)
     ->Arg(static_cast<int>(PolicyKind::kCost))
     ->Arg(static_cast<int>(PolicyKind::kRoundRobin))
     ->Arg(static_cast<int>(PolicyKind::kLeastLoaded))
+    ->Iterations(kIterations / 2)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_RouteAndAssignConcurrent)
+    ->Name("route_and_assign/cost/feeder:1/concurrent")
+    ->Setup(SetupShared)
+    ->Teardown(TeardownShared)
+    ->Threads(2)
     ->Iterations(kIterations / 2)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);

@@ -20,10 +20,6 @@ uint64_t InitialSeed(uint64_t seed, const Clock* clock) {
   return static_cast<uint64_t>(absl::ToUnixNanos(clock->Now())) ^ 0x5DEECE66DULL;
 }
 
-bool IsExcluded(const std::string& id, absl::Span<const std::string> exclude) {
-  return std::find(exclude.begin(), exclude.end(), id) != exclude.end();
-}
-
 // The first stored event whose hashes disagree with the router's, if any.
 absl::Status VerifyEvents(const HashScheme& scheme, absl::Span<const BlockEvent> events) {
   for (const BlockEvent& e : events) {
@@ -40,7 +36,6 @@ absl::Status VerifyEvents(const HashScheme& scheme, absl::Span<const BlockEvent>
 struct Router::Scratch {
   struct HashGroup {
     HashScheme scheme;
-    bool has_hashes = false;
     std::vector<uint64_t> hashes;
   };
   std::vector<WorkerView> views;
@@ -164,9 +159,22 @@ absl::Status Router::ApplyLoadReport(std::string_view id, const LoadReportView& 
 // --- Routing -------------------------------------------------------------------
 
 absl::StatusOr<RouteDecision> Router::Route(const RouteRequest& request) {
+  // A worker removed between the snapshot and the end of the decision makes
+  // the decision void; the next snapshot no longer has it.
+  constexpr int kAttempts = 4;
+  absl::StatusOr<RouteDecision> decision;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    decision = RouteOnce(request);
+    if (decision.ok() || !absl::IsAborted(decision.status())) return decision;
+  }
+  return absl::UnavailableError(
+      "no worker could be chosen: workers kept leaving while the request was routed");
+}
+
+absl::StatusOr<RouteDecision> Router::RouteOnce(const RouteRequest& request) {
   static thread_local Scratch scratch;
   Scratch& s = scratch;
-  registry_.Snapshot(&s.views);
+  registry_.Snapshot(&s.views, request.exclude);
   const int64_t prompt_tokens = request.prompt_tokens >= 0
                                     ? request.prompt_tokens
                                     : static_cast<int64_t>(request.token_ids.size());
@@ -182,7 +190,7 @@ absl::StatusOr<RouteDecision> Router::Route(const RouteRequest& request) {
       ++unroutable[static_cast<int>(v.unroutable)];
       continue;
     }
-    if (!request.exclude.empty() && IsExcluded(*v.id, request.exclude)) {
+    if (v.excluded) {
       ++excluded;
       continue;
     }
@@ -235,14 +243,12 @@ absl::StatusOr<RouteDecision> Router::Route(const RouteRequest& request) {
     if (s.groups.size() < s.num_groups) s.groups.resize(s.num_groups);
     Scratch::HashGroup& group = s.groups[g];
     group.scheme = scheme;
-    group.has_hashes = true;
     if (!request.block_hashes.empty() && request.hashes_scheme == scheme) {
       group.hashes.assign(request.block_hashes.begin(), request.block_hashes.end());
     } else if (!request.token_ids.empty()) {
       ComputeBlockHashes(request.token_ids, scheme, &group.hashes);
     } else {
       group.hashes.clear();
-      group.has_hashes = false;
     }
     s.among.ClearAll();
     for (size_t j = i; j < s.candidates.size(); ++j) {
@@ -272,6 +278,9 @@ absl::StatusOr<RouteDecision> Router::Route(const RouteRequest& request) {
     absl::MutexLock lock(&mu_);
     ChooseLocked(request, prompt_tokens, s, &decision);
   }
+  std::optional<std::string> id = registry_.IdOf(decision.worker);
+  if (!id.has_value()) return absl::AbortedError("the chosen worker was removed");
+  decision.worker_id = std::move(*id);
   return decision;
 }
 
@@ -322,7 +331,6 @@ void Router::ChooseLocked(const RouteRequest& request, int64_t prompt_tokens, Sc
       break;
   }
   const WorkerView& v = s.views[s.view_of[chosen]];
-  decision->worker_id = *v.id;
   decision->worker = v.ref;
   decision->probe = v.half_open;
   decision->prompt_tokens = prompt_tokens;

@@ -165,6 +165,8 @@ class Router {
  private:
   struct Scratch;
 
+  // One decision; ABORTED when the chosen worker was removed meanwhile.
+  absl::StatusOr<RouteDecision> RouteOnce(const RouteRequest& request);
   void ChooseLocked(const RouteRequest& request, int64_t prompt_tokens, Scratch& s,
                     RouteDecision* decision) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

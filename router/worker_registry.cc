@@ -61,7 +61,7 @@ std::string_view UnroutableName(Unroutable reason) {
 }
 
 struct WorkerRegistry::Entry {
-  std::shared_ptr<const std::string> id;
+  std::string id;
   WorkerRef ref;
   absl::Time added_at;
 
@@ -74,8 +74,8 @@ struct WorkerRegistry::Entry {
   uint64_t report_epoch = 0;  // load reports received
   absl::Time last_heard;
 
-  // Circuit breaker. `breaker` is kept up to date by UpdateBreakerLocked
-  // (kOpen turns into kHalfOpen when ejected_until has passed).
+  // Circuit breaker. `breaker` is the state last stored; EffectiveBreaker
+  // gives the state now (kOpen is kHalfOpen once ejected_until has passed).
   BreakerState breaker = BreakerState::kClosed;
   int consecutive_failures = 0;
   int ejections_in_row = 0;
@@ -124,7 +124,7 @@ absl::StatusOr<WorkerRef> WorkerRegistry::AddLocked(std::string_view id) {
         "cannot add worker ", std::string(id), ": all ", slots_.size(), " worker slots are taken"));
   }
   auto e = std::make_unique<Entry>();
-  e->id = std::make_shared<const std::string>(id);
+  e->id = std::string(id);
   e->ref.slot = static_cast<int>(free_slot - slots_.begin());
   e->ref.incarnation = next_incarnation_++;
   e->added_at = clock_->Now();
@@ -182,14 +182,14 @@ ReconcileResult WorkerRegistry::Reconcile(const std::vector<std::string>& addres
 }
 
 std::optional<WorkerRef> WorkerRegistry::Find(std::string_view id) const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   const Entry* e = FindLocked(id);
   if (e == nullptr) return std::nullopt;
   return e->ref;
 }
 
 size_t WorkerRegistry::size() const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   return slot_of_.size();
 }
 
@@ -233,6 +233,11 @@ absl::StatusOr<LoadReportResult> WorkerRegistry::ReportLoad(std::string_view id,
   return result;
 }
 
+BreakerState WorkerRegistry::EffectiveBreaker(const Entry& e, absl::Time now) {
+  if (e.breaker == BreakerState::kOpen && now >= e.ejected_until) return BreakerState::kHalfOpen;
+  return e.breaker;
+}
+
 void WorkerRegistry::UpdateBreakerLocked(Entry& e, absl::Time now) const {
   if (e.breaker == BreakerState::kOpen && now >= e.ejected_until) {
     e.breaker = BreakerState::kHalfOpen;
@@ -246,8 +251,7 @@ bool WorkerRegistry::MayEjectLocked(absl::Time now) const {
   for (const auto& slot : slots_) {
     if (slot == nullptr) continue;
     ++total;
-    UpdateBreakerLocked(*slot, now);
-    if (slot->breaker == BreakerState::kOpen) ++ejected;
+    if (EffectiveBreaker(*slot, now) == BreakerState::kOpen) ++ejected;
   }
   const int limit = std::max(1, total * std::clamp(options_.max_ejected_percent, 0, 100) / 100);
   return ejected < limit;
@@ -307,8 +311,10 @@ void WorkerRegistry::RecordFailure(std::string_view id) {
 }
 
 Unroutable WorkerRegistry::UnroutableLocked(const Entry& e, absl::Time now) const {
-  if (e.breaker == BreakerState::kOpen) return Unroutable::kEjected;
-  if (e.breaker == BreakerState::kHalfOpen && e.probe_in_flight) return Unroutable::kProbeInFlight;
+  // (A stored kOpen has no probe in flight: ejecting clears it.)
+  const BreakerState breaker = EffectiveBreaker(e, now);
+  if (breaker == BreakerState::kOpen) return Unroutable::kEjected;
+  if (breaker == BreakerState::kHalfOpen && e.probe_in_flight) return Unroutable::kProbeInFlight;
   if (e.health == HealthState::kUnknown) return Unroutable::kHealthUnknown;
   if (e.health == HealthState::kNotServing) return Unroutable::kNotServing;
   if (e.load_known && e.load.draining) return Unroutable::kDraining;
@@ -319,20 +325,28 @@ Unroutable WorkerRegistry::UnroutableLocked(const Entry& e, absl::Time now) cons
   return Unroutable::kNone;
 }
 
-void WorkerRegistry::Snapshot(std::vector<WorkerView>* out) const {
-  absl::MutexLock lock(&mu_);
+std::optional<std::string> WorkerRegistry::IdOf(const WorkerRef& ref) const {
+  absl::ReaderMutexLock lock(&mu_);
+  const Entry* e = FindLocked(ref);
+  if (e == nullptr) return std::nullopt;
+  return e->id;
+}
+
+void WorkerRegistry::Snapshot(std::vector<WorkerView>* out,
+                              absl::Span<const std::string> exclude) const {
+  absl::ReaderMutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   out->resize(slot_of_.size());
   size_t n = 0;
   for (const auto& slot : slots_) {
     if (slot == nullptr) continue;
-    Entry& e = *slot;
-    UpdateBreakerLocked(e, now);
+    const Entry& e = *slot;
     WorkerView& v = (*out)[n++];
-    v.id = e.id;
     v.ref = e.ref;
+    v.excluded =
+        !exclude.empty() && std::find(exclude.begin(), exclude.end(), e.id) != exclude.end();
     v.unroutable = UnroutableLocked(e, now);
-    v.half_open = e.breaker == BreakerState::kHalfOpen;
+    v.half_open = EffectiveBreaker(e, now) == BreakerState::kHalfOpen;
     v.info_known = e.info_known;
     v.info = e.info;
     v.load_known = e.load_known;
@@ -381,10 +395,10 @@ void WorkerRegistry::OnFinished(const WorkerRef& ref, bool probe, uint64_t epoch
 
 WorkerStatus WorkerRegistry::StatusLocked(const Entry& e, absl::Time now) const {
   WorkerStatus s;
-  s.id = *e.id;
+  s.id = e.id;
   s.ref = e.ref;
   s.health = e.health;
-  s.breaker = e.breaker;
+  s.breaker = EffectiveBreaker(e, now);
   s.unroutable = UnroutableLocked(e, now);
   s.consecutive_failures = e.consecutive_failures;
   s.ejected_until = e.ejected_until;
@@ -399,24 +413,21 @@ WorkerStatus WorkerRegistry::StatusLocked(const Entry& e, absl::Time now) const 
 }
 
 std::vector<WorkerStatus> WorkerRegistry::Status() const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   std::vector<WorkerStatus> out;
   for (const auto& slot : slots_) {
     if (slot == nullptr) continue;
-    UpdateBreakerLocked(*slot, now);
     out.push_back(StatusLocked(*slot, now));
   }
   return out;
 }
 
 std::optional<WorkerStatus> WorkerRegistry::StatusOf(std::string_view id) const {
-  absl::MutexLock lock(&mu_);
-  Entry* e = FindLocked(id);
+  absl::ReaderMutexLock lock(&mu_);
+  const Entry* e = FindLocked(id);
   if (e == nullptr) return std::nullopt;
-  const absl::Time now = clock_->Now();
-  UpdateBreakerLocked(*e, now);
-  return StatusLocked(*e, now);
+  return StatusLocked(*e, clock_->Now());
 }
 
 }  // namespace tessera::router

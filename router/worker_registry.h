@@ -36,8 +36,9 @@
 // workers (but always at least one) are ejected at a time, so a cluster-wide
 // problem degrades to retries instead of refusing everything.
 //
-// Thread-safety: thread-safe; every method takes one internal mutex and none
-// calls out while holding it.
+// Thread-safety: thread-safe; every method takes one internal mutex (shared
+// for the read-only ones, so concurrent route decisions do not serialize on
+// Snapshot) and none calls out while holding it.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +55,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "router/clock.h"
 #include "router/prefix_hash.h"
 
@@ -123,11 +125,12 @@ struct RegistryOptions {
   absl::Duration load_staleness = absl::Seconds(2);
 };
 
-// One worker as a route decision sees it, copied under the lock.
+// One worker as a route decision sees it, copied under the lock. (Its id is
+// not copied, to keep snapshots cheap: IdOf gives it.)
 struct WorkerView {
-  std::shared_ptr<const std::string> id;
   WorkerRef ref;
   Unroutable unroutable = Unroutable::kNone;
+  bool excluded = false;   // named in Snapshot's `exclude`
   bool half_open = false;  // routable, but only as the breaker's probe
   bool info_known = false;
   WorkerStaticInfo info;
@@ -212,8 +215,11 @@ class WorkerRegistry {
   void RecordFailure(std::string_view id);
 
   // --- Routing ------------------------------------------------------------
-  // Replaces `out` with a view of every worker, in slot order.
-  void Snapshot(std::vector<WorkerView>* out) const;
+  // Replaces `out` with a view of every worker, in slot order, marking the
+  // ones named in `exclude`.
+  void Snapshot(std::vector<WorkerView>* out, absl::Span<const std::string> exclude = {}) const;
+  // The id of the worker `ref` names, if it is still registered.
+  std::optional<std::string> IdOf(const WorkerRef& ref) const;
   // Commits a decision: counts the request in flight (and pending until the
   // next load report, with its uncached prefill tokens). When `probe`, also
   // claims the half-open worker's one probe. False, and nothing recorded,
@@ -236,18 +242,19 @@ class WorkerRegistry {
  private:
   struct Entry;
 
-  Entry* FindLocked(std::string_view id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Entry* FindLocked(const WorkerRef& ref) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Entry* FindLocked(std::string_view id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  Entry* FindLocked(const WorkerRef& ref) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::StatusOr<WorkerRef> AddLocked(std::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<WorkerRef> RemoveLocked(std::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves an open breaker whose time is up to half-open.
+  // The breaker's state at `now` (an open breaker whose time is up is
+  // half-open); readers use it without writing.
+  static BreakerState EffectiveBreaker(const Entry& e, absl::Time now);
+  // Stores the effective state (writers only).
   void UpdateBreakerLocked(Entry& e, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Unroutable UnroutableLocked(const Entry& e, absl::Time now) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool MayEjectLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Unroutable UnroutableLocked(const Entry& e, absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool MayEjectLocked(absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void EjectLocked(Entry& e, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  WorkerStatus StatusLocked(const Entry& e, absl::Time now) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  WorkerStatus StatusLocked(const Entry& e, absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const RegistryOptions options_;
   const int default_block_size_;

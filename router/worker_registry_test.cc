@@ -336,8 +336,9 @@ TEST_F(RegistryTest, ConcurrentUseKeepsCountsConsistent) {
         const WorkerView& v = views[(i + t) % views.size()];
         if (r.OnAssigned(v.ref, 16, v.half_open)) {
           assigned.fetch_add(1);
-          if (i % 7 == 0) r.RecordFailure(*v.id);
-          if (i % 3 == 0) r.RecordSuccess(*v.id);
+          const std::string id = r.IdOf(v.ref).value_or("");
+          if (i % 7 == 0) r.RecordFailure(id);
+          if (i % 3 == 0) r.RecordSuccess(id);
           r.OnFinished(v.ref, v.half_open);
         }
       }
