@@ -64,6 +64,7 @@ InferenceService::InferenceService(InferenceServiceOptions options, router::Rout
                                    RouterMetrics* metrics)
     : options_(std::move(options)),
       router_(router),
+      admission_(options_.admission),
       tokenizer_(std::move(tokenizer)),
       drain_(drain),
       metrics_(metrics) {
@@ -231,23 +232,25 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const Gene
     return finish("invalid", grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                           "stop strings need a tokenizer on the router"));
   }
-  // Admission.
-  if (in_flight_.fetch_add(1) >= options_.max_in_flight) {
-    in_flight_.fetch_sub(1);
-    context->AddTrailingMetadata("retry-after-ms", "200");
-    return finish("rejected",
-                  grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                               absl::StrCat("the router has ", options_.max_in_flight,
-                                            " requests in flight; retry after about 200 ms")));
+  // Admission: wait in this priority's queue (bounded) for an in-flight slot.
+  absl::Time queue_deadline = absl::Now() + options_.max_queue_wait;
+  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+    queue_deadline = std::min(queue_deadline, absl::FromChrono(context->deadline()));
+  }
+  absl::StatusOr<router::AdmissionTicket> ticket =
+      admission_.Admit(ToPriority(req->priority()), queue_deadline);
+  if (!ticket.ok()) {
+    if (auto hint = router::RetryAfterFromStatus(ticket.status())) {
+      context->AddTrailingMetadata("retry-after-ms",
+                                   absl::StrCat(absl::ToInt64Milliseconds(*hint)));
+    }
+    return finish("rejected", ToGrpcStatus(ticket.status()));
   }
   metrics_->in_flight.Increment();
   struct Release {
-    InferenceService* s;
-    ~Release() {
-      s->in_flight_.fetch_sub(1);
-      s->metrics_->in_flight.Decrement();
-    }
-  } release{this};
+    RouterMetrics* m;
+    ~Release() { m->in_flight.Decrement(); }
+  } release{metrics_};
 
   // One worker request template; generated_ids grow with migrations.
   tessera::v1::WorkerGenerateRequest wreq;

@@ -23,6 +23,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/security/credentials.h"
+#include "router/admission.h"
 #include "router/router.h"
 #include "services/common/drain.h"
 #include "services/router/router_metrics.h"
@@ -33,12 +34,13 @@
 namespace tessera::services {
 
 struct InferenceServiceOptions {
-  std::string model_name;             // served name; requests may name it or leave it empty
-  int context_length = 0;             // reported by ListModels (0 = from workers)
-  std::vector<std::string> api_keys;  // empty = no authentication
-  int max_in_flight = 1024;           // admitted requests at once
-  int max_attempts = 4;               // worker calls per request (retries + migrations)
-  int load_interval_ms = 50;          // WatchLoad period asked of workers
+  std::string model_name;              // served name; requests may name it or leave it empty
+  int context_length = 0;              // reported by ListModels (0 = from workers)
+  std::vector<std::string> api_keys;   // empty = no authentication
+  router::AdmissionOptions admission;  // in-flight bound and per-priority queues
+  absl::Duration max_queue_wait = absl::Seconds(30);  // longest wait for admission
+  int max_attempts = 4;       // worker calls per request (retries + migrations)
+  int load_interval_ms = 50;  // WatchLoad period asked of workers
   std::shared_ptr<grpc::ChannelCredentials> upstream_credentials;
 };
 
@@ -77,7 +79,7 @@ class InferenceService final : public tessera::v1::Inference::Service, public Up
   std::unique_ptr<Tokenizer> tokenizer_;
   DrainState* drain_;
   RouterMetrics* metrics_;
-  std::atomic<int> in_flight_{0};
+  router::AdmissionController admission_;
   std::atomic<int> context_length_{0};
 
   absl::Mutex mu_;

@@ -26,7 +26,12 @@ ABSL_FLAG(std::string, tokenizer, "", "Tokenizer directory (tokenizer.json); emp
 ABSL_FLAG(std::string, served_model_name, "default", "Model name clients may ask for");
 ABSL_FLAG(std::string, policy, "cost", "Routing policy: cost, round_robin or least_loaded");
 ABSL_FLAG(std::string, api_keys_file, "", "File of accepted API keys, one per line");
-ABSL_FLAG(int, max_in_flight, 1024, "Admitted requests at once; more get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_in_flight, 1024,
+          "Requests worked on at once; more wait in their priority's queue");
+ABSL_FLAG(
+    int, max_queue_per_priority, 256,
+    "Requests that may wait per priority class; beyond it RESOURCE_EXHAUSTED with a retry hint");
+ABSL_FLAG(absl::Duration, max_queue_wait, absl::Seconds(30), "Longest wait for admission");
 ABSL_FLAG(int, max_attempts, 4, "Worker calls per request (retries and migrations)");
 ABSL_FLAG(int, load_interval_ms, 50, "Load report period asked of workers");
 ABSL_FLAG(absl::Duration, load_staleness, absl::Seconds(2),
@@ -74,12 +79,16 @@ int main(int argc, char** argv) {
 
   ts::InferenceServiceOptions so;
   so.model_name = absl::GetFlag(FLAGS_served_model_name);
-  so.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
+  so.admission.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
+  so.admission.max_queued_per_priority = absl::GetFlag(FLAGS_max_queue_per_priority);
+  so.max_queue_wait = absl::GetFlag(FLAGS_max_queue_wait);
   so.max_attempts = absl::GetFlag(FLAGS_max_attempts);
   so.load_interval_ms = absl::GetFlag(FLAGS_load_interval_ms);
-  if (so.max_in_flight < 1 || so.max_attempts < 1 || so.load_interval_ms < 10) {
+  if (so.admission.max_in_flight < 1 || so.admission.max_queued_per_priority < 0 ||
+      so.max_attempts < 1 || so.load_interval_ms < 10) {
     return ts::StartupError(absl::InvalidArgumentError(
-        "--max_in_flight and --max_attempts must be >= 1, --load_interval_ms >= 10"));
+        "--max_in_flight and --max_attempts must be >= 1, --max_queue_per_priority >= 0, "
+        "--load_interval_ms >= 10"));
   }
   if (!absl::GetFlag(FLAGS_api_keys_file).empty()) {
     auto keys = ReadLines("api_keys_file", absl::GetFlag(FLAGS_api_keys_file));
