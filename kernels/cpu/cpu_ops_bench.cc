@@ -17,6 +17,7 @@
 // ratio table of kernels/README.md.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -89,9 +90,14 @@ CpuContext Opt(int threads) { return CpuContext{Pool(threads), BestCpuIsa(HostCp
 std::string Impl(int threads) { return threads == 0 ? "ref" : absl::StrCat("opt_t", threads); }
 
 void Register(const std::string& name, std::function<void(benchmark::State&)> fn) {
+  // With repetitions, "min" (the least disturbed run on a shared machine)
+  // joins the default mean/median/stddev/cv aggregates.
   benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& s) { fn(s); })
       ->UseRealTime()
-      ->Unit(benchmark::kMicrosecond);
+      ->Unit(benchmark::kMicrosecond)
+      ->ComputeStatistics("min", [](const std::vector<double>& v) {
+        return *std::min_element(v.begin(), v.end());
+      });
 }
 
 void SetRates(benchmark::State& state, double bytes, double flops = 0) {
