@@ -302,6 +302,36 @@ TEST(RouterTest, OverloadAnswersResourceExhaustedWithARetryHint) {
       << "the router must stay healthy";
 }
 
+TEST(RouterTest, WorkersFileIsReReadWhenItChanges) {
+  Service worker = Start("services/worker/tessera-worker", {kSlowSim});
+  std::string dir = MakeTempDir();
+  const std::string file = dir + "/workers";
+  {
+    std::ofstream out(file);
+    out << "# nothing listens here yet\n127.0.0.1:1\n";
+  }
+  Service router = Start("services/router/tessera-router", {"--workers_file=" + file});
+  auto stub = Inference::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", router.grpc_port),
+                                                     grpc::InsecureChannelCredentials()));
+  auto healthy = [&] {
+    grpc::ClientContext ctx;
+    tessera::v1::ListModelsResponse resp;
+    return stub->ListModels(&ctx, {}, &resp).ok() ? resp.models(0).healthy_workers() : -1;
+  };
+  EXPECT_EQ(healthy(), 0);
+  EXPECT_EQ(RunStream(stub.get(), Greedy({1, 2}, 2)).status.error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  {
+    std::ofstream out(file + ".tmp");
+    out << "127.0.0.1:" << worker.grpc_port << "\n";
+  }
+  ASSERT_EQ(std::rename((file + ".tmp").c_str(), file.c_str()), 0);
+  absl::Time until = absl::Now() + absl::Seconds(10);
+  while (healthy() != 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(healthy(), 1);
+  EXPECT_TRUE(RunStream(stub.get(), Greedy({1, 2}, 2)).status.ok());
+}
+
 TEST(RouterTest, ApiKeysAreRequiredWhenConfigured) {
   std::string dir = MakeTempDir();
   {
