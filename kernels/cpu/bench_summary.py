@@ -45,21 +45,29 @@ def main(path):
     def gbps(name):
         return rows[name]["GB/s"] if name in rows else None
 
-    # Ceilings: the best read and copy rates over the thread and stream counts.
-    read = max((gbps(n) for n in rows if n.startswith("memory/read")), default=None)
-    copy = max((gbps(n) for n in rows if n.startswith("memory/memcpy")), default=None)
+    # Ceilings per thread count: the best read rate (over 1 and 8 streams)
+    # and the memcpy rate (bytes copied per second).
+    def ceiling(kind, threads):
+        rates = [gbps(n) for n in rows if n.startswith(f"memory/{kind}") and n.endswith(f"/t{threads}")]
+        return max(rates, default=None)
+
     print("| ceiling | GB/s |\n|---|---|")
     for n in rows:
         if n.startswith("memory/"):
             print(f"| {n} | {gbps(n):.1f} |")
     print()
 
-    print("| GEMV | time (us) | GB/s | vs read ceiling | vs memcpy |\n|---|---|---|---|---|")
+    print("| GEMV | threads | time (us) | GB/s | vs read ceiling | vs memcpy |")
+    print("|---|---|---|---|---|---|")
     for n, b in rows.items():
-        if n.startswith("gemv/"):
-            g = gbps(n)
-            print(f"| {n} | {b['real_time']:.0f} | {g:.1f} | "
-                  f"{g / read:.0%} | {g / copy:.0%} |" if read and copy else f"| {n} | {g:.1f} |")
+        m = re.match(r"gemv/(.*)/opt_t(\d)/(.*)", n)
+        if not m:
+            continue
+        threads = int(m.group(2))
+        g, read, copy = gbps(n), ceiling("read", threads), ceiling("memcpy", threads)
+        ratio = lambda c: f"{g / c:.0%}" if c else "-"
+        print(f"| {m.group(1)} {m.group(3)} | {threads} | {b['real_time']:.0f} | {g:.1f} | "
+              f"{ratio(read)} | {ratio(copy)} |")
     print()
 
     print("| op | reference (us) | optimized (us) | speed-up | opt GB/s | opt GFLOP/s |")
