@@ -5,6 +5,8 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <thread>
+#include <vector>
 
 namespace tessera::bench {
 
@@ -21,6 +23,40 @@ double MeasureCopyBandwidth(size_t bytes, int repeats) {
     best = std::max(best, 2.0 * bytes / s);
     std::swap(a, b);
   }
+  return best;
+}
+
+double MeasureReadBandwidth(int threads, size_t bytes, int repeats) {
+  const size_t n = bytes / sizeof(uint64_t);
+  std::unique_ptr<uint64_t[]> buf(new uint64_t[n]);
+  for (size_t i = 0; i < n; ++i) buf[i] = i;
+  double best = 0;
+  std::vector<uint64_t> sinks(threads);
+  for (int r = 0; r < repeats; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        const size_t begin = n * t / threads, end = n * (t + 1) / threads;
+        uint64_t a = 0, b = 0, c = 0, d = 0;
+        size_t i = begin;
+        for (; i + 4 <= end; i += 4) {
+          a += buf[i];
+          b += buf[i + 1];
+          c += buf[i + 2];
+          d += buf[i + 3];
+        }
+        for (; i < end; ++i) a += buf[i];
+        sinks[t] = a + b + c + d;
+      });
+    }
+    for (auto& th : pool) th.join();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, bytes / s);
+  }
+  uint64_t total = 0;
+  for (uint64_t v : sinks) total += v;
+  if (total == 42) std::fprintf(stderr, " ");  // keeps the sums observable
   return best;
 }
 

@@ -14,6 +14,11 @@ namespace tessera::bench {
 // bytes per second counting bytes read plus bytes written.
 double MeasureCopyBandwidth(size_t bytes = size_t{512} << 20, int repeats = 5);
 
+// Best-of-N bandwidth of reading a buffer much larger than the caches with
+// `threads` threads (bytes read per second): the ceiling of weight-streaming
+// decode, which reads and never writes its weights.
+double MeasureReadBandwidth(int threads, size_t bytes = size_t{1} << 30, int repeats = 3);
+
 // Writes `result` (plus "command" = argv joined) to `path` as pretty JSON.
 void WriteResult(const std::string& path, int argc, char** argv, nlohmann::json result);
 
