@@ -71,8 +71,7 @@ int main(int argc, char** argv) {
   // Decode streams its weights (reads only): the read bandwidth is the ceiling.
   const double roofline_tps = read_bw / bytes_per_token;
   nlohmann::json result = {
-      {"what",
-       "decode tokens/s of `tessera generate` (CPU, batch 1) vs the memory-read roofline"},
+      {"what", "decode tokens/s of `tessera generate` (CPU, batch 1) vs the memory-read roofline"},
       {"model",
        {{"architecture", spec.architecture},
         {"parameters", params},
