@@ -99,9 +99,9 @@ struct ModelConfig {
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;  // possibly empty
 
-  // Sliding-window attention, recorded but not implemented: set when at least
-  // one layer uses it; `sliding_window_layers` counts those layers. See
-  // CheckContextLength.
+  // Sliding-window attention: set when at least one layer uses a window;
+  // `sliding_window_layers` counts those layers. The kernels attend over the
+  // whole context, so CheckContextLength refuses contexts beyond the window.
   std::optional<int64_t> sliding_window;
   int64_t sliding_window_layers = 0;
 
