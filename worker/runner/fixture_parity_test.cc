@@ -43,7 +43,7 @@ TEST_P(FixtureParityTest, LogitsAndGreedyContinuationsMatchTransformers) {
   auto logits_file = model::SafetensorsFile::Open(dir + "/expected_logits.safetensors");
   ASSERT_TRUE(logits_file.ok()) << logits_file.status();
 
-  for (const std::string& backend : {"cpu", "cpu_reference"}) {
+  for (const char* backend : {"cpu", "cpu_reference"}) {
     SCOPED_TRACE(backend);
     CpuRunnerOptions options;
     options.block_size = 16;
