@@ -8,6 +8,7 @@
 #include "absl/flags/usage_config.h"
 #include "base/log.h"
 #include "services/common/version.h"
+#include "systemd/sd-daemon.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC listen address host:port (port 0 = any free)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
@@ -62,6 +63,8 @@ ServerOptions ServerOptionsFromFlags(const std::string& service_name) {
 }
 
 int StartupError(const absl::Status& status) {
+  // Tells systemd why the unit failed (shown by systemctl status).
+  sd_notifyf(0, "STATUS=start-up failed: %s", std::string(status.message()).c_str());
   LogError("start-up failed", {{"error", std::string(status.message())},
                                {"code", absl::StatusCodeToString(status.code())}});
   return 1;

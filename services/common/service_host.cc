@@ -16,6 +16,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "systemd/sd-daemon.h"
 
 namespace tessera::services {
 namespace {
@@ -85,6 +86,8 @@ ServiceHost::ServiceHost(ServerOptions options)
     : options_(std::move(options)), metrics_(options_.service_name) {}
 
 ServiceHost::~ServiceHost() {
+  drain_.Finish();
+  if (watchdog_.joinable()) watchdog_.join();
   if (server_) server_->Shutdown(std::chrono::system_clock::now());
 }
 
@@ -176,6 +179,21 @@ void ServiceHost::SetReady(bool ready) {
     server_->GetHealthCheckService()->SetServingStatus(name, ready);
   }
   metrics_.SetReady(ready);
+  // systemd (Type=notify): ready only once preflight, loading and warm-up
+  // passed. A no-op outside systemd (no NOTIFY_SOCKET).
+  if (ready && !notified_ready_.exchange(true)) {
+    sd_notifyf(0, "READY=1\nSTATUS=serving on port %d", grpc_port_);
+    StartWatchdog();
+  }
+}
+
+void ServiceHost::StartWatchdog() {
+  uint64_t usec = 0;
+  if (sd_watchdog_enabled(0, &usec) <= 0 || usec == 0) return;
+  // Ping at half the watchdog period while the process runs its main loop.
+  watchdog_ = std::thread([this, period = absl::Microseconds(usec / 2)] {
+    while (!drain_.WaitFinishedFor(period)) sd_notify(0, "WATCHDOG=1");
+  });
 }
 
 void ServiceHost::RequestDrain(absl::Duration deadline, std::string reason) {
@@ -204,6 +222,7 @@ int ServiceHost::RunUntilShutdown() {
   LogInfo("draining", {{"reason", drain_.reason()},
                        {"in_flight", drain_.in_flight()},
                        {"deadline_s", absl::ToDoubleSeconds(drain_.deadline() - absl::Now())}});
+  sd_notifyf(0, "STOPPING=1\nSTATUS=draining (%s)", drain_.reason().c_str());
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   for (auto& [service, name] : services_) health->SetServingStatus(name, false);
   metrics_.SetReady(false);
@@ -236,6 +255,7 @@ int ServiceHost::RunUntilShutdown() {
                {{"in_flight", drain_.in_flight()}});
   }
   drain_.Finish();
+  if (watchdog_.joinable()) watchdog_.join();
   // Streams that outlive ordinary work (load reports) end on Finish(); give
   // them a moment to send their final message before the server cancels.
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -12,6 +12,10 @@
 //
 // A second SIGTERM/SIGINT during the drain cuts the deadline to now.
 //
+// Under systemd (Type=notify) it sends READY=1 when readiness first turns
+// SERVING (after preflight, model load and warm-up), STOPPING=1 when the
+// drain starts, and WATCHDOG=1 at half of WatchdogSec while running.
+//
 // Thread-safety: construct, AddService, Start and RunUntilShutdown on the
 // main thread; SetReady, drain() and metrics() from any thread.
 #pragma once
@@ -19,6 +23,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -93,6 +98,7 @@ class ServiceHost {
  private:
   absl::Status WritePortFile() const;
   void WaitForDrainRequest();
+  void StartWatchdog();
 
   ServerOptions options_;
   DrainState drain_;
@@ -100,6 +106,8 @@ class ServiceHost {
   std::vector<std::pair<grpc::Service*, std::string>> services_;
   std::unique_ptr<grpc::Server> server_;
   int grpc_port_ = 0;
+  std::atomic<bool> notified_ready_{false};
+  std::thread watchdog_;  // systemd watchdog pings, when enabled
 };
 
 // Client-side credentials for connecting to another Tessera service: TLS
