@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Verifies the systemd units in deploy/systemd with systemd-analyze and checks
+# the settings the deployment guide relies on.
+#
+# systemd-analyze 252 "verify" works without systemd as PID 1, but it insists
+# that ExecStart= binaries exist and it exits 0 on parse warnings (unknown
+# keys, bad values are "ignored"). So the units are copied to a temporary
+# directory with ExecStart pointed at /usr/bin/true, and any diagnostic output
+# counts as a failure. A deliberately broken copy must produce a diagnostic,
+# proving the check can fail.
+set -u
+SA=/usr/bin/systemd-analyze
+SRC=${1:?usage: check_units.sh DEPLOY_SYSTEMD_DIR}
+if [[ ! -x $SA ]]; then
+  echo "FAIL: $SA not found (install the systemd package: scripts/install-deps.sh)" >&2
+  exit 1
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+
+verify() {  # verify UNIT_PATH -> 0 when clean
+  local out
+  out=$(cd "$(dirname "$1")" && SYSTEMD_LOG_COLOR=0 "$SA" verify --man=no "./$(basename "$1")" 2>&1)
+  local rc=$?
+  if [[ $rc -ne 0 || -n $out ]]; then
+    echo "$out"
+    return 1
+  fi
+  return 0
+}
+
+for unit in tessera-router.service tessera-drafter.service tessera-worker@.service; do
+  if [[ ! -f $SRC/$unit ]]; then
+    echo "FAIL: $SRC/$unit missing"; fail=1; continue
+  fi
+  grep -q '^ExecStart=/usr/local/bin/tessera-' "$SRC/$unit" \
+    || { echo "FAIL: $unit: ExecStart is not /usr/local/bin/tessera-*"; fail=1; }
+  name=${unit/@./@test.}
+  sed 's#^ExecStart=/usr/local/bin/tessera-[a-z]*#ExecStart=/usr/bin/true#' "$SRC/$unit" > "$tmp/$name"
+  if verify "$tmp/$name"; then echo "ok: systemd-analyze verify $unit"; else
+    echo "FAIL: systemd-analyze verify $unit"; fail=1; fi
+  for want in '^Type=notify$' '^NotifyAccess=main$' '^WatchdogSec=30$' '^Restart=on-failure$' \
+      '^StartLimitIntervalSec=' '^StartLimitBurst=' '^KillSignal=SIGTERM$' \
+      '^NoNewPrivileges=yes$' '^ProtectSystem=strict$' '^ProtectHome=yes$' '^PrivateTmp=yes$' \
+      '^DynamicUser=no$' '^User=tessera$' '^CapabilityBoundingSet=$' \
+      '^RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX$' '^SystemCallFilter=@system-service$' \
+      '^EnvironmentFile=/etc/tessera/'; do
+    grep -q -- "$want" "$SRC/$unit" || { echo "FAIL: $unit lacks $want"; fail=1; }
+  done
+  stop=$(sed -n 's/^TimeoutStopSec=\([0-9]*\)$/\1/p' "$SRC/$unit")
+  deadline=$(sed -n 's/^Environment=TESSERA_DRAIN_DEADLINE=\([0-9]*\)s$/\1/p' "$SRC/$unit")
+  if [[ -z $stop || -z $deadline || $stop -lt $((deadline + 10)) ]]; then
+    echo "FAIL: $unit: TimeoutStopSec ($stop) must be >= drain deadline ($deadline s) + grace margin"
+    fail=1
+  fi
+  ex=$SRC/$(sed -e 's/^tessera-//' -e 's/@\?\.service$//' <<<"$unit").env.example
+  [[ -f $ex ]] || { echo "FAIL: example environment file $ex missing"; fail=1; }
+done
+
+w=$SRC/tessera-worker@.service
+grep -q '^EnvironmentFile=/etc/tessera/worker-%i.env$' "$w" || { echo "FAIL: worker env file"; fail=1; }
+grep -q '^DevicePolicy=closed$' "$w" || { echo "FAIL: worker lacks DevicePolicy=closed"; fail=1; }
+grep -q '^DeviceAllow=.*nvidia.* rw$' "$w" || { echo "FAIL: worker lacks DeviceAllow nvidia"; fail=1; }
+
+# Every variable an example env file sets must be used by its unit.
+for ex in "$SRC"/*.env.example; do
+  base=$(basename "$ex" .env.example)
+  unit=$SRC/tessera-$base.service; [[ -f $unit ]] || unit=$SRC/tessera-$base@.service
+  for var in $(sed -n 's/^#\? *\(TESSERA_[A-Z_]*\)=.*/\1/p' "$ex" | sort -u); do
+    grep -Eq "\\\$\\{?$var\\}?" "$unit" || { echo "FAIL: $ex sets $var, unused by $(basename "$unit")"; fail=1; }
+  done
+done
+
+# Negative control: a broken unit must be reported.
+sed 's/^Type=notify$/Type=notfy/' "$tmp/tessera-router.service" > "$tmp/broken.service"
+if verify "$tmp/broken.service" >/dev/null; then
+  echo "FAIL: systemd-analyze verify did not report a broken unit; the check is blind"; fail=1
+fi
+
+[[ $fail -eq 0 ]] && echo "all unit checks passed"
+exit $fail
