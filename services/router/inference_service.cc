@@ -316,19 +316,23 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const Gene
       if (wresp.has_chunk()) {
         GenerateResponse out;
         tessera::v1::Chunk* chunk = out.mutable_chunk();
+        // Tokens go through the detokenizer and the stop matcher one by one,
+        // so a stop string ends the chunk at the token that completed it.
         std::string text;
-        for (int i = 0; i < wresp.chunk().token_ids_size(); ++i) {
+        std::optional<std::string> matched;
+        for (int i = 0; i < wresp.chunk().token_ids_size() && !matched; ++i) {
           int32_t t = wresp.chunk().token_ids(i);
           generated.push_back(t);
           chunk->add_token_ids(t);
           if (i < wresp.chunk().logprobs_size()) *chunk->add_logprobs() = wresp.chunk().logprobs(i);
-          if (detok) {
-            auto delta = detok->Add(t);
-            if (delta.ok()) text += *delta;
-          }
+          if (!detok) continue;
+          auto delta = detok->Add(t);
+          if (!delta.ok()) continue;
+          router::StopStringMatcher::Result r = stop_matcher.Add(*delta);
+          text += r.text;
+          matched = r.matched;
         }
-        router::StopStringMatcher::Result r = stop_matcher.Add(text);
-        chunk->set_text(r.text);
+        chunk->set_text(text);
         absl::Time now = absl::Now();
         if (!last_token_time) {
           metrics_->ttft.Observe(absl::ToDoubleSeconds(now - arrival));
@@ -343,9 +347,9 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const Gene
           router_->OnFinished(*decision);
           return finish("cancelled", grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
         }
-        if (r.matched) {
+        if (matched) {
           complete.set_finish_reason(tessera::v1::FINISH_REASON_STOP);
-          complete.set_matched_stop(*r.matched);
+          complete.set_matched_stop(*matched);
           wctx->TryCancel();  // the worker stops generating
           done = true;
         }
