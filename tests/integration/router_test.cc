@@ -5,6 +5,7 @@
 // control and API keys.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <memory>
@@ -330,6 +331,90 @@ TEST(RouterTest, WorkersFileIsReReadWhenItChanges) {
   while (healthy() != 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(50));
   EXPECT_EQ(healthy(), 1);
   EXPECT_TRUE(RunStream(stub.get(), Greedy({1, 2}, 2)).status.ok());
+}
+
+// A byte-level tokenizer.json whose 256 tokens are the bytes (ids 0..255),
+// as GPT-2 style byte-level BPE maps them to printable characters.
+void WriteByteTokenizer(const std::string& dir) {
+  std::vector<int> bs, cs;
+  for (int b = 0; b < 256; ++b) {
+    if ((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF)) {
+      bs.push_back(b);
+      cs.push_back(b);
+    }
+  }
+  for (int b = 0, n = 0; b < 256; ++b) {
+    if (std::find(bs.begin(), bs.end(), b) == bs.end()) {
+      bs.push_back(b);
+      cs.push_back(256 + n++);
+    }
+  }
+  nlohmann::json vocab = nlohmann::json::object();
+  for (size_t i = 0; i < bs.size(); ++i) {
+    std::string utf8;
+    int c = cs[i];
+    if (c < 0x80) {
+      utf8 += static_cast<char>(c);
+    } else {
+      utf8 += static_cast<char>(0xC0 | (c >> 6));
+      utf8 += static_cast<char>(0x80 | (c & 0x3F));
+    }
+    vocab[utf8] = bs[i];
+  }
+  nlohmann::json tj = {
+      {"version", "1.0"},
+      {"added_tokens", nlohmann::json::array()},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "ByteLevel"},
+        {"add_prefix_space", false},
+        {"trim_offsets", false},
+        {"use_regex", false}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", vocab},
+        {"merges", nlohmann::json::array()},
+        {"byte_fallback", false}}},
+  };
+  std::ofstream(dir + "/tokenizer.json") << tj.dump();
+}
+
+TEST(RouterTest, StopStringsEndTheTextStreamAndCancelTheWorker) {
+  std::string dir = MakeTempDir();
+  WriteByteTokenizer(dir);
+  // The simulated model emits ids 3..255: each decodes to one byte.
+  Cluster c = StartCluster(
+      1, {"--simulate=vocab=256,context=4096,prefill_us_per_token=1,decode_step_us=1000"},
+      {"--tokenizer=" + dir});
+  auto text_of = [&](GenerateRequest req, tessera::v1::Complete* complete) {
+    grpc::ClientContext ctx;
+    auto reader = c.stub->Generate(&ctx, req);
+    GenerateResponse resp;
+    std::string text;
+    while (reader->Read(&resp)) {
+      text += resp.chunk().text();
+      if (resp.has_complete()) *complete = resp.complete();
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    return text;
+  };
+  GenerateRequest req = Greedy({}, 60);
+  req.set_text("hello");
+  tessera::v1::Complete full_done;
+  std::string full = text_of(req, &full_done);
+  ASSERT_GT(full.size(), 20u) << "the byte tokens should decode to text";
+  EXPECT_EQ(full_done.finish_reason(), tessera::v1::FINISH_REASON_LENGTH);
+  // Stop at a piece from the middle of the text.
+  const std::string stop = full.substr(10, 3);
+  req.mutable_sampling()->add_stop(stop);
+  tessera::v1::Complete stopped;
+  std::string cut = text_of(req, &stopped);
+  EXPECT_EQ(cut, full.substr(0, full.find(stop)));
+  EXPECT_EQ(stopped.finish_reason(), tessera::v1::FINISH_REASON_STOP);
+  EXPECT_EQ(stopped.matched_stop(), stop);
+  EXPECT_LT(stopped.usage().completion_tokens(), 60);
 }
 
 TEST(RouterTest, ApiKeysAreRequiredWhenConfigured) {
