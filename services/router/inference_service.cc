@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -237,8 +238,20 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const Gene
   if (context->deadline() != std::chrono::system_clock::time_point::max()) {
     queue_deadline = std::min(queue_deadline, absl::FromChrono(context->deadline()));
   }
-  absl::StatusOr<router::AdmissionTicket> ticket =
-      admission_.Admit(ToPriority(req->priority()), queue_deadline);
+  const router::Priority priority = ToPriority(req->priority());
+  absl::StatusOr<router::AdmissionTicket> ticket = admission_.TryAdmit(priority);
+  if (!ticket.ok() && ticket.status().code() == absl::StatusCode::kResourceExhausted) {
+    // Full: wait in the priority's queue. A client that cancels meanwhile
+    // leaves the queue (the sync API can only poll for cancellation).
+    std::atomic<bool> cancelled{false}, waiting{true};
+    std::thread watch([&] {
+      while (waiting.load() && !context->IsCancelled()) absl::SleepFor(absl::Milliseconds(20));
+      if (context->IsCancelled()) cancelled = true;
+    });
+    ticket = admission_.Admit(priority, queue_deadline, &cancelled);
+    waiting = false;
+    watch.join();
+  }
   if (!ticket.ok()) {
     if (auto hint = router::RetryAfterFromStatus(ticket.status())) {
       context->AddTrailingMetadata("retry-after-ms",
