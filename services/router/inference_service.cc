@@ -2,14 +2,15 @@
 
 #include <openssl/crypto.h>
 
+#include <limits>
 #include <optional>
-#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/log.h"
 #include "grpcpp/create_channel.h"
+#include "router/retry.h"
 #include "router/text/stop_strings.h"
 #include "services/common/status.h"
 #include "worker/tokenizer/incremental_detokenizer.h"
@@ -31,31 +32,10 @@ router::Priority ToPriority(tessera::v1::Priority p) {
   }
 }
 
-// Worker failures worth another worker: the worker is gone, overloaded,
-// draining or broke. Request errors (INVALID_ARGUMENT, ...) are final.
-bool RetryableOnAnotherWorker(const grpc::Status& s) {
-  switch (s.error_code()) {
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-    case grpc::StatusCode::INTERNAL:
-    case grpc::StatusCode::UNKNOWN:
-    case grpc::StatusCode::ABORTED:
-    case grpc::StatusCode::CANCELLED:  // the worker's side cancelled (drain deadline, shutdown)
-      return true;
-    default:
-      return false;
-  }
-}
-
 // Constant-time comparison of two strings of possibly different lengths.
 bool SameSecret(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
-}
-
-uint64_t RandomSeed() {
-  static thread_local std::mt19937_64 rng(std::random_device{}());
-  return rng();
 }
 
 }  // namespace
@@ -65,10 +45,10 @@ InferenceService::InferenceService(InferenceServiceOptions options, router::Rout
                                    RouterMetrics* metrics)
     : options_(std::move(options)),
       router_(router),
-      admission_(options_.admission),
       tokenizer_(std::move(tokenizer)),
       drain_(drain),
-      metrics_(metrics) {
+      metrics_(metrics),
+      admission_(options_.admission) {
   context_length_ = options_.context_length;
 }
 
@@ -271,15 +251,22 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const Gene
   for (int32_t t : prompt) wreq.add_prompt_ids(t);
   *wreq.mutable_sampling() = req->sampling();
   wreq.mutable_sampling()->clear_stop();  // stop strings are the router's job
-  if (!wreq.sampling().has_seed()) wreq.mutable_sampling()->set_seed(RandomSeed());
   wreq.set_priority(req->priority());
+  // Retry and migration bookkeeping: tokens delivered so far, workers tried,
+  // the seed that keeps a migrated request's random stream.
+  router::RetryOptions retry_options;
+  retry_options.max_attempts = options_.max_attempts;
+  router::RequestAttempts attempts(
+      retry_options, prompt,
+      req->sampling().has_max_tokens() ? req->sampling().max_tokens()
+                                       : std::numeric_limits<int32_t>::max(),
+      req->sampling().has_seed() ? std::optional<uint64_t>(req->sampling().seed()) : std::nullopt);
+  wreq.mutable_sampling()->set_seed(attempts.seed());
 
   std::optional<IncrementalDetokenizer> detok;
   if (tokenizer_) detok.emplace(tokenizer_.get(), !req->keep_special_tokens());
   router::StopStringMatcher stop_matcher(std::vector<std::string>(stops.begin(), stops.end()));
 
-  std::vector<int32_t> generated;
-  std::vector<std::string> tried;
   tessera::v1::Complete complete;
   complete.set_request_id(req->request_id());
   int cached_tokens = -1;
@@ -287,16 +274,14 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const Gene
   bool done = false;
   grpc::Status last_error(grpc::StatusCode::UNAVAILABLE, "no worker could take the request");
 
-  for (int attempt = 0; attempt < options_.max_attempts && !done; ++attempt) {
+  while (!done) {
     if (context->IsCancelled()) return finish("cancelled", grpc::Status::CANCELLED);
     // Route over everything the worker will prefill.
-    std::vector<int32_t> tokens = prompt;
-    tokens.insert(tokens.end(), generated.begin(), generated.end());
     router::RouteRequest rr;
-    rr.token_ids = tokens;
+    rr.token_ids = attempts.routing_tokens();
     rr.routing_key = req->routing_key();
     rr.priority = ToPriority(req->priority());
-    rr.exclude = tried;
+    rr.exclude = attempts.tried_workers();
     absl::Time route_start = absl::Now();
     absl::StatusOr<router::RouteDecision> decision = router_->RouteAndAssign(rr);
     metrics_->route_decision.Observe(absl::ToDoubleSeconds(absl::Now() - route_start));
@@ -304,18 +289,24 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const Gene
       last_error = ToGrpcStatus(decision.status());
       break;
     }
+    const bool resumed = !attempts.generated_ids().empty();
+    if (attempts.attempts() > 0) (resumed ? metrics_->migrations : metrics_->retries).Increment();
+    attempts.OnAttemptStarted(decision->worker_id);
     tessera::v1::Worker::Stub* stub = StubFor(decision->worker_id);
-    if (stub == nullptr) {
+    if (stub == nullptr) {  // removed from the worker list meanwhile
       router_->OnFinished(*decision);
-      tried.push_back(decision->worker_id);
+      router::RetryVerdict v = attempts.OnAttemptFailed(
+          {absl::UnavailableError("worker removed"), router::UpstreamErrorKind::kConnectFailure});
+      if (v.step == router::NextStep::kFail) {
+        last_error = ToGrpcStatus(v.status);
+        break;
+      }
       continue;
     }
-    if (attempt > 0) (generated.empty() ? metrics_->retries : metrics_->migrations).Increment();
     metrics_->prefix_hit_tokens.Increment(decision->cached_tokens);
-    tried.push_back(decision->worker_id);
 
     wreq.clear_generated_ids();
-    for (int32_t t : generated) wreq.add_generated_ids(t);
+    for (int32_t t : attempts.generated_ids()) wreq.add_generated_ids(t);
     // Deadline and cancellation of the client's call follow the worker call.
     std::unique_ptr<grpc::ClientContext> wctx = grpc::ClientContext::FromServerContext(*context);
     auto stream = stub->Generate(wctx.get(), wreq);
@@ -335,7 +326,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const Gene
         std::optional<std::string> matched;
         for (int i = 0; i < wresp.chunk().token_ids_size() && !matched; ++i) {
           int32_t t = wresp.chunk().token_ids(i);
-          generated.push_back(t);
+          attempts.OnTokens(absl::MakeConstSpan(&t, 1));
           chunk->add_token_ids(t);
           if (i < wresp.chunk().logprobs_size()) *chunk->add_logprobs() = wresp.chunk().logprobs(i);
           if (!detok) continue;
@@ -379,19 +370,39 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const Gene
     router_->OnFinished(*decision);
     if (done) break;
     if (context->IsCancelled()) return finish("cancelled", grpc::Status::CANCELLED);
+    // Classify the failure: a call that never got an answer is a connect
+    // failure; a call the worker cut (CANCELLED while our client did not
+    // cancel) is the worker going away; otherwise the status decides.
+    router::UpstreamError error{FromGrpcStatus(s), router::UpstreamErrorKind::kStatus};
     if (s.ok()) {
-      s = grpc::Status(grpc::StatusCode::INTERNAL, "the worker's stream ended without completion");
+      error.status = absl::UnavailableError("the worker's stream ended without completion");
+    } else if (first && s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      error.kind = router::UpstreamErrorKind::kConnectFailure;
+    } else if (s.error_code() == grpc::StatusCode::CANCELLED) {
+      error.kind = router::UpstreamErrorKind::kWorkerDraining;
     }
-    if (!RetryableOnAnotherWorker(s)) {
+    if (router::CountsAsWorkerFailure(error)) router_->RecordFailure(decision->worker_id);
+    router::RetryVerdict verdict = attempts.OnAttemptFailed(error);
+    if (verdict.step == router::NextStep::kComplete) {
+      complete.set_finish_reason(tessera::v1::FINISH_REASON_LENGTH);
+      done = true;
+      break;
+    }
+    if (verdict.step == router::NextStep::kFail) {
       // A request error (e.g. INVALID_ARGUMENT) is the client's to see.
-      return finish(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? "invalid" : "error", s);
+      grpc::Status status = ToGrpcStatus(verdict.status);
+      if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+        return finish("invalid", status);
+      }
+      last_error = status;
+      break;
     }
-    router_->RecordFailure(decision->worker_id);
-    LogWarning(generated.empty() ? "retrying on another worker" : "migrating to another worker",
+    LogWarning(verdict.step == router::NextStep::kRetry ? "retrying on another worker"
+                                                        : "migrating to another worker",
                {{"worker", decision->worker_id},
                 {"error", s.error_message()},
-                {"tokens_sent", static_cast<int64_t>(generated.size())}});
-    last_error = s;
+                {"tokens_sent", static_cast<int64_t>(attempts.generated_ids().size())}});
+    last_error = ToGrpcStatus(error.status);
   }
   if (!done) {
     if (last_error.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
@@ -410,7 +421,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const Gene
   }
   tessera::v1::Usage* usage = complete.mutable_usage();
   usage->set_prompt_tokens(static_cast<int32_t>(prompt.size()));
-  usage->set_completion_tokens(static_cast<int32_t>(generated.size()));
+  usage->set_completion_tokens(static_cast<int32_t>(attempts.generated_ids().size()));
   usage->set_cached_tokens(std::max(0, cached_tokens));
   metrics_->prompt_tokens.Increment(prompt.size());
   GenerateResponse last;
