@@ -10,7 +10,9 @@ TEST(StatusTest, RoundTripsEveryCanonicalCode) {
     absl::Status s(static_cast<absl::StatusCode>(code), code == 0 ? "" : "detail");
     grpc::Status g = ToGrpcStatus(s);
     EXPECT_EQ(static_cast<int>(g.error_code()), code);
-    if (code != 0) EXPECT_EQ(g.error_message(), "detail");
+    if (code != 0) {
+      EXPECT_EQ(g.error_message(), "detail");
+    }
     EXPECT_EQ(FromGrpcStatus(g), s);
   }
 }
