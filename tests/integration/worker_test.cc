@@ -274,6 +274,25 @@ TEST(WorkerTest, SigtermDrainsInFlightStreamsToCompletion) {
   EXPECT_EQ(exit->code, 0) << w.process->ReadLog();
 }
 
+TEST(WorkerTest, StreamsStillRunningAtTheDrainDeadlineEndWithAClearStatus) {
+  RunningWorker w = StartWorker(SlowModel(), {"--cpu_threads=1", "--drain_deadline=1s"});
+  ASSERT_TRUE(w.stub);
+  grpc::ClientContext ctx;
+  auto reader = w.stub->Generate(&ctx, Greedy(std::vector<int32_t>(10, 3), 3000));
+  WorkerGenerateResponse resp;
+  ASSERT_TRUE(reader->Read(&resp));  // running
+  w.process->Signal(SIGTERM);
+  size_t tokens = 0;
+  while (reader->Read(&resp)) tokens += resp.chunk().token_ids_size();
+  grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("drain deadline passed"));
+  EXPECT_LT(tokens, 3000u);
+  auto exit = w.process->Wait(absl::Seconds(30));
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->code, 0) << w.process->ReadLog();
+}
+
 TEST(WorkerTest, MalformedRequestsGetPreciseInvalidArgument) {
   RunningWorker w = StartWorker(SourcePath("tests/fixtures/models/qwen3_tiny"));
   ASSERT_TRUE(w.stub);
