@@ -1,0 +1,558 @@
+// Paged attention kernels (see paged_attention.h for the contract).
+//
+// Decode: grid (split, kv head x 16-head row block, sequence). A CTA loads
+// the group's query heads (padded to 16 rows) once, streams its share of
+// the context through double-buffered cp.async K/V tiles of TK keys, and
+// each of its TK/16 warps folds 16 keys of every tile into its own
+// online-softmax state with bf16 mma.sync. The warps are merged through
+// shared memory; with one split the CTA writes the output, otherwise it
+// writes (o/l, m, l) to the workspace and DecodeReduceKernel merges the
+// splits. The split length depends only on (num_seqs, num_heads,
+// max_seq_len), which also size the workspace.
+//
+// Prefill: grid (64-row query tile, head, sequence), 4 warps of 16 query
+// rows sharing each K/V tile. Key tiles past the tile's last query
+// position are never loaded; tiles entirely below a warp's first position
+// skip the mask; a warp skips tiles entirely above its last position.
+//
+// Thread-safety: see the header.
+#include "kernels/cuda/paged_attention.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/paged_attention.cuh"
+
+namespace tessera::kernels::cuda {
+namespace {
+
+using namespace attention_detail;  // NOLINT(build/namespaces): device helpers of this file
+
+constexpr int kPrefillRows = 64;  // query rows per prefill CTA (4 warps x 16)
+constexpr int kPrefillThreads = 128;
+constexpr int kDecodeRows = 16;               // query heads per decode CTA (one mma row tile)
+constexpr int kMinPartition = 256;            // shortest decode split, in keys
+constexpr int64_t kDecodeTargetUnits = 8192;  // splits x seqs x heads to aim for
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Keys per shared-memory tile: 64, or 32 for head_dim 256 so that two
+// stages plus the query tile fit the 99 KiB per-block limit of sm_86/89/120.
+template <int D>
+constexpr int KeyTile() {
+  return D == 256 ? 32 : 64;
+}
+template <int D>
+constexpr int DecodeThreads() {
+  return KeyTile<D>() / 16 * 32;
+}
+
+template <int D>
+constexpr size_t PrefillSmemBytes() {
+  return sizeof(uint16_t) * (size_t{kPrefillRows} * D + 4 * size_t{KeyTile<D>()} * D);
+}
+template <int D>
+constexpr size_t DecodeSmemBytes() {
+  return sizeof(uint16_t) * (size_t{kDecodeRows} * D + 4 * size_t{KeyTile<D>()} * D);
+}
+
+// K and V tiles of the double-buffer stage that key tile kt uses.
+template <int D, int TK>
+__device__ __forceinline__ uint16_t* KTile(uint16_t* stage_base, int kt) {
+  return stage_base + (kt & 1) * (2 * TK * D);
+}
+template <int D, int TK>
+__device__ __forceinline__ uint16_t* VTile(uint16_t* stage_base, int kt) {
+  return stage_base + (kt & 1) * (2 * TK * D) + TK * D;
+}
+
+// ---------------------------------------------------------------------------
+// Prefill.
+
+template <int D>
+__global__ void __launch_bounds__(kPrefillThreads)
+    PrefillKernel(PagedAttentionParams p, int block_shift, int group, float scale_log2) {
+  constexpr int TK = KeyTile<D>();
+  extern __shared__ uint4 smem_raw[];
+  uint16_t* sq = reinterpret_cast<uint16_t*>(smem_raw);
+  uint16_t* const stage_base = sq + kPrefillRows * D;  // stage i: K at 2*i*TK*D, V after it
+
+  const int seq = blockIdx.z;
+  const int head = blockIdx.y;
+  const int q_tile = gridDim.x - 1 - blockIdx.x;  // longest tiles first
+  const int q_begin = p.query_start_loc[seq];
+  const int q_len = p.query_start_loc[seq + 1] - q_begin;
+  const int row0 = q_tile * kPrefillRows;
+  if (row0 >= q_len) return;  // uniform over the CTA
+  const int rows_valid = min(kPrefillRows, q_len - row0);
+  const int ctx_start = p.seq_lens[seq] - q_len;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+
+  if (ctx_start < 0) {  // inconsistent lengths: zeros rather than garbage
+    for (int c = threadIdx.x; c < rows_valid * (D / 8); c += kPrefillThreads) {
+      const int row = c / (D / 8);
+      const int chunk = c % (D / 8);
+      *reinterpret_cast<uint4*>(p.out + int64_t{q_begin + row0 + row} * p.out_token_stride +
+                                int64_t{head} * D + chunk * 8) = make_uint4(0, 0, 0, 0);
+    }
+    return;
+  }
+
+  const KvSource src{p.k_cache,
+                     p.v_cache,
+                     p.block_tables + int64_t{seq} * p.block_table_stride,
+                     block_shift,
+                     int64_t{p.num_kv_heads} * D,
+                     int64_t{head / group} * D};
+  const int n_keys = ctx_start + row0 + rows_valid;  // keys the last valid row sees
+  const int n_tiles = (n_keys + TK - 1) / TK;
+  const int warp_first_pos = ctx_start + row0 + warp * 16;
+  const int warp_last_pos = warp_first_pos + 15;
+  const bool warp_active = warp * 16 < rows_valid;
+
+  // The first K/V tile is in flight while the query tile loads.
+  LoadKvTile<D, TK, kPrefillThreads>(stage_base, stage_base + TK * D, src, 0, n_keys);
+  CpAsyncCommit();
+  // Query tile -> shared memory (rows past q_len are zero).
+  for (int c = threadIdx.x; c < kPrefillRows * (D / 8); c += kPrefillThreads) {
+    const int row = c / (D / 8);
+    const int chunk = c % (D / 8);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < rows_valid) {
+      v = *reinterpret_cast<const uint4*>(p.q + int64_t{q_begin + row0 + row} * p.q_token_stride +
+                                          int64_t{head} * D + chunk * 8);
+    }
+    *reinterpret_cast<uint4*>(sq + SwizzledOffset<D>(row, chunk)) = v;
+  }
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {kNegInf, kNegInf};
+  float l[2] = {0.f, 0.f};
+  auto keep = [warp_first_pos](int row, int key) { return key <= warp_first_pos + row; };
+
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    if (kt + 1 < n_tiles) {
+      LoadKvTile<D, TK, kPrefillThreads>(KTile<D, TK>(stage_base, kt + 1),
+                                         VTile<D, TK>(stage_base, kt + 1), src, (kt + 1) * TK,
+                                         n_keys);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();
+    const int key0 = kt * TK;
+    if (warp_active && key0 <= warp_last_pos) {
+      const bool need_mask = key0 + TK - 1 > warp_first_pos;
+      WarpAttendTile<D, TK>(sq, warp * 16, KTile<D, TK>(stage_base, kt),
+                            VTile<D, TK>(stage_base, kt), 0, key0, scale_log2, need_mask, keep, o,
+                            m, l);
+    }
+    __syncthreads();
+  }
+  CpAsyncWait<0>();
+
+  if (!warp_active) return;  // uniform over the warp
+  const float sums[2] = {QuadSum(l[0]), QuadSum(l[1])};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = warp * 16 + g + 8 * i;
+    if (row >= rows_valid) continue;
+    const float sum = sums[i];
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    uint16_t* dst = p.out + int64_t{q_begin + row0 + row} * p.out_token_stride + int64_t{head} * D;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(dst + n * 8 + 2 * t) =
+          PackBf16x2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Decode.
+
+struct DecodeLayout {
+  int partition = 0;   // keys per split (a multiple of 64)
+  int num_splits = 0;  // splits covering max_seq_len
+};
+
+DecodeLayout DecodeLayoutFor(int num_seqs, int num_heads, int max_seq_len) {
+  DecodeLayout layout;
+  const int64_t units = std::max<int64_t>(1, int64_t{num_seqs} * num_heads);
+  const int64_t splits_wanted = std::max<int64_t>(1, (kDecodeTargetUnits + units - 1) / units);
+  const int64_t len = std::max(1, max_seq_len);
+  int64_t part = (len + splits_wanted - 1) / splits_wanted;
+  part = (part + 63) / 64 * 64;
+  part = std::max<int64_t>(part, kMinPartition);
+  layout.partition = static_cast<int>(part);
+  layout.num_splits = static_cast<int>((len + part - 1) / part);
+  return layout;
+}
+
+struct WorkspaceLayout {
+  size_t o_offset = 0, m_offset = 0, l_offset = 0, total = 0;
+};
+
+size_t RoundUp256(size_t x) { return (x + 255) / 256 * 256; }
+
+WorkspaceLayout WorkspaceLayoutFor(int num_seqs, int num_heads, int head_dim, int num_splits) {
+  WorkspaceLayout w;
+  if (num_splits <= 1) return w;
+  const size_t rows = size_t(num_seqs) * size_t(num_heads) * size_t(num_splits);
+  w.o_offset = 0;
+  w.m_offset = RoundUp256(rows * size_t(head_dim) * sizeof(float));
+  w.l_offset = w.m_offset + RoundUp256(rows * sizeof(float));
+  w.total = w.l_offset + RoundUp256(rows * sizeof(float));
+  return w;
+}
+
+struct DecodeExtra {
+  int block_shift;
+  int group;       // query heads per kv head
+  int row_blocks;  // ceil(group / 16)
+  int partition;
+  int num_splits;
+  float scale_log2;
+  float* part_o;  // [num_seqs, num_heads, num_splits, D] (o / l)
+  float* part_m;  // [num_seqs, num_heads, num_splits] (log2 units)
+  float* part_l;
+};
+
+template <int D>
+__global__ void __launch_bounds__(DecodeThreads<D>())
+    DecodeKernel(PagedAttentionParams p, DecodeExtra x) {
+  constexpr int TK = KeyTile<D>();
+  constexpr int NW = TK / 16;
+  constexpr int NT = NW * 32;
+  extern __shared__ uint4 smem_raw[];
+  uint16_t* sq = reinterpret_cast<uint16_t*>(smem_raw);
+  uint16_t* const stage_base = sq + kDecodeRows * D;
+  // Stage i: K tile at stage_base + 2 * i * TK * D, V tile right after it.
+
+  const int split = blockIdx.x;
+  const int kv_head = blockIdx.y / x.row_blocks;
+  const int row_block = blockIdx.y % x.row_blocks;
+  const int seq = blockIdx.z;
+  const int head0 = kv_head * x.group + row_block * kDecodeRows;
+  const int rows = min(kDecodeRows, x.group - row_block * kDecodeRows);
+  const int token = p.query_start_loc != nullptr ? p.query_start_loc[seq] : seq;
+  const int seq_len = p.seq_lens[seq];
+  const int key_begin = split * x.partition;
+  const int key_end = min(key_begin + x.partition, seq_len);
+  uint16_t* out_row0 = p.out + int64_t{token} * p.out_token_stride + int64_t{head0} * D;
+
+  if (key_begin >= key_end) {  // nothing to attend to in this split
+    if (x.num_splits == 1) {   // (with splits, the reduce kernel writes zeros)
+      for (int c = threadIdx.x; c < rows * (D / 8); c += NT) {
+        *reinterpret_cast<uint4*>(out_row0 + (c / (D / 8)) * D + (c % (D / 8)) * 8) =
+            make_uint4(0, 0, 0, 0);
+      }
+    }
+    return;
+  }
+
+  const KvSource src{p.k_cache,
+                     p.v_cache,
+                     p.block_tables + int64_t{seq} * p.block_table_stride,
+                     x.block_shift,
+                     int64_t{p.num_kv_heads} * D,
+                     int64_t{kv_head} * D};
+  const int n_tiles = (key_end - key_begin + TK - 1) / TK;
+  LoadKvTile<D, TK, NT>(stage_base, stage_base + TK * D, src, key_begin, key_end);
+  CpAsyncCommit();
+  for (int c = threadIdx.x; c < kDecodeRows * (D / 8); c += NT) {
+    const int row = c / (D / 8);
+    const int chunk = c % (D / 8);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < rows) {
+      v = *reinterpret_cast<const uint4*>(p.q + int64_t{token} * p.q_token_stride +
+                                          int64_t{head0 + row} * D + chunk * 8);
+    }
+    *reinterpret_cast<uint4*>(sq + SwizzledOffset<D>(row, chunk)) = v;
+  }
+
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {kNegInf, kNegInf};
+  float l[2] = {0.f, 0.f};
+  auto keep = [key_end](int, int key) { return key < key_end; };
+
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    if (kt + 1 < n_tiles) {
+      LoadKvTile<D, TK, NT>(KTile<D, TK>(stage_base, kt + 1), VTile<D, TK>(stage_base, kt + 1), src,
+                            key_begin + (kt + 1) * TK, key_end);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();
+    const int key0 = key_begin + kt * TK + warp * 16;
+    if (key0 < key_end) {
+      WarpAttendTile<D, 16>(sq, 0, KTile<D, TK>(stage_base, kt), VTile<D, TK>(stage_base, kt),
+                            warp * 16, key0, x.scale_log2, key0 + 16 > key_end, keep, o, m, l);
+    }
+    __syncthreads();
+  }
+  CpAsyncWait<0>();
+  __syncthreads();  // the stage buffers are reused below
+
+  // Merge the warps: each writes its unnormalized state, then the CTA combines.
+  float* so = reinterpret_cast<float*>(stage_base);  // [NW][16][D]
+  float* sm = so + NW * kDecodeRows * D;             // [NW][16]
+  float* sl = sm + NW * kDecodeRows;                 // [NW][16]
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = g + 8 * i;
+    const float sum = QuadSum(l[i]);
+    float* dst = so + (warp * kDecodeRows + row) * D;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      *reinterpret_cast<float2*>(dst + n * 8 + 2 * t) = make_float2(o[n][2 * i], o[n][2 * i + 1]);
+    }
+    if (t == 0) {
+      sm[warp * kDecodeRows + row] = m[i];
+      sl[warp * kDecodeRows + row] = sum;
+    }
+  }
+  __syncthreads();
+
+  for (int e = threadIdx.x; e < rows * (D / 2); e += NT) {
+    const int row = e / (D / 2);
+    const int d = (e % (D / 2)) * 2;
+    float mmax = kNegInf;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) mmax = fmaxf(mmax, sm[w * kDecodeRows + row]);
+    const float base = mmax == kNegInf ? 0.f : mmax;
+    float sum = 0.f, o0 = 0.f, o1 = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      const float wt = Ex2(sm[w * kDecodeRows + row] - base);
+      sum += sl[w * kDecodeRows + row] * wt;
+      const float2 v = *reinterpret_cast<const float2*>(so + (w * kDecodeRows + row) * D + d);
+      o0 += v.x * wt;
+      o1 += v.y * wt;
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    if (x.num_splits == 1) {
+      *reinterpret_cast<uint32_t*>(out_row0 + row * D + d) = PackBf16x2(o0 * inv, o1 * inv);
+    } else {
+      const int64_t idx = (int64_t{seq} * p.num_heads + head0 + row) * x.num_splits + split;
+      *reinterpret_cast<float2*>(x.part_o + idx * D + d) = make_float2(o0 * inv, o1 * inv);
+      if (d == 0) {
+        x.part_m[idx] = mmax;
+        x.part_l[idx] = sum;
+      }
+    }
+  }
+}
+
+// Merges the splits of one (sequence, head): grid (num_heads, num_seqs),
+// D / 2 threads, two dims each.
+template <int D>
+__global__ void __launch_bounds__(D / 2) DecodeReduceKernel(PagedAttentionParams p, DecodeExtra x) {
+  const int head = blockIdx.x;
+  const int seq = blockIdx.y;
+  const int token = p.query_start_loc != nullptr ? p.query_start_loc[seq] : seq;
+  const int seq_len = p.seq_lens[seq];
+  const int n_valid =
+      seq_len <= 0 ? 0 : min(x.num_splits, (seq_len + x.partition - 1) / x.partition);
+  const int64_t base = (int64_t{seq} * p.num_heads + head) * x.num_splits;
+  float mmax = kNegInf;
+  for (int i = 0; i < n_valid; ++i) mmax = fmaxf(mmax, x.part_m[base + i]);
+  const float shift = mmax == kNegInf ? 0.f : mmax;
+  const int d = threadIdx.x * 2;
+  float sum = 0.f, o0 = 0.f, o1 = 0.f;
+  for (int i = 0; i < n_valid; ++i) {
+    const float wt = x.part_l[base + i] * Ex2(x.part_m[base + i] - shift);
+    const float2 v = *reinterpret_cast<const float2*>(x.part_o + (base + i) * D + d);
+    sum += wt;
+    o0 += v.x * wt;
+    o1 += v.y * wt;
+  }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  *reinterpret_cast<uint32_t*>(p.out + int64_t{token} * p.out_token_stride + int64_t{head} * D +
+                               d) = PackBf16x2(o0 * inv, o1 * inv);
+}
+
+// ---------------------------------------------------------------------------
+// Host side.
+
+bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+int Log2IfPowerOfTwo(int x) {
+  if (x <= 0 || (x & (x - 1)) != 0) return -1;
+  int s = 0;
+  while ((1 << s) < x) ++s;
+  return s;
+}
+
+absl::Status ValidateCommon(const PagedAttentionParams& p, const char* what) {
+  auto bad = [what](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", parts...));
+  };
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) {
+    return bad("head_dim ", p.head_dim, " is not supported (64, 128 or 256)");
+  }
+  if (p.num_seqs < 0 || p.num_seqs > 65535) {
+    return bad("num_seqs ", p.num_seqs, " is outside [0, 65535]");
+  }
+  if (p.num_heads <= 0 || p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0) {
+    return bad("num_heads ", p.num_heads, " must be a positive multiple of num_kv_heads ",
+               p.num_kv_heads);
+  }
+  if (p.num_heads > 65535) return bad("num_heads ", p.num_heads, " exceeds 65535");
+  if (Log2IfPowerOfTwo(p.block_size) < 0 || p.block_size > (1 << 20)) {
+    return bad("block_size ", p.block_size, " must be a power of two <= 2^20");
+  }
+  if (!std::isfinite(p.scale)) return bad("scale is not finite");
+  if (p.max_seq_len < 0) return bad("max_seq_len ", p.max_seq_len, " is negative");
+  if (p.q == nullptr || p.k_cache == nullptr || p.v_cache == nullptr || p.out == nullptr ||
+      p.block_tables == nullptr || p.seq_lens == nullptr) {
+    return bad("q, k_cache, v_cache, out, block_tables and seq_lens must be non-null");
+  }
+  if (!Aligned16(p.q) || !Aligned16(p.k_cache) || !Aligned16(p.v_cache) || !Aligned16(p.out)) {
+    return bad("q, k_cache, v_cache and out must be 16-byte aligned");
+  }
+  const int64_t row = int64_t{p.num_heads} * p.head_dim;
+  if (p.q_token_stride < row || p.q_token_stride % 8 != 0) {
+    return bad("q_token_stride ", p.q_token_stride, " must be >= num_heads * head_dim (", row,
+               ") and a multiple of 8");
+  }
+  if (p.out_token_stride < row || p.out_token_stride % 8 != 0) {
+    return bad("out_token_stride ", p.out_token_stride, " must be >= num_heads * head_dim (", row,
+               ") and a multiple of 8");
+  }
+  const int64_t blocks_needed = (int64_t{p.max_seq_len} + p.block_size - 1) / p.block_size;
+  if (p.block_table_stride < blocks_needed) {
+    return bad("block_table_stride ", p.block_table_stride, " is below the ", blocks_needed,
+               " blocks max_seq_len ", p.max_seq_len, " needs");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchStatus(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, " launch failed: ", cudaGetErrorString(err)));
+}
+
+template <int D>
+absl::Status LaunchPrefill(const PagedAttentionParams& p, cudaStream_t stream) {
+  constexpr size_t smem = PrefillSmemBytes<D>();
+  if (cudaFuncSetAttribute(PrefillKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem)) != cudaSuccess) {
+    return LaunchStatus("paged attention prefill (shared memory attribute)");
+  }
+  const dim3 grid((p.max_query_len + kPrefillRows - 1) / kPrefillRows, p.num_heads, p.num_seqs);
+  const float scale_log2 = p.scale * kLog2e;
+  PrefillKernel<D><<<grid, kPrefillThreads, smem, stream>>>(
+      p, Log2IfPowerOfTwo(p.block_size), p.num_heads / p.num_kv_heads, scale_log2);
+  return LaunchStatus("paged attention prefill");
+}
+
+template <int D>
+absl::Status LaunchDecode(const PagedAttentionParams& p, const DecodeExtra& x,
+                          cudaStream_t stream) {
+  constexpr size_t smem = DecodeSmemBytes<D>();
+  if (cudaFuncSetAttribute(DecodeKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem)) != cudaSuccess) {
+    return LaunchStatus("paged attention decode (shared memory attribute)");
+  }
+  const dim3 grid(x.num_splits, p.num_kv_heads * x.row_blocks, p.num_seqs);
+  DecodeKernel<D><<<grid, DecodeThreads<D>(), smem, stream>>>(p, x);
+  if (absl::Status s = LaunchStatus("paged attention decode"); !s.ok()) return s;
+  if (x.num_splits > 1) {
+    DecodeReduceKernel<D><<<dim3(p.num_heads, p.num_seqs), D / 2, 0, stream>>>(p, x);
+    return LaunchStatus("paged attention decode reduce");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+size_t PagedAttentionDecodeWorkspaceBytes(int num_seqs, int num_heads, int head_dim,
+                                          int max_seq_len) {
+  if (num_seqs <= 0 || num_heads <= 0 || head_dim <= 0) return 0;
+  const DecodeLayout layout = DecodeLayoutFor(num_seqs, num_heads, max_seq_len);
+  return WorkspaceLayoutFor(num_seqs, num_heads, head_dim, layout.num_splits).total;
+}
+
+absl::Status PagedAttentionDecode(const PagedAttentionParams& p, CUstream_st* stream) {
+  if (absl::Status s = ValidateCommon(p, "PagedAttentionDecode"); !s.ok()) return s;
+  if (p.num_seqs == 0) return absl::OkStatus();
+  const DecodeLayout layout = DecodeLayoutFor(p.num_seqs, p.num_heads, p.max_seq_len);
+  const WorkspaceLayout ws =
+      WorkspaceLayoutFor(p.num_seqs, p.num_heads, p.head_dim, layout.num_splits);
+  if (ws.total > 0) {
+    if (p.workspace == nullptr || p.workspace_bytes < ws.total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PagedAttentionDecode: workspace of ", p.workspace_bytes, " bytes (",
+                       p.workspace == nullptr ? "null" : "non-null", ") is below the ", ws.total,
+                       " bytes PagedAttentionDecodeWorkspaceBytes asks for"));
+    }
+    if (!Aligned16(p.workspace)) {
+      return absl::InvalidArgumentError("PagedAttentionDecode: workspace must be 16-byte aligned");
+    }
+  }
+  const int group = p.num_heads / p.num_kv_heads;
+  DecodeExtra x{};
+  x.block_shift = Log2IfPowerOfTwo(p.block_size);
+  x.group = group;
+  x.row_blocks = (group + kDecodeRows - 1) / kDecodeRows;
+  x.partition = layout.partition;
+  x.num_splits = layout.num_splits;
+  x.scale_log2 = p.scale * kLog2e;
+  if (ws.total > 0) {
+    char* base = static_cast<char*>(p.workspace);
+    x.part_o = reinterpret_cast<float*>(base + ws.o_offset);
+    x.part_m = reinterpret_cast<float*>(base + ws.m_offset);
+    x.part_l = reinterpret_cast<float*>(base + ws.l_offset);
+  }
+  if (int64_t{p.num_kv_heads} * x.row_blocks > 65535) {
+    return absl::InvalidArgumentError("PagedAttentionDecode: too many kv heads for the grid");
+  }
+  switch (p.head_dim) {
+    case 64:
+      return LaunchDecode<64>(p, x, stream);
+    case 128:
+      return LaunchDecode<128>(p, x, stream);
+    default:
+      return LaunchDecode<256>(p, x, stream);
+  }
+}
+
+absl::Status PagedAttentionPrefill(const PagedAttentionParams& p, CUstream_st* stream) {
+  if (absl::Status s = ValidateCommon(p, "PagedAttentionPrefill"); !s.ok()) return s;
+  if (p.query_start_loc == nullptr) {
+    return absl::InvalidArgumentError("PagedAttentionPrefill: query_start_loc must be non-null");
+  }
+  if (p.max_query_len < 0 || p.max_query_len > p.max_seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttentionPrefill: max_query_len ", p.max_query_len,
+                     " must be in [0, max_seq_len = ", p.max_seq_len, "]"));
+  }
+  if (p.num_seqs == 0 || p.max_query_len == 0) return absl::OkStatus();
+  switch (p.head_dim) {
+    case 64:
+      return LaunchPrefill<64>(p, stream);
+    case 128:
+      return LaunchPrefill<128>(p, stream);
+    default:
+      return LaunchPrefill<256>(p, stream);
+  }
+}
+
+}  // namespace tessera::kernels::cuda

@@ -1,0 +1,520 @@
+// Parity tests of the CUDA paged attention kernels against the CPU
+// reference (kernels/cpu/reference_ops.h): random bf16 q/K/V (the reference
+// sees the same bf16 values widened to fp32), shuffled block tables whose
+// unused entries hold out-of-range block ids (so any read past a
+// sequence's blocks faults), and padded q/out token strides whose padding
+// must stay untouched. Tolerance: the output is bf16 and P is rounded to
+// bf16 before the P.V product, so |gpu - ref| <= 2^-7 * max|v| + 1e-3.
+// The parameter validation tests run without a GPU; the kernel tests skip
+// when no CUDA device is present.
+//
+// Thread-safety: single-threaded test code.
+#include "kernels/cuda/paged_attention.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/op_args.h"
+#include "kernels/cpu/reference_ops.h"
+
+namespace tessera::kernels::cuda {
+namespace {
+
+uint16_t FloatToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even (inputs are finite)
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float Bf16ToFloat(uint16_t h) {
+  const uint32_t bits = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+std::string NoDeviceReason() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    return absl::StrCat("no CUDA device: cudaGetDeviceCount says ", cudaGetErrorString(err));
+  }
+  if (count == 0) return "no CUDA device on this machine";
+  return "";
+}
+
+#define SKIP_WITHOUT_DEVICE()                    \
+  do {                                           \
+    const std::string reason = NoDeviceReason(); \
+    if (!reason.empty()) GTEST_SKIP() << reason; \
+  } while (0)
+
+// Device copy of a host vector, freed on destruction.
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(const std::vector<T>& host) : size_(host.size()) {
+    EXPECT_EQ(cudaMalloc(&ptr_, std::max<size_t>(1, size_) * sizeof(T)), cudaSuccess);
+    if (size_ > 0) {
+      EXPECT_EQ(cudaMemcpy(ptr_, host.data(), size_ * sizeof(T), cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+  }
+  ~DeviceArray() { cudaFree(ptr_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  T* get() const { return static_cast<T*>(ptr_); }
+  std::vector<T> ToHost() const {
+    std::vector<T> host(size_);
+    if (size_ > 0) {
+      EXPECT_EQ(cudaMemcpy(host.data(), ptr_, size_ * sizeof(T), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+    }
+    return host;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_;
+};
+
+struct Case {
+  std::string name;
+  int num_heads = 8;
+  int num_kv_heads = 2;
+  int head_dim = 128;
+  int block_size = 16;
+  std::vector<int> q_lens;    // per sequence
+  std::vector<int> seq_lens;  // per sequence, >= q_len
+  bool decode = false;
+  bool decode_with_query_start_loc = false;
+  int q_stride_pad = 0;       // extra elements per q token (a fused qkv buffer)
+  int out_stride_pad = 0;     // extra elements per out token
+  int max_seq_len_extra = 0;  // host bound above the true maximum (graph buckets)
+  float q_range = 2.0f;
+};
+
+constexpr uint16_t kSentinel = 0x7fc1;  // a NaN pattern the kernels never write
+
+void RunCase(const Case& c, uint32_t seed) {
+  SCOPED_TRACE(c.name);
+  std::mt19937 rng(seed);
+  const int num_seqs = static_cast<int>(c.seq_lens.size());
+  const int d = c.head_dim;
+  std::vector<int32_t> qsl(num_seqs + 1, 0);
+  for (int s = 0; s < num_seqs; ++s) qsl[s + 1] = qsl[s] + c.q_lens[s];
+  const int tokens = qsl.back();
+  const int64_t q_stride = int64_t{c.num_heads} * d + c.q_stride_pad;
+  const int64_t out_stride = int64_t{c.num_heads} * d + c.out_stride_pad;
+
+  // Block tables: a shuffled permutation of all blocks, plus spare blocks.
+  int max_blocks = 1;
+  int total_blocks = 0;
+  for (int len : c.seq_lens) {
+    const int nb = (len + c.block_size - 1) / c.block_size;
+    max_blocks = std::max(max_blocks, nb);
+    total_blocks += nb;
+  }
+  const int num_blocks = total_blocks + 3;
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  int max_len = 0;
+  for (int len : c.seq_lens) max_len = std::max(max_len, len);
+  const int64_t table_stride =
+      std::max(max_blocks + 2, (max_len + c.max_seq_len_extra + c.block_size - 1) / c.block_size);
+  std::vector<int32_t> table_ref(num_seqs * table_stride, 0);
+  std::vector<int32_t> table_gpu(num_seqs * table_stride, 1 << 30);  // unused: out of range
+  int next = 0;
+  for (int s = 0; s < num_seqs; ++s) {
+    const int nb = (c.seq_lens[s] + c.block_size - 1) / c.block_size;
+    for (int b = 0; b < nb; ++b) {
+      table_ref[s * table_stride + b] = table_gpu[s * table_stride + b] = perm[next++];
+    }
+  }
+
+  std::uniform_real_distribution<float> qdist(-c.q_range, c.q_range);
+  std::uniform_real_distribution<float> kvdist(-1.f, 1.f);
+  std::vector<uint16_t> q_bf(static_cast<size_t>(tokens) * q_stride, kSentinel);
+  std::vector<float> q_f(q_bf.size(), 0.f);
+  for (int t = 0; t < tokens; ++t) {
+    for (int64_t i = 0; i < int64_t{c.num_heads} * d; ++i) {
+      const uint16_t h = FloatToBf16(qdist(rng));
+      q_bf[t * q_stride + i] = h;
+      q_f[t * q_stride + i] = Bf16ToFloat(h);
+    }
+  }
+  const size_t cache_elems = static_cast<size_t>(num_blocks) * c.block_size * c.num_kv_heads * d;
+  std::vector<uint16_t> k_bf(cache_elems), v_bf(cache_elems);
+  std::vector<float> k_f(cache_elems), v_f(cache_elems);
+  float max_abs_v = 0.f;
+  for (size_t i = 0; i < cache_elems; ++i) {
+    k_bf[i] = FloatToBf16(kvdist(rng));
+    v_bf[i] = FloatToBf16(kvdist(rng));
+    k_f[i] = Bf16ToFloat(k_bf[i]);
+    v_f[i] = Bf16ToFloat(v_bf[i]);
+    max_abs_v = std::max(max_abs_v, std::fabs(v_f[i]));
+  }
+
+  // Reference.
+  std::vector<float> ref(static_cast<size_t>(tokens) * c.num_heads * d, 0.f);
+  cpu::PagedAttentionArgs args;
+  args.q = q_f.data();
+  args.q_token_stride = q_stride;
+  args.num_heads = c.num_heads;
+  args.cache.k = k_f.data();
+  args.cache.v = v_f.data();
+  args.cache.num_blocks = num_blocks;
+  args.cache.block_size = c.block_size;
+  args.cache.num_kv_heads = c.num_kv_heads;
+  args.cache.head_dim = d;
+  args.query_start_loc = qsl;
+  std::vector<int32_t> seq_lens(c.seq_lens.begin(), c.seq_lens.end());
+  args.seq_lens = seq_lens;
+  args.block_tables = table_ref;
+  args.block_table_stride = table_stride;
+  args.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  args.out = ref.data();
+  ASSERT_TRUE(cpu::reference::PagedAttention(args).ok());
+
+  // GPU.
+  DeviceArray<uint16_t> dq(q_bf), dk(k_bf), dv(v_bf);
+  DeviceArray<int32_t> dtable(table_gpu), dseq(seq_lens), dqsl(qsl);
+  DeviceArray<uint16_t> dout(
+      std::vector<uint16_t>(static_cast<size_t>(tokens) * out_stride, kSentinel));
+  PagedAttentionParams p;
+  p.q = dq.get();
+  p.q_token_stride = q_stride;
+  p.k_cache = dk.get();
+  p.v_cache = dv.get();
+  p.block_tables = dtable.get();
+  p.block_table_stride = table_stride;
+  p.seq_lens = dseq.get();
+  p.query_start_loc = (!c.decode || c.decode_with_query_start_loc) ? dqsl.get() : nullptr;
+  p.num_seqs = num_seqs;
+  p.num_heads = c.num_heads;
+  p.num_kv_heads = c.num_kv_heads;
+  p.head_dim = d;
+  p.block_size = c.block_size;
+  p.scale = args.scale;
+  p.max_seq_len = *std::max_element(c.seq_lens.begin(), c.seq_lens.end()) + c.max_seq_len_extra;
+  p.max_query_len = *std::max_element(c.q_lens.begin(), c.q_lens.end());
+  p.out = dout.get();
+  p.out_token_stride = out_stride;
+  // Bucketing may round max_seq_len up past the table; keep the table wide enough.
+  ASSERT_GE(table_stride, (p.max_seq_len + c.block_size - 1) / c.block_size) << "test setup";
+
+  const size_t ws_bytes =
+      c.decode ? PagedAttentionDecodeWorkspaceBytes(num_seqs, c.num_heads, d, p.max_seq_len) : 0;
+  DeviceArray<uint8_t> dws(std::vector<uint8_t>(ws_bytes, 0xff));  // NaN-filled floats
+  p.workspace = ws_bytes > 0 ? dws.get() : nullptr;
+  p.workspace_bytes = ws_bytes;
+
+  const absl::Status status =
+      c.decode ? PagedAttentionDecode(p, nullptr) : PagedAttentionPrefill(p, nullptr);
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+  const std::vector<uint16_t> out = dout.ToHost();
+
+  const float tol = std::ldexp(max_abs_v, -7) + 1e-3f;
+  int bad = 0;
+  float worst = 0.f;
+  for (int t = 0; t < tokens; ++t) {
+    for (int64_t i = 0; i < out_stride; ++i) {
+      const uint16_t got_bits = out[t * out_stride + i];
+      if (i >= int64_t{c.num_heads} * d) {
+        if (got_bits != kSentinel && ++bad <= 5) {
+          ADD_FAILURE() << "token " << t << " padding element " << i << " was overwritten";
+        }
+        continue;
+      }
+      const float got = Bf16ToFloat(got_bits);
+      const float want = ref[t * int64_t{c.num_heads} * d + i];
+      const float err = std::fabs(got - want);
+      if (!(err <= tol)) {
+        if (++bad <= 5) {
+          ADD_FAILURE() << "token " << t << " head " << i / d << " dim " << i % d << ": got " << got
+                        << " want " << want << " (tol " << tol << ")";
+        }
+      } else {
+        worst = std::max(worst, err);
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << "mismatches (worst passing error " << worst << ")";
+}
+
+std::vector<int> Repeat(int value, int n) { return std::vector<int>(n, value); }
+
+// --- Decode -----------------------------------------------------------------
+
+TEST(PagedAttentionDecode, ContextsBatchesAndGroupRatios) {
+  SKIP_WITHOUT_DEVICE();
+  const int contexts[] = {1, 15, 16, 17, 100, 1000, 4097};
+  uint32_t seed = 1;
+  for (int head_dim : {64, 128}) {
+    for (int ratio : {1, 4, 8}) {
+      for (int batch : {1, 2, 7, 33}) {
+        Case c;
+        c.decode = true;
+        c.head_dim = head_dim;
+        c.num_kv_heads = 2;
+        c.num_heads = 2 * ratio;
+        for (int s = 0; s < batch; ++s) {
+          // Batch 1 takes the longest context; larger batches cycle through all.
+          c.seq_lens.push_back(batch == 1 ? 4097 : contexts[(s + batch) % 7]);
+        }
+        c.q_lens = Repeat(1, batch);
+        c.name = absl::StrCat("decode d", head_dim, " ratio ", ratio, " batch ", batch);
+        RunCase(c, seed++);
+      }
+    }
+  }
+}
+
+TEST(PagedAttentionDecode, EachContextAlone) {
+  SKIP_WITHOUT_DEVICE();
+  uint32_t seed = 100;
+  for (int ctx : {1, 15, 16, 17, 100, 1000, 4097}) {
+    Case c;
+    c.decode = true;
+    c.num_heads = 32;
+    c.num_kv_heads = 8;
+    c.seq_lens = {ctx};
+    c.q_lens = {1};
+    c.name = absl::StrCat("decode h32/kv8 d128 ctx ", ctx);
+    RunCase(c, seed++);
+  }
+}
+
+TEST(PagedAttentionDecode, LargeGroupsHeadDim256AndOtherBlockSizes) {
+  SKIP_WITHOUT_DEVICE();
+  Case mqa;  // 20 query heads on one kv head: two 16-row blocks, the second partial
+  mqa.decode = true;
+  mqa.num_heads = 20;
+  mqa.num_kv_heads = 1;
+  mqa.seq_lens = {1, 300, 2000};
+  mqa.q_lens = Repeat(1, 3);
+  mqa.name = "decode mqa 20 heads";
+  RunCase(mqa, 7);
+
+  Case d256;
+  d256.decode = true;
+  d256.head_dim = 256;
+  d256.num_heads = 8;
+  d256.num_kv_heads = 2;
+  d256.seq_lens = {5, 700, 3000};
+  d256.q_lens = Repeat(1, 3);
+  d256.name = "decode d256";
+  RunCase(d256, 8);
+
+  for (int bs : {1, 8, 32, 64}) {
+    Case c;
+    c.decode = true;
+    c.block_size = bs;
+    c.seq_lens = {1, 33, 513, 1500};
+    c.q_lens = Repeat(1, 4);
+    c.name = absl::StrCat("decode block_size ", bs);
+    RunCase(c, 9 + bs);
+  }
+}
+
+TEST(PagedAttentionDecode, StridesQueryStartLocAndBucketedMaxSeqLen) {
+  SKIP_WITHOUT_DEVICE();
+  Case c;
+  c.decode = true;
+  c.decode_with_query_start_loc = true;
+  c.q_stride_pad = 2 * 2 * 128;  // q inside a fused qkv row
+  c.out_stride_pad = 8;
+  c.max_seq_len_extra = 60;  // bound above every actual length
+  c.seq_lens = {3, 1024, 1025, 200, 4000};
+  c.q_lens = Repeat(1, 5);
+  c.name = "decode strides + query_start_loc + bucketed bound";
+  RunCase(c, 21);
+}
+
+// --- Prefill ----------------------------------------------------------------
+
+TEST(PagedAttentionPrefill, SinglePrompts) {
+  SKIP_WITHOUT_DEVICE();
+  uint32_t seed = 200;
+  for (int head_dim : {64, 128}) {
+    for (int len : {1, 2, 15, 16, 17, 63, 64, 65, 100, 127, 128, 129, 300}) {
+      Case c;
+      c.head_dim = head_dim;
+      c.seq_lens = {len};
+      c.q_lens = {len};
+      c.name = absl::StrCat("prefill d", head_dim, " prompt ", len);
+      RunCase(c, seed++);
+    }
+  }
+}
+
+TEST(PagedAttentionPrefill, ChunksWithEarlierContext) {
+  SKIP_WITHOUT_DEVICE();
+  struct Chunk {
+    int context, q_len;
+  };
+  uint32_t seed = 300;
+  for (const Chunk& ch : {Chunk{17, 1}, Chunk{16, 16}, Chunk{100, 50}, Chunk{1000, 129},
+                          Chunk{63, 200}, Chunk{256, 64}, Chunk{5, 3}}) {
+    Case c;
+    c.seq_lens = {ch.context + ch.q_len};
+    c.q_lens = {ch.q_len};
+    c.name = absl::StrCat("prefill chunk ctx ", ch.context, " q ", ch.q_len);
+    RunCase(c, seed++);
+  }
+}
+
+TEST(PagedAttentionPrefill, MixedBatches) {
+  SKIP_WITHOUT_DEVICE();
+  Case c;  // prompts, chunks, a decode-like token and an empty sequence together
+  c.q_lens = {1, 5, 64, 130, 0, 77, 1};
+  c.seq_lens = {1, 20, 64, 400, 33, 77, 900};
+  c.q_stride_pad = 2 * 2 * 128;
+  c.out_stride_pad = 16;
+  c.name = "prefill mixed gqa4 d128";
+  RunCase(c, 400);
+
+  Case mha = c;
+  mha.num_heads = 4;
+  mha.num_kv_heads = 4;
+  mha.head_dim = 64;
+  mha.block_size = 32;
+  mha.q_stride_pad = 0;
+  mha.name = "prefill mixed mha d64 bs32";
+  RunCase(mha, 401);
+
+  Case d256;
+  d256.head_dim = 256;
+  d256.num_heads = 4;
+  d256.num_kv_heads = 1;
+  d256.q_lens = {3, 70, 33};
+  d256.seq_lens = {3, 100, 200};
+  d256.name = "prefill mixed d256 gqa4";
+  RunCase(d256, 402);
+
+  Case gqa8;
+  gqa8.num_heads = 16;
+  gqa8.num_kv_heads = 2;
+  gqa8.block_size = 8;
+  gqa8.q_lens = {300, 2, 90};
+  gqa8.seq_lens = {300, 1002, 150};
+  gqa8.name = "prefill mixed gqa8 bs8";
+  RunCase(gqa8, 403);
+}
+
+// --- Validation (no device needed) --------------------------------------------
+
+PagedAttentionParams ValidLooking() {
+  alignas(16) static uint16_t dummy16[64];
+  alignas(16) static int32_t dummy32[64];
+  PagedAttentionParams p;
+  p.q = dummy16;
+  p.k_cache = dummy16;
+  p.v_cache = dummy16;
+  p.out = dummy16;
+  p.block_tables = dummy32;
+  p.seq_lens = dummy32;
+  p.query_start_loc = dummy32;
+  p.num_seqs = 1;
+  p.num_heads = 8;
+  p.num_kv_heads = 2;
+  p.head_dim = 128;
+  p.block_size = 16;
+  p.q_token_stride = 8 * 128;
+  p.out_token_stride = 8 * 128;
+  p.block_table_stride = 8;
+  p.max_seq_len = 128;
+  p.max_query_len = 128;
+  p.scale = 0.088f;
+  return p;
+}
+
+void ExpectInvalid(const PagedAttentionParams& p, const std::string& needle) {
+  for (bool decode : {true, false}) {
+    const absl::Status s =
+        decode ? PagedAttentionDecode(p, nullptr) : PagedAttentionPrefill(p, nullptr);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(std::string(s.message()).find(needle), std::string::npos) << s;
+  }
+}
+
+TEST(PagedAttentionValidation, RejectsBadParameters) {
+  PagedAttentionParams p = ValidLooking();
+  p.head_dim = 96;
+  ExpectInvalid(p, "head_dim 96");
+  p = ValidLooking();
+  p.num_kv_heads = 3;
+  ExpectInvalid(p, "num_kv_heads 3");
+  p = ValidLooking();
+  p.block_size = 24;
+  ExpectInvalid(p, "block_size 24");
+  p = ValidLooking();
+  p.k_cache = nullptr;
+  ExpectInvalid(p, "non-null");
+  p = ValidLooking();
+  p.q = reinterpret_cast<const uint16_t*>(reinterpret_cast<uintptr_t>(p.q) + 2);
+  ExpectInvalid(p, "16-byte aligned");
+  p = ValidLooking();
+  p.q_token_stride = 8 * 128 - 8;
+  ExpectInvalid(p, "q_token_stride");
+  p = ValidLooking();
+  p.out_token_stride = 8 * 128 + 4;
+  ExpectInvalid(p, "out_token_stride");
+  p = ValidLooking();
+  p.block_table_stride = 7;
+  ExpectInvalid(p, "block_table_stride 7");
+  p = ValidLooking();
+  p.scale = std::nanf("");
+  ExpectInvalid(p, "scale");
+
+  p = ValidLooking();
+  p.query_start_loc = nullptr;
+  const absl::Status s = PagedAttentionPrefill(p, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  p = ValidLooking();
+  p.max_query_len = 129;
+  EXPECT_EQ(PagedAttentionPrefill(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PagedAttentionValidation, DecodeWorkspace) {
+  // Short contexts need no split (no workspace); long ones do.
+  EXPECT_EQ(PagedAttentionDecodeWorkspaceBytes(32, 32, 128, 200), 0u);
+  const size_t bytes = PagedAttentionDecodeWorkspaceBytes(32, 32, 128, 4096);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_GE(PagedAttentionDecodeWorkspaceBytes(32, 32, 128, 8192), bytes);
+
+  PagedAttentionParams p = ValidLooking();
+  p.num_seqs = 32;
+  p.num_heads = 32;
+  p.num_kv_heads = 8;
+  p.q_token_stride = p.out_token_stride = 32 * 128;
+  p.max_seq_len = 4096;
+  p.block_table_stride = 256;
+  p.workspace = nullptr;
+  p.workspace_bytes = 0;
+  absl::Status s = PagedAttentionDecode(p, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("workspace"), std::string::npos) << s;
+  alignas(16) static uint8_t small[64];
+  p.workspace = small;
+  p.workspace_bytes = bytes - 1;
+  s = PagedAttentionDecode(p, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
+}  // namespace
+}  // namespace tessera::kernels::cuda
