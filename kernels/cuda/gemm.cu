@@ -1,0 +1,237 @@
+// cuBLASLt GEMM (see gemm.h).
+//
+// Row-major y[m, n] = x[m, k] W[n, k]^T is, in cuBLASLt's column-major
+// terms, D[n, m] = op(A)[n, k] B[k, m] with A = W viewed as column-major
+// [k, n] (lda = k, op = T), B = x viewed as [k, m] (ldb = k, op = N) and
+// D = y viewed as [n, m] (ldd = n). The bias epilogue adds bias[n] along D's
+// rows, i.e. per output feature.
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/gemm.h"
+
+namespace tessera::kernels::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = 32u << 20;
+
+absl::Status LtError(cublasStatus_t st, std::string_view what) {
+  if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(std::string(what), ": ", cublasLtGetStatusName(st), " (",
+                                          cublasLtGetStatusString(st), ")"));
+}
+
+#define TESSERA_LT_RETURN_IF_ERROR(expr)                       \
+  do {                                                         \
+    const cublasStatus_t tessera_lt_st_ = (expr);              \
+    if (tessera_lt_st_ != CUBLAS_STATUS_SUCCESS) {             \
+      return LtError(tessera_lt_st_, #expr);                   \
+    }                                                          \
+  } while (0)
+
+// Largest power of two <= 16 dividing the address.
+int AlignmentOf(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  for (int b = 16; b > 1; b /= 2) {
+    if (a % b == 0) return b;
+  }
+  return 1;
+}
+
+__global__ void AddBiasBf16Kernel(uint16_t* __restrict__ y, int64_t m, int64_t n,
+                                  const float* __restrict__ bias) {
+  const int64_t total = m * n;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] = FloatToBf16Bits(Bf16BitsToFloat(y[i]) + bias[i % n]);
+  }
+}
+
+}  // namespace
+
+struct GemmContext::Impl {
+  // Key: m, n, k, fp32 output, bias, alignments of x, w, y, bias.
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, int>;
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool bias_in_epilogue = false;  // false with bias: separate bias kernel
+  };
+
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::mutex mu;
+  std::map<Key, Plan> plans;
+
+  ~Impl() {
+    for (auto& [key, plan] : plans) Destroy(plan);
+    if (workspace != nullptr) cudaFree(workspace);
+    if (handle != nullptr) cublasLtDestroy(handle);
+  }
+
+  static void Destroy(Plan& p) {
+    if (p.desc != nullptr) cublasLtMatmulDescDestroy(p.desc);
+    if (p.a != nullptr) cublasLtMatrixLayoutDestroy(p.a);
+    if (p.b != nullptr) cublasLtMatrixLayoutDestroy(p.b);
+    if (p.d != nullptr) cublasLtMatrixLayoutDestroy(p.d);
+    p = Plan{};
+  }
+
+  // Builds descriptors and asks the heuristic; `epilogue_bias` selects the
+  // fused bias epilogue (fp32 bias vector).
+  absl::Status Build(const Key& key, bool epilogue_bias, Plan* plan) {
+    const auto [m, n, k, f32_out, has_bias, al_x, al_w, al_y, al_bias] = key;
+    const cudaDataType_t d_type = f32_out ? CUDA_R_32F : CUDA_R_16BF;
+    TESSERA_LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+    TESSERA_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
+    TESSERA_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+    if (epilogue_bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      TESSERA_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+          plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+      const cudaDataType_t bias_type = CUDA_R_32F;
+      TESSERA_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+          plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    }
+    TESSERA_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, k, n, k));
+    TESSERA_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, k, m, k));
+    TESSERA_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->d, d_type, n, m, n));
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    TESSERA_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = kWorkspaceBytes;
+    const uint32_t ax = al_x, aw = al_w, ay = al_y;
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                &aw, sizeof(aw));
+    }
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                &ax, sizeof(ax));
+    }
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                &ay, sizeof(ay));
+    }
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                &ay, sizeof(ay));
+    }
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      st = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->d, plan->d,
+                                          pref, 1, &result, &found);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    TESSERA_LT_RETURN_IF_ERROR(st);
+    if (found == 0) {
+      return absl::InternalError(absl::StrCat("cuBLASLt offers no algorithm for bf16 GEMM m=", m,
+                                              " n=", n, " k=", k));
+    }
+    plan->algo = result.algo;
+    plan->bias_in_epilogue = epilogue_bias;
+    (void)al_bias;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<const Plan*> GetPlan(const Key& key) {
+    auto it = plans.find(key);
+    if (it != plans.end()) return &it->second;
+    const bool has_bias = std::get<4>(key);
+    Plan plan;
+    const absl::Status fused = Build(key, has_bias, &plan);
+    if (!fused.ok()) {
+      Destroy(plan);
+      if (!has_bias) return fused;
+      // No fused fp32-bias epilogue for this shape: plain GEMM + bias kernel.
+      const absl::Status plain = Build(key, false, &plan);
+      if (!plain.ok()) {
+        Destroy(plan);
+        return plain;
+      }
+    }
+    return &plans.emplace(key, plan).first->second;
+  }
+
+  absl::Status Run(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                   const float* bias, void* y, bool f32_out, CudaStream stream) {
+    if (m < 0 || n <= 0 || k <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Gemm: bad shape m=", m, " n=", n, " k=", k));
+    }
+    if (m == 0) return absl::OkStatus();
+    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Gemm: shape above int32 range m=", m, " n=", n, " k=", k));
+    }
+    if (x == nullptr || w == nullptr || y == nullptr) {
+      return absl::InvalidArgumentError("Gemm: null pointer");
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    // Leading dimensions count towards the alignment of every row.
+    const int al_x = std::min(AlignmentOf(x), AlignmentOf(reinterpret_cast<const void*>(k * 2)));
+    const int al_w = std::min(AlignmentOf(w), AlignmentOf(reinterpret_cast<const void*>(k * 2)));
+    const int elem = f32_out ? 4 : 2;
+    const int al_y = std::min(AlignmentOf(y), AlignmentOf(reinterpret_cast<const void*>(n * elem)));
+    const int al_b = bias != nullptr ? AlignmentOf(bias) : 16;
+    const Key key{m, n, k, f32_out, bias != nullptr, al_x, al_w, al_y, al_b};
+    absl::StatusOr<const Plan*> plan = GetPlan(key);
+    if (!plan.ok()) return plan.status();
+    const Plan& p = **plan;
+    if (p.bias_in_epilogue) {
+      TESSERA_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+          p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    TESSERA_LT_RETURN_IF_ERROR(cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y,
+                                              p.d, y, p.d, &p.algo, workspace, kWorkspaceBytes,
+                                              AsCuda(stream)));
+    if (bias != nullptr && !p.bias_in_epilogue) {
+      if (f32_out) {
+        return absl::InternalError("Gemm: no cuBLASLt bias epilogue for fp32 output");
+      }
+      const int64_t total = m * n;
+      const int threads = 256;
+      const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, 65535 * 8);
+      AddBiasBf16Kernel<<<static_cast<unsigned>(blocks), threads, 0, AsCuda(stream)>>>(
+          reinterpret_cast<uint16_t*>(y), m, n, bias);
+      return CheckLastLaunch("Gemm bias");
+    }
+    return absl::OkStatus();
+  }
+};
+
+GemmContext::GemmContext(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GemmContext::~GemmContext() = default;
+
+absl::StatusOr<std::unique_ptr<GemmContext>> GemmContext::Create() {
+  auto impl = std::make_unique<Impl>();
+  TESSERA_LT_RETURN_IF_ERROR(cublasLtCreate(&impl->handle));
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->workspace, kWorkspaceBytes));
+  return std::unique_ptr<GemmContext>(new GemmContext(std::move(impl)));
+}
+
+absl::Status GemmContext::Gemm(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                               const float* bias, Bf16* y, CudaStream stream) {
+  return impl_->Run(x, m, k, w, n, bias, y, /*f32_out=*/false, stream);
+}
+
+absl::Status GemmContext::Gemm(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                               const float* bias, float* y, CudaStream stream) {
+  return impl_->Run(x, m, k, w, n, bias, y, /*f32_out=*/true, stream);
+}
+
+}  // namespace tessera::kernels::cuda

@@ -1,0 +1,53 @@
+// bf16 GEMM on the GPU through cuBLASLt: y[m, n] = x[m, k] . W[n, k]^T
+// (+ bias[n]), fp32 accumulation, bf16 or fp32 output (the fp32 overload is
+// for logits). x and W are bf16 row-major (W in HF [out, in] layout), bias
+// fp32 [n] or null, all device pointers.
+//
+// A GemmContext owns a cuBLASLt handle and a 32 MiB workspace, and caches
+// the matmul descriptors and the heuristic's algorithm per (shape, output
+// type, bias, pointer alignment). A call allocates no device memory and
+// never synchronizes, so it can be captured in a CUDA graph (the first call
+// of a shape does host-side descriptor work; warm shapes before capture to
+// keep capture cheap). Bias with bf16 output is applied in the epilogue in
+// fp32 when cuBLASLt offers that, otherwise by a separate kernel after the
+// bf16 rounding (see gemm.cu).
+//
+// Thread-safety: a GemmContext may be used by one thread at a time on its
+// device (calls are serialized by an internal mutex, but the workspace is
+// shared, so calls on different streams must not overlap in time: use one
+// context per stream).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cuda/cuda_types.h"
+
+namespace tessera::kernels::cuda {
+
+class GemmContext {
+ public:
+  // Creates the handle and workspace on the current device.
+  static absl::StatusOr<std::unique_ptr<GemmContext>> Create();
+  ~GemmContext();
+  GemmContext(const GemmContext&) = delete;
+  GemmContext& operator=(const GemmContext&) = delete;
+
+  // m == 0 is a no-op. INVALID_ARGUMENT for negative/zero n or k, null
+  // pointers or a shape above int32 range; INTERNAL (with cuBLAS's status
+  // name) when cuBLASLt fails or offers no algorithm.
+  absl::Status Gemm(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                    const float* bias, Bf16* y, CudaStream stream);
+  absl::Status Gemm(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                    const float* bias, float* y, CudaStream stream);
+
+  struct Impl;
+
+ private:
+  explicit GemmContext(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessera::kernels::cuda

@@ -1,0 +1,99 @@
+// RoPE with optional fused per-head RMSNorm (see rope.h). One block per
+// token, one warp per head (q heads first, then kv heads); each lane holds
+// pairs i = lane + 32 j of the head in registers.
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/rope.h"
+
+namespace tessera::kernels::cuda {
+namespace {
+
+constexpr int kMaxHeadDim = 512;
+constexpr int kMaxPairsPerLane = kMaxHeadDim / 2 / 32;  // 8
+constexpr int kWarpsPerBlock = 8;
+
+__global__ void RopeKernel(uint16_t* __restrict__ q, int64_t q_stride, int num_heads,
+                           uint16_t* __restrict__ k, int64_t k_stride, int num_kv_heads,
+                           int head_dim, const int32_t* __restrict__ positions,
+                           const float* __restrict__ inv_freq, const float* __restrict__ q_norm,
+                           const float* __restrict__ k_norm, float eps) {
+  const int64_t t = blockIdx.x;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int half = head_dim / 2;
+  const float pos = static_cast<float>(positions[t]);
+  const int q_heads = q != nullptr ? num_heads : 0;
+  const int k_heads = k != nullptr ? num_kv_heads : 0;
+  for (int h = warp; h < q_heads + k_heads; h += kWarpsPerBlock) {
+    const bool is_q = h < q_heads;
+    uint16_t* head = is_q ? q + t * q_stride + static_cast<int64_t>(h) * head_dim
+                          : k + t * k_stride + static_cast<int64_t>(h - q_heads) * head_dim;
+    const float* norm = is_q ? q_norm : k_norm;
+    float x1[kMaxPairsPerLane], x2[kMaxPairsPerLane];
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < kMaxPairsPerLane; ++j) {
+      const int i = lane + 32 * j;
+      x1[j] = 0.f;
+      x2[j] = 0.f;
+      if (i < half) {
+        x1[j] = Bf16BitsToFloat(head[i]);
+        x2[j] = Bf16BitsToFloat(head[i + half]);
+        ss += x1[j] * x1[j] + x2[j] * x2[j];
+      }
+    }
+    float inv = 1.f;
+    if (norm != nullptr) {
+      ss = WarpSum(ss);
+      inv = rsqrtf(ss / static_cast<float>(head_dim) + eps);
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxPairsPerLane; ++j) {
+      const int i = lane + 32 * j;
+      if (i < half) {
+        float a = x1[j], b = x2[j];
+        if (norm != nullptr) {
+          a = a * inv * norm[i];
+          b = b * inv * norm[i + half];
+        }
+        float s, c;
+        sincosf(pos * inv_freq[i], &s, &c);
+        head[i] = FloatToBf16Bits(a * c - b * s);
+        head[i + half] = FloatToBf16Bits(b * c + a * s);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status Rope(Bf16* q, int64_t q_token_stride, int num_heads, Bf16* k,
+                  int64_t k_token_stride, int num_kv_heads, int head_dim,
+                  const int32_t* positions, int64_t tokens, const float* inv_freq,
+                  const float* q_norm, const float* k_norm, float norm_eps, CudaStream stream) {
+  if (head_dim < 2 || head_dim % 2 != 0 || head_dim > kMaxHeadDim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Rope: head_dim must be even and in [2, 512], got ", head_dim));
+  }
+  if (tokens < 0 || (q != nullptr && (num_heads <= 0 ||
+                                      q_token_stride < int64_t{num_heads} * head_dim)) ||
+      (k != nullptr && (num_kv_heads <= 0 ||
+                        k_token_stride < int64_t{num_kv_heads} * head_dim))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Rope: bad shape tokens=", tokens, " heads=", num_heads, " kv_heads=", num_kv_heads,
+        " head_dim=", head_dim, " q_stride=", q_token_stride, " k_stride=", k_token_stride));
+  }
+  if (tokens == 0 || (q == nullptr && k == nullptr)) return absl::OkStatus();
+  if (positions == nullptr || inv_freq == nullptr) {
+    return absl::InvalidArgumentError("Rope: null positions or inv_freq");
+  }
+  if (tokens > 2147483647) return absl::InvalidArgumentError("Rope: too many tokens");
+  RopeKernel<<<static_cast<unsigned>(tokens), kWarpsPerBlock * 32, 0, AsCuda(stream)>>>(
+      q, q_token_stride, num_heads, k, k_token_stride, num_kv_heads, head_dim, positions,
+      inv_freq, q_norm, k_norm, norm_eps);
+  return CheckLastLaunch("Rope");
+}
+
+}  // namespace tessera::kernels::cuda
