@@ -16,6 +16,7 @@ packages=(
   curl ca-certificates openssl
   nodejs npm
   python3
+  yamllint kubernetes-client
 )
 
 missing=()
@@ -30,6 +31,16 @@ if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
   filtered=()
   for p in "${missing[@]}"; do
     [[ "$p" == nodejs || "$p" == npm ]] || filtered+=("$p")
+  done
+  missing=("${filtered[@]+"${filtered[@]}"}")
+fi
+
+# kubectl (for `kubectl kustomize`): Debian's kubernetes-client, unless a
+# kubectl is already installed (another package owns /usr/bin/kubectl then).
+if command -v kubectl >/dev/null 2>&1; then
+  filtered=()
+  for p in "${missing[@]+"${missing[@]}"}"; do
+    [[ "$p" == kubernetes-client ]] || filtered+=("$p")
   done
   missing=("${filtered[@]+"${filtered[@]}"}")
 fi

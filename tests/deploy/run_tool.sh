@@ -7,6 +7,7 @@ if [[ ! -x $tool ]]; then
   case $tool in
     */promtool) pkg=prometheus ;;
     */systemd-analyze) pkg=systemd ;;
+    */yamllint) pkg=yamllint ;;
     */python3) pkg=python3 ;;
     *) pkg="the package providing $(basename "$tool")" ;;
   esac
