@@ -1,0 +1,296 @@
+// The model-free draft sources: n-gram prompt lookup and the suffix
+// automaton (draft_source.h). Both propose one-hot chains from token ids
+// only and keep no run-ahead state: a proposal does not change the
+// sequence, only Update does.
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "worker/spec/draft_source.h"
+
+namespace tessera::spec {
+namespace {
+
+// The token lists of open sequences, shared by both sources.
+class TokenTable {
+ public:
+  absl::Status Open(SeqKey seq, absl::Span<const TokenId> tokens) {
+    if (tokens.empty()) return absl::InvalidArgumentError("a draft sequence needs tokens");
+    if (seqs_.contains(seq)) {
+      return absl::AlreadyExistsError(absl::StrCat("draft sequence ", seq, " is already open"));
+    }
+    seqs_[seq].assign(tokens.begin(), tokens.end());
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<TokenId>*> Update(SeqKey seq, int64_t base_len,
+                                               absl::Span<const TokenId> tokens) {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no draft sequence ", seq));
+    std::vector<TokenId>& t = it->second;
+    if (base_len < 0 || base_len > static_cast<int64_t>(t.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("base_len ", base_len, " for sequence ", seq,
+                                                     " outside [0, ", t.size(), "]"));
+    }
+    t.resize(base_len);
+    t.insert(t.end(), tokens.begin(), tokens.end());
+    return &t;
+  }
+  const std::vector<TokenId>* Find(SeqKey seq) const {
+    auto it = seqs_.find(seq);
+    return it == seqs_.end() ? nullptr : &it->second;
+  }
+  std::vector<TokenId> Take(SeqKey seq) {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return {};
+    std::vector<TokenId> t = std::move(it->second);
+    seqs_.erase(it);
+    return t;
+  }
+
+ private:
+  absl::flat_hash_map<SeqKey, std::vector<TokenId>> seqs_;
+};
+
+// ---- n-gram ----
+
+class NgramSource final : public DraftSource {
+ public:
+  explicit NgramSource(NgramOptions o) : o_(o) {
+    o_.min_ngram = std::max(1, o_.min_ngram);
+    o_.max_ngram = std::max(o_.min_ngram, o_.max_ngram);
+  }
+  std::string name() const override { return "ngram"; }
+  absl::Status Open(SeqKey seq, absl::Span<const TokenId> tokens,
+                    const sampling::SamplingParams&) override {
+    return table_.Open(seq, tokens);
+  }
+  absl::Status Update(SeqKey seq, int64_t base_len, absl::Span<const TokenId> tokens) override {
+    return table_.Update(seq, base_len, tokens).status();
+  }
+  void Close(SeqKey seq) override { table_.Take(seq); }
+  int64_t Length(SeqKey seq) const override {
+    const auto* t = table_.Find(seq);
+    return t ? static_cast<int64_t>(t->size()) : -1;
+  }
+
+  std::vector<Draft> Propose(absl::Span<const DraftQuery> queries) override {
+    std::vector<Draft> out(queries.size());
+    for (size_t i = 0; i < queries.size(); ++i) {
+      const std::vector<TokenId>* t = table_.Find(queries[i].seq);
+      if (t == nullptr) continue;
+      out[i].base_len = static_cast<int64_t>(t->size());
+      out[i].tokens = Lookup(*t, queries[i].max_tokens);
+    }
+    return out;
+  }
+
+ private:
+  std::vector<TokenId> Lookup(const std::vector<TokenId>& t, int k) const {
+    const int n_tokens = static_cast<int>(t.size());
+    if (k <= 0) return {};
+    for (int n = std::min(o_.max_ngram, n_tokens - 1); n >= o_.min_ngram; --n) {
+      // Latest start s < n_tokens - n with t[s, s+n) == the last n tokens.
+      const TokenId* suffix = t.data() + n_tokens - n;
+      for (int s = n_tokens - n - 1; s >= 0; --s) {
+        if (!std::equal(suffix, suffix + n, t.data() + s)) continue;
+        const int from = s + n;
+        const int count = std::min(k, n_tokens - from);
+        return std::vector<TokenId>(t.begin() + from, t.begin() + from + count);
+      }
+    }
+    return {};
+  }
+
+  NgramOptions o_;
+  TokenTable table_;
+};
+
+// ---- suffix automaton ----
+
+// A suffix automaton (the minimal DFA of all suffixes) built online. Each
+// state keeps `first_end`, the end position of its first occurrence, so a
+// match can be continued with the tokens that followed it.
+class SuffixAutomaton {
+ public:
+  SuffixAutomaton() { Clear(); }
+
+  void Clear() {
+    states_.assign(1, State{});
+    text_.clear();
+    last_ = 0;
+  }
+  const std::vector<TokenId>& text() const { return text_; }
+
+  void Extend(TokenId c) {
+    const int pos = static_cast<int>(text_.size());
+    text_.push_back(c);
+    const int cur = NewState(states_[last_].len + 1, pos);
+    int p = last_;
+    while (p != -1 && !states_[p].next.contains(c)) {
+      states_[p].next[c] = cur;
+      p = states_[p].link;
+    }
+    if (p == -1) {
+      states_[cur].link = 0;
+    } else {
+      const int q = states_[p].next[c];
+      if (states_[p].len + 1 == states_[q].len) {
+        states_[cur].link = q;
+      } else {
+        const int clone = NewState(states_[p].len + 1, states_[q].first_end);
+        states_[clone].next = states_[q].next;
+        states_[clone].link = states_[q].link;
+        while (p != -1) {
+          auto it = states_[p].next.find(c);
+          if (it == states_[p].next.end() || it->second != q) break;
+          it->second = clone;
+          p = states_[p].link;
+        }
+        states_[q].link = clone;
+        states_[cur].link = clone;
+      }
+    }
+    last_ = cur;
+  }
+
+  // The longest suffix of the whole text that also ends earlier: (length,
+  // end of that earlier occurrence), or length 0.
+  std::pair<int, int> LongestRepeatedSuffix() const {
+    const int s = states_[last_].link;
+    if (s <= 0) return {0, -1};
+    return {states_[s].len, states_[s].first_end};
+  }
+
+  // The longest suffix of `window` occurring in the text: (length, end).
+  std::pair<int, int> Match(absl::Span<const TokenId> window) const {
+    int state = 0, len = 0;
+    for (TokenId c : window) {
+      while (state != 0 && !states_[state].next.contains(c)) {
+        state = states_[state].link;
+        len = states_[state].len;
+      }
+      auto it = states_[state].next.find(c);
+      if (it != states_[state].next.end()) {
+        state = it->second;
+        ++len;
+      }
+    }
+    if (len == 0) return {0, -1};
+    return {len, states_[state].first_end};
+  }
+
+ private:
+  struct State {
+    int len = 0;
+    int link = -1;
+    int first_end = -1;
+    absl::flat_hash_map<TokenId, int> next;
+  };
+  int NewState(int len, int first_end) {
+    states_.push_back(State{len, -1, first_end, {}});
+    return static_cast<int>(states_.size()) - 1;
+  }
+
+  std::vector<State> states_;
+  std::vector<TokenId> text_;
+  int last_ = 0;
+};
+
+constexpr TokenId kSeparator = -1;  // between sequences in the shared history
+
+class SuffixSource final : public DraftSource {
+ public:
+  explicit SuffixSource(SuffixOptions o) : o_(o) {}
+  std::string name() const override { return "suffix"; }
+
+  absl::Status Open(SeqKey seq, absl::Span<const TokenId> tokens,
+                    const sampling::SamplingParams&) override {
+    if (absl::Status s = table_.Open(seq, tokens); !s.ok()) return s;
+    SuffixAutomaton& a = own_[seq];
+    for (TokenId t : tokens) a.Extend(t);
+    return absl::OkStatus();
+  }
+
+  absl::Status Update(SeqKey seq, int64_t base_len, absl::Span<const TokenId> tokens) override {
+    auto t = table_.Update(seq, base_len, tokens);
+    if (!t.ok()) return t.status();
+    SuffixAutomaton& a = own_[seq];
+    const std::vector<TokenId>& now = **t;
+    // Committed tokens only grow; rebuild in the rare other case.
+    size_t common = 0;
+    const std::vector<TokenId>& indexed = a.text();
+    while (common < indexed.size() && common < now.size() && indexed[common] == now[common]) {
+      ++common;
+    }
+    if (common < indexed.size()) {
+      a.Clear();
+      common = 0;
+    }
+    for (size_t i = common; i < now.size(); ++i) a.Extend(now[i]);
+    return absl::OkStatus();
+  }
+
+  void Close(SeqKey seq) override {
+    std::vector<TokenId> t = table_.Take(seq);
+    own_.erase(seq);
+    if (t.empty()) return;
+    if (static_cast<int64_t>(history_.text().size() + t.size()) > o_.max_history_tokens) {
+      // Keep the newer half of the history.
+      const std::vector<TokenId> old = history_.text();
+      history_.Clear();
+      for (size_t i = old.size() / 2; i < old.size(); ++i) history_.Extend(old[i]);
+    }
+    if (static_cast<int64_t>(t.size()) > o_.max_history_tokens) return;
+    for (TokenId x : t) history_.Extend(x);
+    history_.Extend(kSeparator);
+  }
+
+  int64_t Length(SeqKey seq) const override {
+    const auto* t = table_.Find(seq);
+    return t ? static_cast<int64_t>(t->size()) : -1;
+  }
+
+  std::vector<Draft> Propose(absl::Span<const DraftQuery> queries) override {
+    std::vector<Draft> out(queries.size());
+    for (size_t i = 0; i < queries.size(); ++i) {
+      const std::vector<TokenId>* t = table_.Find(queries[i].seq);
+      if (t == nullptr) continue;
+      out[i].base_len = static_cast<int64_t>(t->size());
+      const int k = queries[i].max_tokens;
+      if (k <= 0) continue;
+      const SuffixAutomaton& a = own_[queries[i].seq];
+      auto [own_len, own_end] = a.LongestRepeatedSuffix();
+      const size_t window = std::min<size_t>(t->size(), o_.max_history_window);
+      auto [hist_len, hist_end] =
+          history_.Match(absl::MakeConstSpan(*t).subspan(t->size() - window));
+      if (hist_len < o_.min_history_match) hist_len = 0;
+      if (own_len == 0 && hist_len == 0) continue;
+      const std::vector<TokenId>& text = own_len >= hist_len ? *t : history_.text();
+      const int end = own_len >= hist_len ? own_end : hist_end;
+      for (int j = end + 1; j < static_cast<int>(text.size()) && j <= end + k; ++j) {
+        if (text[j] == kSeparator) break;
+        out[i].tokens.push_back(text[j]);
+      }
+    }
+    return out;
+  }
+
+ private:
+  SuffixOptions o_;
+  TokenTable table_;
+  absl::flat_hash_map<SeqKey, SuffixAutomaton> own_;
+  SuffixAutomaton history_;
+};
+
+}  // namespace
+
+std::unique_ptr<DraftSource> MakeNgramSource(NgramOptions options) {
+  return std::make_unique<NgramSource>(options);
+}
+
+std::unique_ptr<DraftSource> MakeSuffixSource(SuffixOptions options) {
+  return std::make_unique<SuffixSource>(options);
+}
+
+}  // namespace tessera::spec

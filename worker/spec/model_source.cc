@@ -1,0 +1,252 @@
+#include "worker/spec/model_source.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "base/log.h"
+#include "worker/engine/block_manager.h"
+#include "worker/runner/cpu_model_runner.h"
+#include "worker/sampling/philox.h"
+#include "worker/sampling/sampler.h"
+
+namespace tessera::spec {
+namespace {
+
+class ModelSource final : public DraftSource {
+ public:
+  ModelSource(std::unique_ptr<runner::ModelRunner> runner, std::unique_ptr<engine::BlockManager> kv,
+              ModelSourceOptions o, std::unique_ptr<model::LoadedModel> model)
+      : model_(std::move(model)), runner_(std::move(runner)), kv_(std::move(kv)), o_(o) {
+    o_.max_model_len = std::min<int>(o_.max_model_len,
+                                     static_cast<int>(runner_->config().max_position_embeddings));
+  }
+  ~ModelSource() override { runner_.reset(); }
+
+  std::string name() const override { return "model"; }
+
+  absl::Status Open(SeqKey seq, absl::Span<const TokenId> tokens,
+                    const sampling::SamplingParams& params) override {
+    if (tokens.empty()) return absl::InvalidArgumentError("a draft sequence needs tokens");
+    if (seqs_.contains(seq)) {
+      return absl::AlreadyExistsError(absl::StrCat("draft sequence ", seq, " is already open"));
+    }
+    const int vocab = static_cast<int>(runner_->config().vocab_size);
+    for (TokenId t : tokens) {
+      if (t < 0 || t >= vocab) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token ", t, " is outside the draft model's vocabulary of ", vocab));
+      }
+    }
+    State& s = seqs_[seq];
+    s.tokens.assign(tokens.begin(), tokens.end());
+    s.params = params;
+    s.params.repetition_penalty = 1;
+    s.params.presence_penalty = 0;
+    s.params.frequency_penalty = 0;
+    s.params.top_logprobs = 0;
+    if (!s.params.greedy() &&
+        (s.params.top_k <= 0 || s.params.top_k > o_.max_q_support)) {
+      s.params.top_k = o_.max_q_support;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Update(SeqKey seq, int64_t base_len, absl::Span<const TokenId> tokens) override {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("no draft sequence ", seq));
+    State& s = it->second;
+    if (base_len < 0 || base_len > static_cast<int64_t>(s.tokens.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("base_len ", base_len, " for sequence ", seq,
+                                                     " outside [0, ", s.tokens.size(), "]"));
+    }
+    const int vocab = static_cast<int>(runner_->config().vocab_size);
+    for (TokenId t : tokens) {
+      if (t < 0 || t >= vocab) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token ", t, " is outside the draft model's vocabulary of ", vocab));
+      }
+    }
+    // Common prefix of the old tokens (with run-ahead drafts) and the new.
+    size_t keep = base_len;
+    for (size_t i = 0; i < tokens.size() && keep < s.tokens.size(); ++i, ++keep) {
+      if (s.tokens[keep] != tokens[i]) break;
+    }
+    s.tokens.resize(base_len);
+    s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+    RollBack(seq, s, static_cast<int>(std::min<size_t>(keep, s.computed)));
+    return absl::OkStatus();
+  }
+
+  void Close(SeqKey seq) override {
+    kv_->Free(seq);
+    seqs_.erase(seq);
+  }
+
+  int64_t Length(SeqKey seq) const override {
+    auto it = seqs_.find(seq);
+    return it == seqs_.end() ? -1 : static_cast<int64_t>(it->second.tokens.size());
+  }
+
+  std::vector<Draft> Propose(absl::Span<const DraftQuery> queries) override {
+    std::vector<Draft> out(queries.size());
+    std::vector<int> active;  // query indices still drafting
+    for (size_t i = 0; i < queries.size(); ++i) {
+      auto it = seqs_.find(queries[i].seq);
+      if (it == seqs_.end()) continue;
+      out[i].base_len = static_cast<int64_t>(it->second.tokens.size());
+      if (queries[i].max_tokens > 0) active.push_back(static_cast<int>(i));
+    }
+    const int64_t vocab = runner_->config().vocab_size;
+    std::vector<float> logits;
+    while (!active.empty()) {
+      runner::ForwardBatch batch;
+      std::vector<int> in_batch;
+      size_t stride = 0;
+      // Reserve slots first (the stride must be known before AddSequence).
+      for (int qi : active) {
+        State& s = seqs_[queries[qi].seq];
+        if (static_cast<int>(s.tokens.size()) >= o_.max_model_len) continue;
+        if (s.computed >= static_cast<int>(s.tokens.size())) RollBack(queries[qi].seq, s,
+                                                                      s.tokens.size() - 1);
+        const int n = static_cast<int>(s.tokens.size()) - s.computed;
+        if (!Reserve(queries[qi].seq, s, n)) continue;
+        in_batch.push_back(qi);
+        stride = std::max(stride, kv_->BlockTable(queries[qi].seq).size());
+      }
+      if (in_batch.empty()) break;
+      batch.block_table_stride = static_cast<int64_t>(stride);
+      for (int qi : in_batch) {
+        State& s = seqs_[queries[qi].seq];
+        const absl::Span<const engine::BlockId> table = kv_->BlockTable(queries[qi].seq);
+        std::vector<int32_t> tbl(table.begin(), table.end());
+        std::vector<int32_t> toks(s.tokens.begin() + s.computed, s.tokens.end());
+        batch.AddSequence(toks, s.computed, tbl, runner_->block_size(), /*want_logits=*/true);
+      }
+      if (absl::Status st = runner_->Forward(batch, &logits); !st.ok()) {
+        LogWarning("draft model step failed", {{"error", std::string(st.message())}});
+        for (int qi : in_batch) {
+          State& s = seqs_[queries[qi].seq];
+          RollBack(queries[qi].seq, s, 0);
+        }
+        break;
+      }
+      std::vector<int> next;
+      for (size_t r = 0; r < in_batch.size(); ++r) {
+        const int qi = in_batch[r];
+        State& s = seqs_[queries[qi].seq];
+        s.computed = static_cast<int>(s.tokens.size());
+        absl::Span<const float> row(logits.data() + r * vocab, vocab);
+        auto dist = sampling::ComputeSamplingDistribution(row, s.params, empty_counts_);
+        if (!dist.ok()) continue;
+        const int64_t position = static_cast<int64_t>(s.tokens.size());
+        size_t chosen = dist->tokens.size() - 1;
+        if (dist->tokens.size() > 1) {
+          const double u = sampling::UniformFromSeed(s.params.seed ^ kDraftSeedMix,
+                                                     static_cast<uint64_t>(position),
+                                                     sampling::RandomStream::kSample);
+          double c = 0;
+          for (size_t j = 0; j < dist->tokens.size(); ++j) {
+            c += dist->probs[j];
+            if (u < c) {
+              chosen = j;
+              break;
+            }
+          }
+        }
+        const TokenId token = dist->tokens[chosen];
+        Draft& d = out[qi];
+        d.tokens.push_back(token);
+        if (!s.params.greedy()) {
+          DraftDistribution q;
+          q.tokens = dist->tokens;
+          q.probs.assign(dist->probs.begin(), dist->probs.end());
+          d.q.push_back(std::move(q));
+        }
+        s.tokens.push_back(token);  // run ahead: as if accepted
+        if (static_cast<int>(d.tokens.size()) < queries[qi].max_tokens) next.push_back(qi);
+      }
+      active = std::move(next);
+    }
+    return out;
+  }
+
+ private:
+  struct State {
+    std::vector<TokenId> tokens;
+    int computed = 0;  // tokens whose KV is in the cache
+    sampling::SamplingParams params;
+  };
+
+  // Keeps the KV of the first `keep` tokens.
+  void RollBack(SeqKey seq, State& s, size_t keep) {
+    const int slots = kv_->NumSlots(seq);
+    if (static_cast<int>(keep) < slots) {
+      auto copy = kv_->Truncate(seq, slots - static_cast<int>(keep));
+      if (!copy.ok() || copy->has_value()) {
+        // No sharing without prefix caching; be safe anyway.
+        kv_->Free(seq);
+        keep = 0;
+      }
+    }
+    s.computed = std::min<int>(s.computed, static_cast<int>(keep));
+  }
+
+  // Adds n slots for `seq`, freeing its KV first when the pool is short.
+  bool Reserve(SeqKey seq, State& s, int n) {
+    if (!kv_->Contains(seq)) {
+      return kv_->Allocate(seq, engine::PrefixMatch{}, n).ok();
+    }
+    if (kv_->AppendSlots(seq, n).ok()) return true;
+    kv_->Free(seq);
+    s.computed = 0;
+    return kv_->Allocate(seq, engine::PrefixMatch{}, static_cast<int>(s.tokens.size())).ok();
+  }
+
+  std::unique_ptr<model::LoadedModel> model_;  // when loaded here; outlives runner_
+  std::unique_ptr<runner::ModelRunner> runner_;
+  std::unique_ptr<engine::BlockManager> kv_;
+  ModelSourceOptions o_;
+  absl::flat_hash_map<SeqKey, State> seqs_;
+  sampling::TokenCounts empty_counts_;
+};
+
+absl::StatusOr<std::unique_ptr<DraftSource>> Make(std::unique_ptr<runner::ModelRunner> runner,
+                                                  ModelSourceOptions options,
+                                                  std::unique_ptr<model::LoadedModel> model) {
+  if (runner == nullptr) return absl::InvalidArgumentError("the draft model source needs a runner");
+  engine::BlockManagerOptions bo;
+  bo.block_size = runner->block_size();
+  bo.num_blocks = static_cast<int>(runner->num_kv_blocks());
+  bo.enable_prefix_caching = false;
+  auto kv = engine::BlockManager::Create(bo);
+  if (!kv.ok()) return kv.status();
+  return std::unique_ptr<DraftSource>(
+      new ModelSource(std::move(runner), std::move(*kv), options, std::move(model)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DraftSource>> MakeModelSource(
+    std::unique_ptr<runner::ModelRunner> runner, ModelSourceOptions options) {
+  return Make(std::move(runner), options, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<DraftSource>> MakeModelSourceFromDir(
+    const std::string& dir, ModelSourceFromDirOptions options) {
+  auto model = model::LoadModel(dir);
+  if (!model.ok()) {
+    return absl::Status(model.status().code(),
+                        absl::StrCat("draft model: ", model.status().message()));
+  }
+  runner::CpuRunnerOptions ro;
+  ro.block_size = options.block_size;
+  ro.num_kv_blocks = options.num_kv_blocks;
+  ro.num_threads = options.num_threads;
+  auto r = runner::CpuModelRunner::Create(model->get(), ro);
+  if (!r.ok()) return r.status();
+  return Make(std::move(*r), options.source, std::move(*model));
+}
+
+}  // namespace tessera::spec
