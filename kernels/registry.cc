@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/cpu_backend.h"
+#include "kernels/cuda_backend.h"
 
 namespace tessera::kernels {
 namespace {
@@ -253,7 +254,10 @@ std::string SelectionReport::ToTable() const {
 const Registry& BuiltinRegistry() {
   static const Registry* registry = [] {
     auto* r = new Registry;
-    // CUDA candidates, when built, are added here ahead of the CPU ones.
+    // CUDA candidates first: on a CUDA device they are the only eligible
+    // ones (the CPU candidates reject non-CPU devices); on a CPU they are
+    // rejected with the reason, which `tessera doctor` shows.
+    AddCudaCandidates(r);
     AddCpuCandidates(r);
     return r;
   }();

@@ -15,7 +15,11 @@ using ::testing::IsEmpty;
 TEST(BackendOverrideTest, AutoAndKnownNamesAreValid) {
   for (const BackendFlag& f : BackendFlags()) {
     EXPECT_TRUE(ValidateBackendOverride(f.flag, "auto").ok()) << f.flag;
-    EXPECT_THAT(KnownBackends(f.flag), ElementsAre("cpu", "cpu_reference")) << f.flag;
+    if (f.flag == "gemm_backend") {
+      EXPECT_THAT(KnownBackends(f.flag), ElementsAre("cublas", "cpu", "cpu_reference"));
+    } else {
+      EXPECT_THAT(KnownBackends(f.flag), ElementsAre("cuda", "cpu", "cpu_reference")) << f.flag;
+    }
     for (const std::string& name : KnownBackends(f.flag)) {
       EXPECT_TRUE(ValidateBackendOverride(f.flag, name).ok()) << f.flag << "=" << name;
     }
@@ -26,7 +30,7 @@ TEST(BackendOverrideTest, UnknownNameIsAnErrorListingChoices) {
   absl::Status s = ValidateBackendOverride("attention_backend", "flashinfer9");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("--attention_backend=flashinfer9"));
-  EXPECT_THAT(s.message(), HasSubstr("valid choices: auto, cpu, cpu_reference"));
+  EXPECT_THAT(s.message(), HasSubstr("valid choices: auto, cuda, cpu, cpu_reference"));
 }
 
 TEST(BackendOverrideTest, UnknownFlagIsAnError) {
@@ -170,8 +174,10 @@ TEST(BuiltinRegistryTest, HostCpuGetsTheOptimizedBackendEverywhere) {
     ASSERT_NE(s, nullptr);
     EXPECT_EQ(s->chosen, "cpu");
     EXPECT_THAT(s->why, HasSubstr(isa + " kernels"));
-    ASSERT_EQ(s->rejected.size(), 1u);
-    EXPECT_EQ(s->rejected[0].name, "cpu_reference");
+    // The CUDA candidate (rejected: not a CUDA device), then cpu_reference.
+    ASSERT_EQ(s->rejected.size(), 2u);
+    EXPECT_THAT(s->rejected[0].reason, HasSubstr("needs a CUDA device"));
+    EXPECT_EQ(s->rejected[1].name, "cpu_reference");
   }
   const std::string table = report->ToTable();
   EXPECT_THAT(table, HasSubstr("device: cpu:0"));

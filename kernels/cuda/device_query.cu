@@ -3,6 +3,32 @@
 #include "kernels/cuda/device_query.h"
 
 namespace tessera::kernels::cuda {
+namespace {
+
+// Never launched: cudaFuncGetAttributes on it tells which image loads.
+__global__ void ImageProbeKernel(int* out) {
+  if (out != nullptr) *out = 1;
+}
+
+}  // namespace
+
+ImageProbeResult ProbeImage(int ordinal) {
+  ImageProbeResult r;
+  cudaError_t err = cudaSetDevice(ordinal);
+  if (err == cudaSuccess) {
+    cudaFuncAttributes attr{};
+    err = cudaFuncGetAttributes(&attr, ImageProbeKernel);
+    if (err == cudaSuccess) {
+      r.loadable = true;
+      r.binary_version = attr.binaryVersion;
+      r.ptx_version = attr.ptxVersion;
+      return r;
+    }
+  }
+  r.error = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+  cudaGetLastError();  // clear the sticky-free error so later calls start clean
+  return r;
+}
 
 CudaQueryResult QueryCudaDevices() {
   CudaQueryResult result;

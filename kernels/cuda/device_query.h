@@ -37,4 +37,16 @@ struct CudaQueryResult {
 };
 CudaQueryResult QueryCudaDevices();
 
+// What the runtime says about this binary's code on device `ordinal`:
+// cudaFuncGetAttributes on a probe kernel compiled with the same -gencode
+// list as every Tessera kernel. `loadable` false with the runtime's error
+// when no image runs there (e.g. "no kernel image is available").
+struct ImageProbeResult {
+  bool loadable = false;
+  int binary_version = 0;  // arch of the SASS the runtime loaded (e.g. 90)
+  int ptx_version = 0;     // virtual arch of the PTX in the image, 0 if none
+  std::string error;
+};
+ImageProbeResult ProbeImage(int ordinal);
+
 }  // namespace tessera::kernels::cuda

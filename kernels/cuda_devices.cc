@@ -1,0 +1,87 @@
+#include "kernels/cuda_devices.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#if TESSERA_HAVE_CUDA
+#include "kernels/cuda/device_query.h"
+#endif
+
+namespace tessera::kernels {
+namespace {
+
+// PCI bus ids compare case-insensitively, with or without the 8-digit domain
+// form some tools print ("00000000:18:00.0").
+std::string NormalizeBusId(std::string_view id) {
+  std::string s = absl::AsciiStrToLower(std::string(id));
+  const size_t colon = s.find(':');
+  if (colon != std::string::npos && colon > 4) s = s.substr(colon - 4);
+  return s;
+}
+
+}  // namespace
+
+DetectedCudaDevices DetectCudaDevices() {
+  DetectedCudaDevices out;
+#if TESSERA_HAVE_CUDA
+  cuda::CudaQueryResult q = cuda::QueryCudaDevices();
+  out.driver_version = q.info.driver_version;
+  out.runtime_version = q.info.runtime_version;
+  out.note = q.note;
+  const DeviceDescription host = HostCpuDevice();
+  for (const cuda::CudaDeviceInfo& info : q.info.devices) {
+    DeviceDescription d = host;
+    d.kind = DeviceKind::kCuda;
+    d.ordinal = info.ordinal;
+    d.name = info.name;
+    GpuInfo gpu;
+    gpu.pci_bus_id = info.pci_bus_id;
+    gpu.arch = arch::SmArch{info.sm_major, info.sm_minor};
+    gpu.sm_count = info.sm_count;
+    gpu.shared_memory_per_block_optin = info.shared_memory_per_block_optin;
+    gpu.total_memory_bytes = info.total_memory_bytes;
+    gpu.driver_version = q.info.driver_version;
+    gpu.runtime_version = q.info.runtime_version;
+    cuda::ImageProbeResult probe = cuda::ProbeImage(info.ordinal);
+    gpu.probe = GpuInfo::Probe{probe.loadable, probe.binary_version, probe.ptx_version,
+                               probe.error};
+    d.gpu = gpu;
+    out.devices.push_back(std::move(d));
+  }
+#else
+  out.note = "this binary was built without the CUDA backend (TESSERA_CUDA=OFF or no nvcc)";
+#endif
+  return out;
+}
+
+absl::StatusOr<DeviceDescription> ResolveDevice(std::string_view selector) {
+  if (selector == "cpu") return HostCpuDevice();
+  if (selector != "cuda" && selector.substr(0, 5) != "cuda:") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device=", std::string(selector),
+        ": expected cpu, cuda (the one visible GPU) or cuda:<PCI bus id> (e.g. cuda:0000:18:00.0)"));
+  }
+  DetectedCudaDevices found = DetectCudaDevices();
+  std::vector<std::string> listed;
+  for (const DeviceDescription& d : found.devices) listed.push_back(d.Summary());
+  const std::string visible =
+      listed.empty() ? absl::StrCat("no CUDA device is visible (", found.note, ")")
+                     : absl::StrCat("visible: ", absl::StrJoin(listed, "; "));
+  if (selector == "cuda") {
+    if (found.devices.size() == 1) return found.devices.front();
+    if (found.devices.empty()) {
+      return absl::NotFoundError(absl::StrCat("--device=cuda: ", visible));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device=cuda is ambiguous with ", found.devices.size(),
+        " GPUs; name one by PCI bus id (--device=cuda:<bus id>); ", visible));
+  }
+  const std::string want = NormalizeBusId(selector.substr(5));
+  for (const DeviceDescription& d : found.devices) {
+    if (NormalizeBusId(d.gpu->pci_bus_id) == want) return d;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("--device=", std::string(selector), ": no such GPU; ", visible));
+}
+
+}  // namespace tessera::kernels
