@@ -5,6 +5,7 @@
 // sequence's blocks faults), and padded q/out token strides whose padding
 // must stay untouched. Tolerance: the output is bf16 and P is rounded to
 // bf16 before the P.V product, so |gpu - ref| <= 2^-7 * max|v| + 1e-3.
+// Two cases also replay the call from a captured CUDA graph (bitwise equal).
 // The parameter validation tests run without a GPU; the kernel tests skip
 // when no CUDA device is present.
 //
@@ -104,6 +105,7 @@ struct Case {
   int out_stride_pad = 0;     // extra elements per out token
   int max_seq_len_extra = 0;  // host bound above the true maximum (graph buckets)
   float q_range = 2.0f;
+  bool via_graph = false;  // also replay the call from a captured CUDA graph
 };
 
 constexpr uint16_t kSentinel = 0x7fc1;  // a NaN pattern the kernels never write
@@ -254,6 +256,32 @@ void RunCase(const Case& c, uint32_t seed) {
     }
   }
   EXPECT_EQ(bad, 0) << "mismatches (worst passing error " << worst << ")";
+
+  if (c.via_graph) {
+    // The same call captured in a CUDA graph on a non-blocking stream and
+    // replayed twice gives bitwise the same output.
+    const std::vector<uint16_t> fresh(static_cast<size_t>(tokens) * out_stride, kSentinel);
+    ASSERT_EQ(cudaMemcpy(dout.get(), fresh.data(), fresh.size() * sizeof(uint16_t),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    const absl::Status captured =
+        c.decode ? PagedAttentionDecode(p, stream) : PagedAttentionPrefill(p, stream);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+    ASSERT_TRUE(captured.ok()) << captured;
+    ASSERT_EQ(end, cudaSuccess) << cudaGetErrorString(end);
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int rep = 0; rep < 2; ++rep) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_TRUE(dout.ToHost() == out) << "graph replay differs from the direct call";
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
 }
 
 std::vector<int> Repeat(int value, int n) { return std::vector<int>(n, value); }
@@ -342,6 +370,7 @@ TEST(PagedAttentionDecode, StridesQueryStartLocAndBucketedMaxSeqLen) {
   c.seq_lens = {3, 1024, 1025, 200, 4000};
   c.q_lens = Repeat(1, 5);
   c.name = "decode strides + query_start_loc + bucketed bound";
+  c.via_graph = true;
   RunCase(c, 21);
 }
 
@@ -386,6 +415,7 @@ TEST(PagedAttentionPrefill, MixedBatches) {
   c.q_stride_pad = 2 * 2 * 128;
   c.out_stride_pad = 16;
   c.name = "prefill mixed gqa4 d128";
+  c.via_graph = true;
   RunCase(c, 400);
 
   Case mha = c;
@@ -394,6 +424,7 @@ TEST(PagedAttentionPrefill, MixedBatches) {
   mha.head_dim = 64;
   mha.block_size = 32;
   mha.q_stride_pad = 0;
+  mha.via_graph = false;
   mha.name = "prefill mixed mha d64 bs32";
   RunCase(mha, 401);
 
