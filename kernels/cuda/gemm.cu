@@ -8,6 +8,7 @@
 #include <cublasLt.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -44,13 +45,28 @@ int AlignmentOf(const void* p) {
   return 1;
 }
 
-__global__ void AddBiasBf16Kernel(uint16_t* __restrict__ y, int64_t m, int64_t n,
-                                  const float* __restrict__ bias) {
+// fp32 GEMM result (+ bias when the epilogue did not add it) -> bf16, one
+// rounding.
+__global__ void RoundToBf16Kernel(const float* __restrict__ src, int64_t m, int64_t n,
+                                  const float* __restrict__ bias, uint16_t* __restrict__ y) {
   const int64_t total = m * n;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    y[i] = FloatToBf16Bits(Bf16BitsToFloat(y[i]) + bias[i % n]);
+    y[i] = FloatToBf16Bits(bias != nullptr ? src[i] + bias[i % n] : src[i]);
   }
+}
+
+__global__ void AddBiasF32Kernel(float* __restrict__ y, int64_t m, int64_t n,
+                                 const float* __restrict__ bias) {
+  const int64_t total = m * n;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] += bias[i % n];
+  }
+}
+
+unsigned ElementwiseBlocks(int64_t total, int threads) {
+  return static_cast<unsigned>(std::min<int64_t>((total + threads - 1) / threads, 65535 * 8));
 }
 
 }  // namespace
@@ -67,12 +83,15 @@ struct GemmContext::Impl {
 
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
+  void* scratch = nullptr;  // fp32 result of biased bf16 GEMMs
+  size_t scratch_bytes = 0;
   std::mutex mu;
   std::map<Key, Plan> plans;
 
   ~Impl() {
     for (auto& [key, plan] : plans) Destroy(plan);
     if (workspace != nullptr) cudaFree(workspace);
+    if (scratch != nullptr) cudaFree(scratch);
     if (handle != nullptr) cublasLtDestroy(handle);
   }
 
@@ -181,11 +200,49 @@ struct GemmContext::Impl {
       return absl::InvalidArgumentError("Gemm: null pointer");
     }
     std::lock_guard<std::mutex> lock(mu);
+    if (f32_out || bias == nullptr) return RunLocked(x, m, k, w, n, bias, y, f32_out, stream);
+    // bf16 output with an fp32 bias: cuBLASLt's bias epilogue wants a bias of
+    // the output type, so compute in fp32 (bias fused there), then round once.
+    const size_t need = static_cast<size_t>(m) * static_cast<size_t>(n) * sizeof(float);
+    if (scratch_bytes < need) {
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      TESSERA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(AsCuda(stream), &capturing));
+      if (capturing != cudaStreamCaptureStatusNone) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "Gemm: a biased bf16 GEMM of ", m, "x", n,
+            " needs more fp32 scratch than allocated; run this shape once before capture"));
+      }
+      TESSERA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(AsCuda(stream)));
+      if (scratch != nullptr) cudaFree(scratch);
+      scratch = nullptr;
+      scratch_bytes = 0;
+      TESSERA_CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch, need));
+      scratch_bytes = need;
+    }
+    bool fused = false;
+    if (absl::Status s = RunLocked(x, m, k, w, n, bias, scratch, /*f32_out=*/true, stream, &fused);
+        !s.ok()) {
+      return s;
+    }
+    const int threads = 256;
+    RoundToBf16Kernel<<<ElementwiseBlocks(m * n, threads), threads, 0, AsCuda(stream)>>>(
+        static_cast<const float*>(scratch), m, n, fused ? nullptr : bias,
+        static_cast<uint16_t*>(y));
+    return CheckLastLaunch("Gemm bf16 rounding");
+  }
+
+  // `*bias_fused` (optional) tells whether the bias was added; when it is
+  // null, a bias the epilogue cannot take is added by a kernel (fp32 output
+  // only; the bf16+bias path passes bias_fused and adds it while rounding).
+  absl::Status RunLocked(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                         const float* bias, void* y, bool f32_out, CudaStream stream,
+                         bool* bias_fused = nullptr) {
     // Leading dimensions count towards the alignment of every row.
     const int al_x = std::min(AlignmentOf(x), AlignmentOf(reinterpret_cast<const void*>(k * 2)));
     const int al_w = std::min(AlignmentOf(w), AlignmentOf(reinterpret_cast<const void*>(k * 2)));
     const int elem = f32_out ? 4 : 2;
-    const int al_y = std::min(AlignmentOf(y), AlignmentOf(reinterpret_cast<const void*>(n * elem)));
+    const int al_y =
+        std::min(AlignmentOf(y), AlignmentOf(reinterpret_cast<const void*>(n * elem)));
     const int al_b = bias != nullptr ? AlignmentOf(bias) : 16;
     const Key key{m, n, k, f32_out, bias != nullptr, al_x, al_w, al_y, al_b};
     absl::StatusOr<const Plan*> plan = GetPlan(key);
@@ -199,15 +256,14 @@ struct GemmContext::Impl {
     TESSERA_LT_RETURN_IF_ERROR(cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y,
                                               p.d, y, p.d, &p.algo, workspace, kWorkspaceBytes,
                                               AsCuda(stream)));
+    if (bias_fused != nullptr) {
+      *bias_fused = p.bias_in_epilogue;
+      return absl::OkStatus();
+    }
     if (bias != nullptr && !p.bias_in_epilogue) {
-      if (f32_out) {
-        return absl::InternalError("Gemm: no cuBLASLt bias epilogue for fp32 output");
-      }
-      const int64_t total = m * n;
       const int threads = 256;
-      const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, 65535 * 8);
-      AddBiasBf16Kernel<<<static_cast<unsigned>(blocks), threads, 0, AsCuda(stream)>>>(
-          reinterpret_cast<uint16_t*>(y), m, n, bias);
+      AddBiasF32Kernel<<<ElementwiseBlocks(m * n, threads), threads, 0, AsCuda(stream)>>>(
+          static_cast<float*>(y), m, n, bias);
       return CheckLastLaunch("Gemm bias");
     }
     return absl::OkStatus();

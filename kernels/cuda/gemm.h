@@ -5,12 +5,14 @@
 //
 // A GemmContext owns a cuBLASLt handle and a 32 MiB workspace, and caches
 // the matmul descriptors and the heuristic's algorithm per (shape, output
-// type, bias, pointer alignment). A call allocates no device memory and
-// never synchronizes, so it can be captured in a CUDA graph (the first call
-// of a shape does host-side descriptor work; warm shapes before capture to
-// keep capture cheap). Bias with bf16 output is applied in the epilogue in
-// fp32 when cuBLASLt offers that, otherwise by a separate kernel after the
-// bf16 rounding (see gemm.cu).
+// type, bias, pointer alignment). A call never synchronizes and allocates no
+// device memory once its shape has been seen, so it can be captured in a
+// CUDA graph: run every shape once before capture (the first call of a shape
+// does host-side descriptor work, and a biased bf16 GEMM may grow an
+// internal fp32 scratch buffer, which is refused with FAILED_PRECONDITION
+// while the stream is capturing). Bias: fp32, added in fp32 before the one
+// rounding (bf16 output with bias runs as an fp32 GEMM with the bias
+// epilogue into the scratch, then one rounding kernel).
 //
 // Thread-safety: a GemmContext may be used by one thread at a time on its
 // device (calls are serialized by an internal mutex, but the workspace is
