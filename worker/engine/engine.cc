@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
+#include "worker/spec/verifier.h"
 
 namespace tessera::engine {
 
@@ -17,6 +18,11 @@ struct Engine::Request {
   absl::Time arrival;
   std::optional<absl::Time> last_token_time;
   bool admitted = false;
+  // Speculation.
+  bool draft_open = false;
+  int draft_tokens = 0;
+  int accepted_tokens = 0;
+  std::optional<spec::AdaptiveDraftLength> draft_length;
 };
 
 // ---- RequestStream ----
@@ -219,6 +225,7 @@ void Engine::DrainInbox() {
       continue;
     }
     SequenceId id = r->id;
+    r->draft_length.emplace(options_.speculation);
     active_[id] = std::move(r);
   }
   std::vector<std::unique_ptr<Request>> aborted;
@@ -227,6 +234,7 @@ void Engine::DrainInbox() {
     if (it == active_.end()) continue;
     // Abort frees the blocks now, or when the step in flight completes.
     scheduler_->Abort(id).IgnoreError();
+    CloseDrafts(*it->second);
     aborted.push_back(std::move(it->second));
     active_.erase(it);
   }
@@ -239,9 +247,10 @@ void Engine::DrainInbox() {
   }
 }
 
-// One engine step: schedule → run → sample → emit → free.
+// One engine step: (drafts →) schedule → run → sample / verify → emit → free.
 bool Engine::Step() {
-  absl::StatusOr<ScheduledBatch> batch = scheduler_->Schedule();
+  const DraftTokens drafts = CollectDrafts();
+  absl::StatusOr<ScheduledBatch> batch = scheduler_->Schedule(drafts.empty() ? nullptr : &drafts);
   if (!batch.ok()) {
     FailAll(batch.status());
     return false;
@@ -291,9 +300,76 @@ runner::ForwardBatch ToForwardBatch(const ScheduledBatch& batch) {
     for (size_t i = 0; i < stride; ++i) {
       f.block_tables.push_back(i < s.block_table.size() ? s.block_table[i] : -1);
     }
-    if (s.needs_logits) f.logits_indices.push_back(static_cast<int32_t>(f.token_ids.size()) - 1);
+    if (s.needs_logits) {
+      // The last token's row, preceded by one row per draft token it checks.
+      const int32_t end = static_cast<int32_t>(f.token_ids.size());
+      for (int32_t i = end - 1 - s.num_draft_tokens; i < end; ++i) f.logits_indices.push_back(i);
+    }
   }
   return f;
+}
+
+DraftTokens Engine::CollectDrafts() {
+  step_drafts_.clear();
+  spec::DraftProvider* provider = options_.draft_provider.get();
+  if (provider == nullptr || options_.speculation.num_speculative_tokens <= 0) return {};
+  const std::vector<SequenceId> decoding = scheduler_->DecodingSequences();
+  std::vector<spec::ProposalRequest> wanted;
+  for (SequenceId id : decoding) {
+    auto it = active_.find(id);
+    const Sequence* seq = scheduler_->FindSequence(id);
+    if (it == active_.end() || seq == nullptr || !it->second->draft_open) continue;
+    const int k = it->second->draft_length->Next(options_.speculation,
+                                                 static_cast<int>(decoding.size()));
+    if (k > 0) wanted.push_back({id, seq->num_tokens(), k});
+  }
+  if (wanted.empty()) return {};
+  std::vector<std::optional<spec::Draft>> got = provider->GetDrafts(wanted);
+  const int64_t vocab = runner_->config().vocab_size;
+  DraftTokens drafts;
+  for (size_t i = 0; i < wanted.size() && i < got.size(); ++i) {
+    if (!got[i] || got[i]->base_len != wanted[i].num_tokens) continue;
+    spec::Draft& d = *got[i];
+    if (static_cast<int>(d.tokens.size()) > wanted[i].max_tokens) {
+      d.tokens.resize(wanted[i].max_tokens);
+      if (!d.q.empty()) d.q.resize(wanted[i].max_tokens);
+      if (!d.parents.empty()) d.parents.resize(wanted[i].max_tokens);
+    }
+    if (d.tokens.empty()) continue;
+    if (absl::Status s = spec::ValidateDraft(d, vocab); !s.ok()) {
+      LogDebug("draft dropped", {{"seq", wanted[i].seq}, {"why", std::string(s.message())}});
+      continue;
+    }
+    drafts[wanted[i].seq] = d.tokens;
+    step_drafts_[wanted[i].seq] = std::move(d);
+  }
+  return drafts;
+}
+
+void Engine::SyncDrafts(Request& req, const SequenceOutput& out) {
+  spec::DraftProvider* provider = options_.draft_provider.get();
+  if (provider == nullptr || options_.speculation.num_speculative_tokens <= 0) return;
+  if (out.finished) {
+    CloseDrafts(req);
+    return;
+  }
+  if (out.new_token_ids.empty()) return;
+  const Sequence* seq = scheduler_->FindSequence(req.id);
+  if (seq == nullptr) return;
+  const int max_k = options_.speculation.num_speculative_tokens;
+  if (!req.draft_open) {
+    provider->Open(req.id, seq->token_ids(), req.request.sampling, max_k);
+    req.draft_open = true;
+  } else {
+    const int64_t base = seq->num_tokens() - static_cast<int64_t>(out.new_token_ids.size());
+    provider->Commit(req.id, base, out.new_token_ids, max_k);
+  }
+}
+
+void Engine::CloseDrafts(Request& req) {
+  if (!req.draft_open || options_.draft_provider == nullptr) return;
+  options_.draft_provider->Close(req.id);
+  req.draft_open = false;
 }
 
 void Engine::Sample(const ScheduledBatch& batch, const std::vector<float>& logits,
@@ -302,30 +378,41 @@ void Engine::Sample(const ScheduledBatch& batch, const std::vector<float>& logit
   int row = 0;
   for (const ScheduledSequence& s : batch.sequences) {
     if (!s.needs_logits) continue;
-    absl::Span<const float> r(logits.data() + row * vocab, vocab);
-    ++row;
+    const int rows = 1 + s.num_draft_tokens;
+    absl::Span<const float> r(logits.data() + row * vocab, rows * vocab);
+    row += rows;
     auto it = active_.find(s.id);
     if (it == active_.end()) continue;  // aborted during the step
-    Request& req = *it->second;
-    const Sequence* seq = scheduler_->FindSequence(s.id);
-    int64_t position = seq ? seq->num_tokens() : s.context_len();
-    absl::StatusOr<sampling::SampleResult> result =
-        sampling::Sample(r, req.request.sampling, req.counts, position);
-    if (!result.ok()) {
+    SampledTokens st;
+    st.id = s.id;
+    if (absl::Status status = SampleEntry(s, *it->second, r, &st); !status.ok()) {
       // Non-finite logits: fail this request only.
       StreamEvent e;
       e.finished = true;
-      e.error = absl::InternalError(absl::StrCat("sampling failed: ", result.status().message()));
-      req.stream->Push(std::move(e));
+      e.error = absl::InternalError(absl::StrCat("sampling failed: ", status.message()));
+      it->second->stream->Push(std::move(e));
       scheduler_->Abort(s.id).IgnoreError();
+      CloseDrafts(*it->second);
+      pending_reports_.erase(s.id);
       active_.erase(it);
       continue;
     }
-    req.counts.AddOutput(result->token);
-    SampledTokens st;
-    st.id = s.id;
-    st.token_ids.push_back(result->token);
     sampled->push_back(std::move(st));
+  }
+}
+
+absl::Status Engine::SampleEntry(const ScheduledSequence& s, Request& req,
+                                 absl::Span<const float> rows, SampledTokens* out) {
+  const int64_t vocab = runner_->config().vocab_size;
+  const Sequence* seq = scheduler_->FindSequence(s.id);
+  const int64_t position = seq ? seq->num_tokens() : s.context_len();
+  std::vector<TokenReport>& reports = pending_reports_[s.id];
+  if (s.num_draft_tokens == 0) {
+    absl::StatusOr<sampling::SampleResult> result =
+        sampling::Sample(rows, req.request.sampling, req.counts, position);
+    if (!result.ok()) return result.status();
+    req.counts.AddOutput(result->token);
+    out->token_ids.push_back(result->token);
     // Logprobs travel with the token; kept until Emit.
     TokenReport report;
     report.token = result->token;
@@ -333,8 +420,33 @@ void Engine::Sample(const ScheduledBatch& batch, const std::vector<float>& logit
       report.logprob = result->logprob;
       report.top_logprobs = std::move(result->top_logprobs);
     }
-    pending_reports_[s.id].push_back(std::move(report));
+    reports.push_back(std::move(report));
+    return absl::OkStatus();
   }
+  // Speculative decode: verify the drafts against the k + 1 rows.
+  const spec::Draft& draft = step_drafts_.at(s.id);
+  const int k = s.num_draft_tokens;
+  absl::Span<const TokenId> tokens = absl::MakeConstSpan(draft.tokens).first(k);
+  absl::Span<const spec::DraftDistribution> q;
+  if (!draft.q.empty()) q = absl::MakeConstSpan(draft.q).first(k);
+  absl::StatusOr<spec::VerifyResult> v = spec::VerifyChain(
+      rows, vocab, tokens, q, req.request.sampling, &req.counts, position);
+  if (!v.ok()) return v.status();
+  req.draft_tokens += k;
+  req.accepted_tokens += v->num_accepted;
+  req.draft_length->Observe(options_.speculation, k, v->num_accepted);
+  observer_->OnDraftVerified(k, v->num_accepted);
+  out->token_ids = v->tokens;
+  for (size_t i = 0; i < v->tokens.size(); ++i) {
+    TokenReport report;
+    report.token = v->tokens[i];
+    if (req.request.logprobs) {
+      spec::RawLogprobs(rows.subspan(i * vocab, vocab), report.token,
+                        req.request.sampling.top_logprobs, &report.logprob, &report.top_logprobs);
+    }
+    reports.push_back(std::move(report));
+  }
+  return absl::OkStatus();
 }
 
 void Engine::Emit(const std::vector<SequenceOutput>& outputs) {
@@ -361,6 +473,7 @@ void Engine::Emit(const std::vector<SequenceOutput>& outputs) {
       }
       req.last_token_time = now;
     }
+    SyncDrafts(req, out);
     if (out.finished) {
       e.finished = true;
       e.finish_reason = out.finish_reason;
@@ -370,6 +483,8 @@ void Engine::Emit(const std::vector<SequenceOutput>& outputs) {
       e.prompt_tokens = out.num_prompt_tokens;
       e.output_tokens = out.num_output_tokens;
       e.cached_tokens = out.num_cached_tokens;
+      e.draft_tokens = req.draft_tokens;
+      e.accepted_tokens = req.accepted_tokens;
       const SequenceTimes& t = out.times;
       absl::Time scheduled = t.first_scheduled.value_or(now);
       absl::Time first = t.first_token.value_or(now);
@@ -388,6 +503,7 @@ void Engine::Emit(const std::vector<SequenceOutput>& outputs) {
 void Engine::FailAll(const absl::Status& status) {
   for (auto& [id, req] : active_) {
     scheduler_->Abort(id).IgnoreError();
+    CloseDrafts(*req);
     StreamEvent e;
     e.finished = true;
     e.error = status;

@@ -33,6 +33,8 @@
 #include "worker/engine/scheduler.h"
 #include "worker/runner/model_runner.h"
 #include "worker/sampling/sampler.h"
+#include "worker/spec/adaptive.h"
+#include "worker/spec/draft_provider.h"
 
 namespace tessera::engine {
 
@@ -67,6 +69,8 @@ struct StreamEvent {
   int prompt_tokens = 0;
   int output_tokens = 0;  // including resumed ones
   int cached_tokens = 0;
+  int draft_tokens = 0;     // speculative tokens verified for this request
+  int accepted_tokens = 0;  // of those, accepted
   absl::Duration queue_time, prefill_time, decode_time;
   absl::Status error;  // non-OK when the request failed after acceptance
 };
@@ -116,6 +120,8 @@ class EngineObserver {
   // Cumulative scheduler counters after each step (preemptions, prefix-cache
   // queries and hits, ...); observers turn them into deltas.
   virtual void OnSchedulerStats(const SchedulerStats& stats) {}
+  // One draft verified: `proposed` tokens, the first `accepted` accepted.
+  virtual void OnDraftVerified(int proposed, int accepted) {}
 };
 
 // The runner's view of a scheduled step.
@@ -126,6 +132,10 @@ struct EngineOptions {
   int max_waiting = 1024;      // Submit refuses (RESOURCE_EXHAUSTED) beyond this
   std::vector<TokenId> eos_token_ids;
   size_t max_logged_kv_events = 100000;  // older events are dropped (subscribers resync)
+  // Speculative decoding: on when a provider is set and
+  // speculation.num_speculative_tokens > 0 (see worker/spec/README.md).
+  spec::SpeculationOptions speculation;
+  std::shared_ptr<spec::DraftProvider> draft_provider;
 };
 
 class Engine {
@@ -173,6 +183,14 @@ class Engine {
   void DrainInbox();
   void Sample(const ScheduledBatch& batch, const std::vector<float>& logits,
               std::vector<SampledTokens>* sampled);
+  // Samples (or verifies drafts for) one entry from its logits rows.
+  absl::Status SampleEntry(const ScheduledSequence& s, Request& req, absl::Span<const float> rows,
+                           SampledTokens* out);
+  // Speculation: drafts for this step's decodes, and keeping the provider
+  // in step with each request's tokens.
+  DraftTokens CollectDrafts();
+  void SyncDrafts(Request& req, const SequenceOutput& out);
+  void CloseDrafts(Request& req);
   void Emit(const std::vector<SequenceOutput>& outputs);
   void FailAll(const absl::Status& status);
   void PublishLoad();
@@ -202,6 +220,8 @@ class Engine {
   absl::flat_hash_map<SequenceId, std::unique_ptr<Request>> active_;
   // Tokens sampled this step, with their logprobs, until Emit.
   absl::flat_hash_map<SequenceId, std::vector<TokenReport>> pending_reports_;
+  // Drafts attached to the step in flight, by sequence.
+  absl::flat_hash_map<SequenceId, spec::Draft> step_drafts_;
   std::thread thread_;
 };
 

@@ -179,6 +179,8 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineO
       o.max_model_len > 0 ? o.max_model_len : static_cast<int>(config.max_position_embeddings);
   eo.scheduler.enable_prefix_caching = o.enable_prefix_caching;
   eo.max_waiting = o.max_waiting;
+  eo.speculation = o.speculation;
+  eo.draft_provider = o.draft_provider;
   for (int64_t id : config.eos_token_ids) eo.eos_token_ids.push_back(static_cast<TokenId>(id));
   if (auto s = model::CheckContextLength(config, eo.scheduler.max_model_len); !s.ok()) return s;
   auto engine = Engine::Create(std::move(model_runner), eo, observer);

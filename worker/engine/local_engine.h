@@ -74,6 +74,9 @@ struct LocalEngineOptions {
   int max_num_batched_tokens = 2048;
   int max_waiting = 1024;
   bool enable_prefix_caching = true;
+  // Speculative decoding (engine.h): off unless a provider is given.
+  spec::SpeculationOptions speculation;
+  std::shared_ptr<spec::DraftProvider> draft_provider;
 };
 
 struct LocalEngine {

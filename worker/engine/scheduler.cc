@@ -143,7 +143,7 @@ const Sequence* Scheduler::FindSequence(SequenceId id) const {
 // ---------------------------------------------------------------------------
 // Schedule.
 
-absl::StatusOr<ScheduledBatch> Scheduler::Schedule() {
+absl::StatusOr<ScheduledBatch> Scheduler::Schedule(const DraftTokens* drafts) {
   if (in_flight_.has_value()) {
     return absl::FailedPreconditionError(
         "Schedule called while a step is in flight; call OnStepDone first");
@@ -152,7 +152,7 @@ absl::StatusOr<ScheduledBatch> Scheduler::Schedule() {
   step.now = Now();
   step.budget = options_.max_num_batched_tokens;
   step.batch.block_size = options_.block_size;
-  ScheduleDecodes(step);
+  ScheduleDecodes(step, drafts);
   ScheduleRunningPrefills(step);
   if (step.batch.preempted.empty()) ScheduleWaiting(step);
   if (!step.batch.empty()) {
@@ -163,7 +163,26 @@ absl::StatusOr<ScheduledBatch> Scheduler::Schedule() {
   return std::move(step.batch);
 }
 
-void Scheduler::ScheduleDecodes(StepBuilder& step) {
+std::vector<SequenceId> Scheduler::DecodingSequences() const {
+  std::vector<SequenceId> ids;
+  for (const Sequence* seq : running_) {
+    if (seq->status() == SequenceStatus::kRunning && seq->num_uncomputed_tokens() == 1) {
+      ids.push_back(seq->id());
+    }
+  }
+  return ids;
+}
+
+int Scheduler::DraftRoom(const Sequence& seq, int offered, const StepBuilder& step) const {
+  // Verifying k drafts emits up to k + 1 tokens: stay within max_tokens and
+  // the context, so no KV is written past what plain decoding could reach.
+  const int left = std::min(seq.options().max_tokens - seq.num_output_tokens(),
+                            options_.max_model_len - seq.num_tokens());
+  return std::max(0, std::min({offered, left - 1, step.budget,
+                               blocks_->MaxAppendableSlots(seq.id())}));
+}
+
+void Scheduler::ScheduleDecodes(StepBuilder& step, const DraftTokens* drafts) {
   const std::vector<Sequence*> order(running_.begin(), running_.end());
   for (Sequence* seq : order) {
     if (step.budget == 0) break;
@@ -179,7 +198,18 @@ void Scheduler::ScheduleDecodes(StepBuilder& step) {
       }
     }
     if (self_preempted || !blocks_->AppendSlot(seq->id()).ok()) continue;
-    AddToBatch(seq, 1, /*is_prefill=*/false, step);
+    absl::Span<const TokenId> draft;
+    if (drafts != nullptr) {
+      if (auto it = drafts->find(seq->id()); it != drafts->end()) {
+        step.budget -= 1;  // the decode slot, for DraftRoom
+        const int k = DraftRoom(*seq, static_cast<int>(it->second.size()), step);
+        step.budget += 1;
+        if (k > 0 && blocks_->AppendSlots(seq->id(), k).ok()) {
+          draft = absl::MakeConstSpan(it->second).first(k);
+        }
+      }
+    }
+    AddToBatch(seq, 1, /*is_prefill=*/false, step, draft);
   }
 }
 
@@ -243,15 +273,19 @@ void Scheduler::Preempt(Sequence* seq, StepBuilder& step) {
   ++counters_.num_preemptions;
 }
 
-void Scheduler::AddToBatch(Sequence* seq, int num_tokens, bool is_prefill, StepBuilder& step) {
+void Scheduler::AddToBatch(Sequence* seq, int num_tokens, bool is_prefill, StepBuilder& step,
+                           absl::Span<const TokenId> draft) {
   const int start = seq->num_computed_tokens();
   ScheduledSequence out;
   out.id = seq->id();
   out.start_position = start;
-  out.num_tokens = num_tokens;
   const auto tokens = seq->token_ids().subspan(start, num_tokens);
   out.token_ids.assign(tokens.begin(), tokens.end());
   out.needs_logits = start + num_tokens == seq->num_tokens();
+  out.token_ids.insert(out.token_ids.end(), draft.begin(), draft.end());
+  out.num_draft_tokens = static_cast<int>(draft.size());
+  num_tokens += out.num_draft_tokens;
+  out.num_tokens = num_tokens;
   out.is_prefill = is_prefill;
   const absl::Span<const BlockId> table = blocks_->BlockTable(seq->id());
   out.block_table.assign(table.begin(), table.end());
@@ -259,7 +293,8 @@ void Scheduler::AddToBatch(Sequence* seq, int num_tokens, bool is_prefill, StepB
   blocks_->SlotMapping(seq->id(), start, num_tokens, &out.slot_mapping);
   seq->MarkScheduled(step.now);
 
-  step.in_flight.push_back({seq->id(), num_tokens, out.needs_logits});
+  step.in_flight.push_back({seq->id(), num_tokens, out.needs_logits, out.num_draft_tokens,
+                            std::vector<TokenId>(draft.begin(), draft.end())});
   step.scheduled.insert(seq->id());
   step.budget -= num_tokens;
   step.batch.num_batched_tokens += num_tokens;
@@ -278,7 +313,11 @@ void Scheduler::AddToBatch(Sequence* seq, int num_tokens, bool is_prefill, StepB
 
 absl::Status Scheduler::ValidateSampled(absl::Span<const SampledTokens> sampled) const {
   absl::flat_hash_map<SequenceId, bool> expected;  // id -> needs logits
-  for (const InFlight& e : *in_flight_) expected[e.id] = e.needs_logits;
+  absl::flat_hash_map<SequenceId, const InFlight*> drafts;
+  for (const InFlight& e : *in_flight_) {
+    expected[e.id] = e.needs_logits;
+    if (e.num_draft > 0) drafts[e.id] = &e;
+  }
   absl::flat_hash_set<SequenceId> seen;
   for (const SampledTokens& s : sampled) {
     auto it = expected.find(s.id);
@@ -297,6 +336,14 @@ absl::Status Scheduler::ValidateSampled(absl::Span<const SampledTokens> sampled)
       if (t < 0 || (options_.vocab_size > 0 && t >= options_.vocab_size)) {
         return absl::InvalidArgumentError(
             absl::StrCat("sampled token id ", t, " for sequence ", s.id, " is out of range"));
+      }
+    }
+    if (auto d = drafts.find(s.id); d != drafts.end()) {
+      const std::vector<TokenId>& draft = d->second->draft;
+      if (s.token_ids.size() > draft.size() + 1 ||
+          !std::equal(s.token_ids.begin(), s.token_ids.end() - 1, draft.begin())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the tokens for sequence ", s.id, " are not accepted drafts followed by one token"));
       }
     }
   }
@@ -322,7 +369,11 @@ absl::StatusOr<std::vector<SequenceOutput>> Scheduler::OnStepDone(
   std::vector<SequenceOutput> outputs;
   for (const InFlight& entry : *in_flight_) {
     auto it = by_id.find(entry.id);
-    CompleteEntry(entry, it == by_id.end() ? nullptr : it->second, now, &outputs);
+    if (entry.num_draft > 0 && it != by_id.end()) {
+      CompleteSpeculativeEntry(entry, *it->second, now, &outputs);
+    } else {
+      CompleteEntry(entry, it == by_id.end() ? nullptr : it->second, now, &outputs);
+    }
   }
   in_flight_.reset();
   for (SequenceId id : aborted_in_flight_) {
@@ -361,11 +412,63 @@ void Scheduler::CompleteEntry(const InFlight& entry, const SampledTokens* sample
     out.finished = true;
     out.finish_reason = reason;
   }
-  out.num_prompt_tokens = seq->num_prompt_tokens();
-  out.num_output_tokens = seq->num_output_tokens();
-  out.num_cached_tokens = seq->num_cached_tokens();
-  out.num_preemptions = seq->num_preemptions();
-  out.times = seq->times();
+  FillOutput(*seq, &out);
+  if (out.finished) sequences_.erase(seq->id());
+  outputs->push_back(std::move(out));
+}
+
+void Scheduler::FillOutput(const Sequence& seq, SequenceOutput* out) const {
+  out->num_prompt_tokens = seq.num_prompt_tokens();
+  out->num_output_tokens = seq.num_output_tokens();
+  out->num_cached_tokens = seq.num_cached_tokens();
+  out->num_preemptions = seq.num_preemptions();
+  out->times = seq.times();
+}
+
+// A decode that verified drafts: keep the KV of the decode token and the
+// accepted drafts, roll back the rest, then append like a plain step.
+void Scheduler::CompleteSpeculativeEntry(const InFlight& entry, const SampledTokens& sampled,
+                                         absl::Time now, std::vector<SequenceOutput>* outputs) {
+  Sequence* seq = sequences_.at(entry.id).get();
+  if (seq->is_finished()) return;  // aborted during the step
+  const int accepted = static_cast<int>(sampled.token_ids.size()) - 1;
+  absl::StatusOr<std::optional<BlockCopy>> copy =
+      blocks_->Truncate(seq->id(), entry.num_draft - accepted);
+  // The rolled-back tail was allocated this step and never shared, so no
+  // copy is expected; should one be needed, recompute instead.
+  const bool recompute = !copy.ok() || copy->has_value();
+  const int computed = seq->num_computed_tokens() + 1 + accepted;
+  SequenceOutput out;
+  out.id = seq->id();
+  FinishReason reason = FinishReason::kNone;
+  for (TokenId t : sampled.token_ids) {
+    seq->AppendToken(t, now);
+    out.new_token_ids.push_back(t);
+    reason = seq->CheckStop(options_.max_model_len);
+    if (reason != FinishReason::kNone) break;
+  }
+  if (reason == FinishReason::kNone && recompute) {
+    LogError("speculative rollback needs a block copy; recomputing the sequence",
+             {{"seq", seq->id()}});
+    blocks_->Free(seq->id());
+    running_.erase(seq);
+    seq->Preempt();
+    waiting_.insert(seq);
+    ++counters_.num_preemptions;
+  } else if (!recompute) {
+    seq->set_num_computed_tokens(std::min(computed, seq->num_tokens()));
+    if (absl::Status s =
+            blocks_->CacheComputedBlocks(seq->id(), seq->token_ids(), seq->num_computed_tokens());
+        !s.ok()) {
+      LogError("prefix caching failed", {{"seq", seq->id()}, {"error", std::string(s.message())}});
+    }
+  }
+  if (reason != FinishReason::kNone) {
+    FinishSequence(seq, reason, now);
+    out.finished = true;
+    out.finish_reason = reason;
+  }
+  FillOutput(*seq, &out);
   if (out.finished) sequences_.erase(seq->id());
   outputs->push_back(std::move(out));
 }

@@ -85,6 +85,10 @@ struct ScheduledSequence {
   std::vector<BlockId> block_table;
   // One KV slot per computed token: block_table[p / bs] * bs + p % bs.
   std::vector<int64_t> slot_mapping;
+  // Speculative decode: the last num_draft_tokens of token_ids are draft
+  // tokens to verify; logits are needed for them and the token before
+  // (num_draft_tokens + 1 rows).
+  int num_draft_tokens = 0;
 
   int context_len() const { return start_position + num_tokens; }
 };
@@ -103,9 +107,14 @@ struct ScheduledBatch {
   bool empty() const { return sequences.empty(); }
 };
 
+// Draft tokens offered for a step, by sequence (speculative decoding).
+using DraftTokens = absl::flat_hash_map<SequenceId, std::vector<TokenId>>;
+
 // The sampler's result for one sequence that needed logits. One token for a
 // plain step; a speculative verifier may give several (accepted drafts plus
-// one), which are appended in order until a stop condition.
+// one), which are appended in order until a stop condition. For an entry
+// with draft tokens, token_ids must be a prefix of the drafts (the accepted
+// ones) followed by one token; the KV of rejected drafts is rolled back.
 struct SampledTokens {
   SequenceId id = 0;
   std::vector<TokenId> token_ids;
@@ -164,8 +173,14 @@ class Scheduler {
 
   // Forms the next step. An empty batch means there is nothing to compute;
   // otherwise OnStepDone must follow before the next Schedule
-  // (FAILED_PRECONDITION if not).
-  absl::StatusOr<ScheduledBatch> Schedule();
+  // (FAILED_PRECONDITION if not). `drafts` attach draft tokens to decodes:
+  // a decode takes 1 + k tokens (k cut to the budget, the free blocks
+  // without preempting, and what max_tokens and the context still allow).
+  absl::StatusOr<ScheduledBatch> Schedule(const DraftTokens* drafts = nullptr);
+
+  // Running sequences that will decode next step (prefill done), in queue
+  // order: the ones a speculative step can ask drafts for.
+  std::vector<SequenceId> DecodingSequences() const;
 
   // Completes the step in flight: the batch's KV is computed and `sampled`
   // holds one entry per sequence with needs_logits (any order). Advances
@@ -207,6 +222,8 @@ class Scheduler {
     SequenceId id;
     int num_tokens;
     bool needs_logits;
+    int num_draft = 0;  // of num_tokens, the trailing draft tokens
+    std::vector<TokenId> draft;
   };
   // State of one Schedule() call.
   struct StepBuilder;
@@ -214,19 +231,25 @@ class Scheduler {
   Scheduler(SchedulerOptions options, std::unique_ptr<BlockManager> blocks);
 
   absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }
-  void ScheduleDecodes(StepBuilder& step);
+  void ScheduleDecodes(StepBuilder& step, const DraftTokens* drafts);
+  // Draft tokens `seq` may verify this step (after its one decode slot).
+  int DraftRoom(const Sequence& seq, int offered, const StepBuilder& step) const;
   void ScheduleRunningPrefills(StepBuilder& step);
   void ScheduleWaiting(StepBuilder& step);
   // The lowest-ordered running sequence below `seq` not scheduled this
   // step, or nullptr.
   Sequence* FindVictim(const Sequence* seq, const StepBuilder& step) const;
   void Preempt(Sequence* seq, StepBuilder& step);
-  void AddToBatch(Sequence* seq, int num_tokens, bool is_prefill, StepBuilder& step);
+  void AddToBatch(Sequence* seq, int num_tokens, bool is_prefill, StepBuilder& step,
+                  absl::Span<const TokenId> draft = {});
   absl::Status ValidateSampled(absl::Span<const SampledTokens> sampled) const;
   // Applies one in-flight entry; appends to *outputs when there is news.
   void CompleteEntry(const InFlight& entry, const SampledTokens* sampled, absl::Time now,
                      std::vector<SequenceOutput>* outputs);
+  void CompleteSpeculativeEntry(const InFlight& entry, const SampledTokens& sampled,
+                                absl::Time now, std::vector<SequenceOutput>* outputs);
   void FinishSequence(Sequence* seq, FinishReason reason, absl::Time now);
+  void FillOutput(const Sequence& seq, SequenceOutput* out) const;
 
   const SchedulerOptions options_;
   const int watermark_blocks_;

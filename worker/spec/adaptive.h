@@ -37,7 +37,7 @@ class AdaptiveDraftLength {
     if (!o.adaptive) return max_k;
     if (batch_decodes >= o.disable_batch_size) return 0;
     if (rate_ema_ < o.min_acceptance_rate) return steps_ % o.probe_interval == 0 ? 1 : 0;
-    int k = std::clamp(static_cast<int>(std::ceil(accepted_ema_)) + 1, 1, max_k);
+    int k = std::clamp(static_cast<int>(std::lround(accepted_ema_)) + 1, 1, max_k);
     const double room = 1.0 - static_cast<double>(batch_decodes) / o.disable_batch_size;
     return std::max(1, static_cast<int>(std::floor(k * room + 0.5)));
   }
