@@ -12,6 +12,10 @@ __global__ void ImageProbeKernel(int* out) {
 
 }  // namespace
 
+bool CurrentDeviceMemory(size_t* free_bytes, size_t* total_bytes) {
+  return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess;
+}
+
 ImageProbeResult ProbeImage(int ordinal) {
   ImageProbeResult r;
   cudaError_t err = cudaSetDevice(ordinal);

@@ -49,4 +49,7 @@ struct ImageProbeResult {
 };
 ImageProbeResult ProbeImage(int ordinal);
 
+// Free and total memory of the current device (cudaMemGetInfo); false on error.
+bool CurrentDeviceMemory(size_t* free_bytes, size_t* total_bytes);
+
 }  // namespace tessera::kernels::cuda

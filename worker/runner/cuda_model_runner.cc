@@ -1,0 +1,667 @@
+#include "worker/runner/cuda_model_runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "base/log.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/device_query.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gather_rows.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/kv_cache_write.h"
+#include "kernels/cuda/logits.h"
+#include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/random_fill.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/silu_mul.h"
+#include "worker/model/rope.h"
+
+namespace tessera::runner {
+namespace {
+
+namespace kcu = ::tessera::kernels::cuda;
+using kcu::Bf16;
+using kcu::DeviceBuffer;
+
+#define RETURN_IF_ERROR(expr)              \
+  do {                                     \
+    if (absl::Status s_ = (expr); !s_.ok()) return s_; \
+  } while (0)
+
+// Smallest power of two >= n (n >= 1).
+int64_t RoundUpPow2(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+absl::StatusOr<DeviceBuffer> Alloc(size_t bytes, std::string_view what) {
+  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(bytes);
+  if (!b.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat("allocating ", std::string(what), " (",
+                                                     bytes >> 20, " MiB) on the GPU: ",
+                                                     b.status().ToString()));
+  }
+  return b;
+}
+
+// Host bytes of a tensor as bf16 (a copy for bf16, a conversion otherwise).
+absl::StatusOr<std::vector<Bf16>> ToBf16(const model::TensorView& t) {
+  std::vector<Bf16> out(static_cast<size_t>(t.num_elements()));
+  if (t.dtype == model::DType::kBF16) {
+    std::memcpy(out.data(), t.data, t.size_bytes);
+    return out;
+  }
+  absl::StatusOr<std::vector<float>> f = model::ToFloat32(t);
+  if (!f.ok()) return f.status();
+  if (auto s = kcu::ConvertToBf16(f->data(), f->size(), &out); !s.ok()) return s;
+  return out;
+}
+
+}  // namespace
+
+struct CudaModelRunner::Graph {
+  kcu::CudaGraph graph;
+};
+
+struct CudaModelRunner::Impl {
+  struct Layer {
+    DeviceBuffer qkv_w, o_w, gate_up_w, down_w;
+    DeviceBuffer qkv_b, o_b, gate_up_b, down_b;  // fp32; empty = none
+    DeviceBuffer input_norm, post_norm, q_norm, k_norm;
+  };
+  int ordinal = 0;
+  kcu::Stream stream;
+  std::unique_ptr<kcu::GemmContext> gemm;
+  DeviceBuffer embed, lm_head_own, final_norm, inv_freq;
+  const Bf16* lm_head = nullptr;
+  std::vector<Layer> layers;
+  DeviceBuffer k_cache, v_cache;  // [layers][blocks, block_size, kv_heads, head_dim]
+
+  // Batch inputs, one packed buffer at fixed offsets (one copy per step).
+  DeviceBuffer meta;
+  std::vector<std::byte> host_meta;
+  size_t off_tokens = 0, off_positions = 0, off_slots = 0, off_qsl = 0, off_seq_lens = 0,
+         off_logits_idx = 0, off_block_tables = 0;
+  int64_t max_blocks_per_seq = 0;
+  int64_t table_stride = 0;  // block-table stride of the staged batch
+
+  // Activations.
+  DeviceBuffer residual, xb, qkv, attn, delta, gate_up, act, rows, logits, argmax;
+  DeviceBuffer attn_workspace;
+  int64_t max_logits_rows = 0;
+
+  template <class T>
+  T* MetaPtr(size_t off) const {
+    return reinterpret_cast<T*>(static_cast<std::byte*>(meta.data()) + off);
+  }
+};
+
+CudaModelRunner::CudaModelRunner(model::ModelConfig config, CudaRunnerOptions options)
+    : config_(std::move(config)), options_(std::move(options)), impl_(std::make_unique<Impl>()) {}
+
+CudaModelRunner::~CudaModelRunner() {
+  if (impl_) (void)kcu::SetDevice(impl_->ordinal);
+  graphs_.clear();
+}
+
+absl::Status CudaModelRunner::Init(const kernels::DeviceDescription& device) {
+  if (device.kind != kernels::DeviceKind::kCuda || !device.gpu) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the CUDA runner needs a CUDA device; got ", device.Summary()));
+  }
+  if (options_.block_size < 1 || options_.max_num_tokens < 1 || options_.max_num_seqs < 1) {
+    return absl::InvalidArgumentError("block_size, max_num_tokens and max_num_seqs must be >= 1");
+  }
+  if (config_.head_dim != 64 && config_.head_dim != 128 && config_.head_dim != 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the CUDA attention kernels support head_dim 64, 128 and 256; this model has ",
+        config_.head_dim, " (run it with --device=cpu)"));
+  }
+  impl_->ordinal = device.ordinal;
+  RETURN_IF_ERROR(kcu::SetDevice(device.ordinal));
+  absl::StatusOr<kcu::Stream> stream = kcu::Stream::Create();
+  if (!stream.ok()) return stream.status();
+  impl_->stream = std::move(*stream);
+  absl::StatusOr<std::unique_ptr<kcu::GemmContext>> gemm = kcu::GemmContext::Create();
+  if (!gemm.ok()) return gemm.status();
+  impl_->gemm = std::move(*gemm);
+  impl_->layers.resize(config_.num_hidden_layers);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
+    const model::LoadedModel* model, const kernels::DeviceDescription& device,
+    CudaRunnerOptions options) {
+  std::unique_ptr<CudaModelRunner> r(new CudaModelRunner(model->config, std::move(options)));
+  RETURN_IF_ERROR(r->Init(device));
+  Impl& m = *r->impl_;
+  const model::ModelWeights& w = model->weights;
+
+  // One upload per (possibly fused) tensor list.
+  auto upload_bf16 = [&](std::initializer_list<const model::TensorView*> parts,
+                         DeviceBuffer* out, std::string_view what) -> absl::Status {
+    std::vector<Bf16> host;
+    for (const model::TensorView* p : parts) {
+      absl::StatusOr<std::vector<Bf16>> b = ToBf16(*p);
+      if (!b.ok()) return b.status();
+      host.insert(host.end(), b->begin(), b->end());
+    }
+    absl::StatusOr<DeviceBuffer> buf = Alloc(host.size() * sizeof(Bf16), what);
+    if (!buf.ok()) return buf.status();
+    RETURN_IF_ERROR(kcu::CopyToDevice(buf->data(), host.data(), host.size() * sizeof(Bf16)));
+    r->weight_bytes_ += static_cast<int64_t>(host.size() * sizeof(Bf16));
+    *out = std::move(*buf);
+    return absl::OkStatus();
+  };
+  auto upload_f32 = [&](std::vector<const model::TensorView*> parts, DeviceBuffer* out,
+                        std::string_view what) -> absl::Status {
+    std::vector<float> host;
+    for (const model::TensorView* p : parts) {
+      absl::StatusOr<std::vector<float>> f = model::ToFloat32(*p);
+      if (!f.ok()) return f.status();
+      host.insert(host.end(), f->begin(), f->end());
+    }
+    absl::StatusOr<DeviceBuffer> buf = Alloc(host.size() * sizeof(float), what);
+    if (!buf.ok()) return buf.status();
+    RETURN_IF_ERROR(kcu::CopyToDevice(buf->data(), host.data(), host.size() * sizeof(float)));
+    *out = std::move(*buf);
+    return absl::OkStatus();
+  };
+
+  RETURN_IF_ERROR(upload_bf16({&w.embed_tokens}, &m.embed, "embed_tokens"));
+  if (w.lm_head_tied) {
+    m.lm_head = m.embed.as<Bf16>();
+  } else {
+    RETURN_IF_ERROR(upload_bf16({&w.lm_head}, &m.lm_head_own, "lm_head"));
+    m.lm_head = m.lm_head_own.as<Bf16>();
+  }
+  RETURN_IF_ERROR(upload_f32({&w.norm}, &m.final_norm, "norm"));
+  absl::StatusOr<std::vector<float>> inv_freq = model::RopeInverseFrequencies(r->config_);
+  if (!inv_freq.ok()) return inv_freq.status();
+  absl::StatusOr<DeviceBuffer> freq = Alloc(inv_freq->size() * sizeof(float), "inv_freq");
+  if (!freq.ok()) return freq.status();
+  RETURN_IF_ERROR(kcu::CopyToDevice(freq->data(), inv_freq->data(),
+                                    inv_freq->size() * sizeof(float)));
+  m.inv_freq = std::move(*freq);
+
+  for (int64_t i = 0; i < r->config_.num_hidden_layers; ++i) {
+    const model::LayerWeights& lw = w.layers[i];
+    Impl::Layer& l = m.layers[i];
+    const std::string name = absl::StrCat("layer ", i);
+    RETURN_IF_ERROR(upload_bf16({&lw.q_proj, &lw.k_proj, &lw.v_proj}, &l.qkv_w, name));
+    RETURN_IF_ERROR(upload_bf16({&lw.o_proj}, &l.o_w, name));
+    RETURN_IF_ERROR(upload_bf16({&lw.gate_proj, &lw.up_proj}, &l.gate_up_w, name));
+    RETURN_IF_ERROR(upload_bf16({&lw.down_proj}, &l.down_w, name));
+    RETURN_IF_ERROR(upload_f32({&lw.input_layernorm}, &l.input_norm, name));
+    RETURN_IF_ERROR(upload_f32({&lw.post_attention_layernorm}, &l.post_norm, name));
+    if (lw.q_norm) RETURN_IF_ERROR(upload_f32({&*lw.q_norm}, &l.q_norm, name));
+    if (lw.k_norm) RETURN_IF_ERROR(upload_f32({&*lw.k_norm}, &l.k_norm, name));
+    if (lw.q_bias) {
+      RETURN_IF_ERROR(upload_f32({&*lw.q_bias, &*lw.k_bias, &*lw.v_bias}, &l.qkv_b, name));
+    }
+    if (lw.o_bias) RETURN_IF_ERROR(upload_f32({&*lw.o_bias}, &l.o_b, name));
+    if (lw.gate_bias) {
+      RETURN_IF_ERROR(upload_f32({&*lw.gate_bias, &*lw.up_bias}, &l.gate_up_b, name));
+    }
+    if (lw.down_bias) RETURN_IF_ERROR(upload_f32({&*lw.down_bias}, &l.down_b, name));
+  }
+  RETURN_IF_ERROR(r->AllocateCacheAndWorkspace());
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::CreateWithRandomWeights(
+    const model::ModelConfig& config, const kernels::DeviceDescription& device,
+    CudaRunnerOptions options, uint64_t seed) {
+  std::unique_ptr<CudaModelRunner> r(new CudaModelRunner(config, std::move(options)));
+  RETURN_IF_ERROR(r->Init(device));
+  Impl& m = *r->impl_;
+  const model::ModelConfig& c = r->config_;
+  kcu::CudaStream st = m.stream.get();
+  uint64_t stream_id = seed;
+  auto random = [&](int64_t elems, DeviceBuffer* out, std::string_view what) -> absl::Status {
+    absl::StatusOr<DeviceBuffer> buf = Alloc(elems * sizeof(Bf16), what);
+    if (!buf.ok()) return buf.status();
+    RETURN_IF_ERROR(kcu::FillRandomBf16(buf->as<Bf16>(), elems, ++stream_id, 0.03f, st));
+    r->weight_bytes_ += elems * static_cast<int64_t>(sizeof(Bf16));
+    *out = std::move(*buf);
+    return absl::OkStatus();
+  };
+  auto ones = [&](int64_t elems, DeviceBuffer* out) -> absl::Status {
+    absl::StatusOr<DeviceBuffer> buf = Alloc(elems * sizeof(float), "norm");
+    if (!buf.ok()) return buf.status();
+    RETURN_IF_ERROR(kcu::FillConstantF32(buf->as<float>(), elems, 1.0f, st));
+    *out = std::move(*buf);
+    return absl::OkStatus();
+  };
+  const int64_t H = c.hidden_size, Q = c.q_size(), K = c.kv_size(), I = c.intermediate_size;
+  RETURN_IF_ERROR(random(c.vocab_size * H, &m.embed, "embed_tokens"));
+  if (c.tie_word_embeddings) {
+    m.lm_head = m.embed.as<Bf16>();
+  } else {
+    RETURN_IF_ERROR(random(c.vocab_size * H, &m.lm_head_own, "lm_head"));
+    m.lm_head = m.lm_head_own.as<Bf16>();
+  }
+  RETURN_IF_ERROR(ones(H, &m.final_norm));
+  absl::StatusOr<std::vector<float>> inv_freq = model::RopeInverseFrequencies(c);
+  if (!inv_freq.ok()) return inv_freq.status();
+  absl::StatusOr<DeviceBuffer> freq = Alloc(inv_freq->size() * sizeof(float), "inv_freq");
+  if (!freq.ok()) return freq.status();
+  RETURN_IF_ERROR(kcu::CopyToDevice(freq->data(), inv_freq->data(),
+                                    inv_freq->size() * sizeof(float)));
+  m.inv_freq = std::move(*freq);
+  for (Impl::Layer& l : m.layers) {
+    RETURN_IF_ERROR(random((Q + 2 * K) * H, &l.qkv_w, "qkv"));
+    RETURN_IF_ERROR(random(H * Q, &l.o_w, "o_proj"));
+    RETURN_IF_ERROR(random(2 * I * H, &l.gate_up_w, "gate_up"));
+    RETURN_IF_ERROR(random(H * I, &l.down_w, "down_proj"));
+    RETURN_IF_ERROR(ones(H, &l.input_norm));
+    RETURN_IF_ERROR(ones(H, &l.post_norm));
+    if (c.qk_norm) {
+      RETURN_IF_ERROR(ones(c.head_dim, &l.q_norm));
+      RETURN_IF_ERROR(ones(c.head_dim, &l.k_norm));
+    }
+  }
+  RETURN_IF_ERROR(kcu::Synchronize(st));
+  RETURN_IF_ERROR(r->AllocateCacheAndWorkspace());
+  return r;
+}
+
+absl::Status CudaModelRunner::AllocateCacheAndWorkspace() {
+  Impl& m = *impl_;
+  const model::ModelConfig& c = config_;
+  const int64_t T = options_.max_num_tokens, S = options_.max_num_seqs;
+  const int64_t H = c.hidden_size, Q = c.q_size(), K = c.kv_size(), I = c.intermediate_size;
+  m.max_blocks_per_seq = (c.max_position_embeddings + options_.block_size - 1) / options_.block_size;
+  m.max_logits_rows = std::max<int64_t>(S, 256);
+
+  // Packed batch inputs (8-byte aligned sections).
+  auto align8 = [](size_t n) { return (n + 7) & ~size_t{7}; };
+  size_t off = 0;
+  m.off_tokens = off;
+  off = align8(off + T * sizeof(int32_t));
+  m.off_positions = off;
+  off = align8(off + T * sizeof(int32_t));
+  m.off_slots = off;
+  off = align8(off + T * sizeof(int64_t));
+  m.off_qsl = off;
+  off = align8(off + (S + 1) * sizeof(int32_t));
+  m.off_seq_lens = off;
+  off = align8(off + S * sizeof(int32_t));
+  m.off_logits_idx = off;
+  off = align8(off + m.max_logits_rows * sizeof(int32_t));
+  m.off_block_tables = off;
+  off = align8(off + S * m.max_blocks_per_seq * sizeof(int32_t));
+  m.host_meta.assign(off, std::byte{0});
+
+  struct Want {
+    DeviceBuffer* buf;
+    size_t bytes;
+    const char* what;
+  };
+  const Want wants[] = {
+      {&m.meta, off, "batch inputs"},
+      {&m.residual, T * H * sizeof(float), "residual"},
+      {&m.xb, T * H * sizeof(Bf16), "activations"},
+      {&m.qkv, T * (Q + 2 * K) * sizeof(Bf16), "qkv"},
+      {&m.attn, T * Q * sizeof(Bf16), "attention output"},
+      {&m.delta, T * H * sizeof(Bf16), "activations"},
+      {&m.gate_up, T * 2 * I * sizeof(Bf16), "gate_up"},
+      {&m.act, T * I * sizeof(Bf16), "mlp activations"},
+      {&m.rows, m.max_logits_rows * H * sizeof(Bf16), "logits rows"},
+      {&m.logits, m.max_logits_rows * c.vocab_size * sizeof(float), "logits"},
+      {&m.argmax, m.max_logits_rows * sizeof(int32_t), "argmax"},
+  };
+  for (const Want& want : wants) {
+    absl::StatusOr<DeviceBuffer> b = Alloc(want.bytes, want.what);
+    if (!b.ok()) return b.status();
+    *want.buf = std::move(*b);
+  }
+  // Decode workspace for the largest graph bucket at a moderate context;
+  // Execute() grows it (dropping captured graphs) when a step needs more.
+  const size_t ws = kcu::PagedAttentionDecodeWorkspaceBytes(
+      static_cast<int>(S), static_cast<int>(c.num_attention_heads), static_cast<int>(c.head_dim),
+      static_cast<int>(std::min<int64_t>(c.max_position_embeddings, 8192)));
+  absl::StatusOr<DeviceBuffer> wsb = Alloc(std::max<size_t>(ws, 256), "attention workspace");
+  if (!wsb.ok()) return wsb.status();
+  m.attn_workspace = std::move(*wsb);
+
+  // The KV cache: what is asked, or a fraction of what is left.
+  const int64_t bytes_per_block =
+      int64_t{2} * c.num_hidden_layers * options_.block_size * K * int64_t{sizeof(Bf16)};
+  int64_t blocks = options_.num_kv_blocks;
+  if (blocks <= 0) {
+    size_t free_bytes = 0, total_bytes = 0;
+    if (!kcu::CurrentDeviceMemory(&free_bytes, &total_bytes)) {
+      return absl::InternalError("cudaMemGetInfo failed");
+    }
+    const double budget = static_cast<double>(free_bytes) * options_.gpu_memory_fraction;
+    blocks = static_cast<int64_t>(budget / static_cast<double>(bytes_per_block));
+    if (blocks < 1) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no GPU memory left for the KV cache: ", free_bytes >> 20, " MiB free after ",
+          weight_bytes_ >> 20, " MiB of weights; one block needs ", bytes_per_block >> 10, " KiB"));
+    }
+  }
+  num_kv_blocks_ = blocks;
+  const size_t half = static_cast<size_t>(bytes_per_block / 2) * static_cast<size_t>(blocks);
+  absl::StatusOr<DeviceBuffer> kc = Alloc(half, "K cache");
+  if (!kc.ok()) return kc.status();
+  absl::StatusOr<DeviceBuffer> vc = Alloc(half, "V cache");
+  if (!vc.ok()) return vc.status();
+  m.k_cache = std::move(*kc);
+  m.v_cache = std::move(*vc);
+  kcu::CudaStream st = m.stream.get();
+  RETURN_IF_ERROR(kcu::MemsetDevice(m.k_cache.data(), 0, half, st));
+  RETURN_IF_ERROR(kcu::MemsetDevice(m.v_cache.data(), 0, half, st));
+  RETURN_IF_ERROR(kcu::Synchronize(st));
+  LogInfo("cuda runner ready", {{"weights_mib", weight_bytes_ >> 20},
+                                      {"kv_blocks", blocks},
+                                      {"kv_cache_mib", static_cast<int64_t>((2 * half) >> 20)},
+                                      {"block_size", options_.block_size}});
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::ValidateBatch(const ForwardBatch& b) const {
+  const int n = b.num_tokens();
+  const int s = b.num_seqs();
+  if (n == 0 || s == 0) return absl::InvalidArgumentError("empty batch");
+  if (n > options_.max_num_tokens || s > options_.max_num_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", n, " tokens in ", s,
+                                                   " sequences exceeds the runner's limits (",
+                                                   options_.max_num_tokens, " tokens, ",
+                                                   options_.max_num_seqs, " sequences)"));
+  }
+  if (b.positions.size() != static_cast<size_t>(n) ||
+      b.slot_mapping.size() != static_cast<size_t>(n)) {
+    return absl::InvalidArgumentError("positions and slot_mapping must have one entry per token");
+  }
+  if (b.query_start_loc.size() != static_cast<size_t>(s) + 1 || b.query_start_loc.front() != 0 ||
+      b.query_start_loc.back() != n) {
+    return absl::InvalidArgumentError(
+        "query_start_loc must have num_seqs + 1 entries from 0 to num_tokens");
+  }
+  if (b.block_table_stride < 0 ||
+      b.block_tables.size() != static_cast<size_t>(s * b.block_table_stride)) {
+    return absl::InvalidArgumentError("block_tables must be [num_seqs, block_table_stride]");
+  }
+  for (int32_t id : b.token_ids) {
+    if (id < 0 || id >= config_.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", id, " outside the vocabulary of ", config_.vocab_size));
+    }
+  }
+  const int64_t slots = num_kv_blocks_ * options_.block_size;
+  for (int64_t slot : b.slot_mapping) {
+    if (slot >= slots) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot ", slot, " outside the KV cache of ", slots, " slots"));
+    }
+  }
+  for (int i = 0; i < s; ++i) {
+    const int q_len = b.query_start_loc[i + 1] - b.query_start_loc[i];
+    if (q_len < 1 || q_len > b.seq_lens[i]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", i, ": ", q_len, " new tokens but seq_len ", b.seq_lens[i]));
+    }
+    if (b.seq_lens[i] > config_.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": length ", b.seq_lens[i],
+                                                     " exceeds the model's context of ",
+                                                     config_.max_position_embeddings));
+    }
+    for (int j = 0; j < q_len; ++j) {
+      const int t = b.query_start_loc[i] + j;
+      if (b.positions[t] != b.seq_lens[i] - q_len + j) {
+        return absl::InvalidArgumentError(absl::StrCat("token ", t, ": position ", b.positions[t],
+                                                       " but sequence ", i, " places it at ",
+                                                       b.seq_lens[i] - q_len + j));
+      }
+    }
+    const int64_t blocks_needed = (b.seq_lens[i] + options_.block_size - 1) / options_.block_size;
+    if (blocks_needed > b.block_table_stride) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": ", b.seq_lens[i],
+                                                     " tokens need ", blocks_needed,
+                                                     " blocks; the block table has ",
+                                                     b.block_table_stride));
+    }
+    for (int64_t j = 0; j < blocks_needed; ++j) {
+      const int32_t block = b.block_tables[i * b.block_table_stride + j];
+      if (block < 0 || block >= num_kv_blocks_) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": block ", block,
+                                                       " outside the KV cache of ",
+                                                       num_kv_blocks_, " blocks"));
+      }
+    }
+  }
+  for (int32_t idx : b.logits_indices) {
+    if (idx < 0 || idx >= n) {
+      return absl::InvalidArgumentError(absl::StrCat("logits index ", idx, " outside the batch"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::Stage(const ForwardBatch& b, int64_t padded_tokens,
+                                    int padded_seqs, int context) {
+  Impl& m = *impl_;
+  std::byte* base = m.host_meta.data();
+  auto put = [&](size_t off, const void* src, size_t bytes) { std::memcpy(base + off, src, bytes); };
+  const int n = b.num_tokens(), s = b.num_seqs();
+  put(m.off_tokens, b.token_ids.data(), n * sizeof(int32_t));
+  put(m.off_positions, b.positions.data(), n * sizeof(int32_t));
+  put(m.off_slots, b.slot_mapping.data(), n * sizeof(int64_t));
+  put(m.off_qsl, b.query_start_loc.data(), (s + 1) * sizeof(int32_t));
+  put(m.off_seq_lens, b.seq_lens.data(), s * sizeof(int32_t));
+  const int64_t r = static_cast<int64_t>(b.logits_indices.size());
+  put(m.off_logits_idx, b.logits_indices.data(), std::min(r, m.max_logits_rows) * sizeof(int32_t));
+  int32_t* tables = reinterpret_cast<int32_t*>(base + m.off_block_tables);
+  // The staged table covers `context` positions (the step's longest sequence,
+  // or the graph bucket's bound), not the model's whole context.
+  const int64_t stride = std::min<int64_t>(
+      m.max_blocks_per_seq, (context + options_.block_size - 1) / options_.block_size);
+  m.table_stride = stride;
+  const int64_t copy = std::min<int64_t>(stride, b.block_table_stride);
+  for (int i = 0; i < s; ++i) {
+    std::memcpy(tables + i * stride, b.block_tables.data() + i * b.block_table_stride,
+                copy * sizeof(int32_t));
+    std::fill(tables + i * stride + copy, tables + (i + 1) * stride, 0);
+  }
+  // Padding rows (decode graphs): one token at position 0 reading block 0,
+  // writing nothing, logits computed and ignored.
+  int32_t* tokens = reinterpret_cast<int32_t*>(base + m.off_tokens);
+  int32_t* positions = reinterpret_cast<int32_t*>(base + m.off_positions);
+  int64_t* slots = reinterpret_cast<int64_t*>(base + m.off_slots);
+  int32_t* qsl = reinterpret_cast<int32_t*>(base + m.off_qsl);
+  int32_t* seq_lens = reinterpret_cast<int32_t*>(base + m.off_seq_lens);
+  int32_t* logits_idx = reinterpret_cast<int32_t*>(base + m.off_logits_idx);
+  for (int64_t t = n; t < padded_tokens; ++t) {
+    tokens[t] = 0;
+    positions[t] = 0;
+    slots[t] = -1;
+  }
+  for (int i = s; i < padded_seqs; ++i) {
+    qsl[i + 1] = qsl[i] + 1;
+    seq_lens[i] = 1;
+    std::fill(tables + i * stride, tables + (i + 1) * stride, 0);
+  }
+  if (padded_seqs > s) {
+    for (int i = 0; i < padded_seqs; ++i) logits_idx[i] = i;
+  }
+  // Only the used prefix of the block-table section is copied.
+  const size_t bytes = m.off_block_tables + static_cast<size_t>(padded_seqs) * stride * sizeof(int32_t);
+  return kcu::CopyToDevice(m.meta.data(), base, bytes, m.stream.get());
+}
+
+absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logits, bool decode,
+                                       int max_seq_len, int max_query_len) {
+  Impl& m = *impl_;
+  const model::ModelConfig& c = config_;
+  kcu::CudaStream st = m.stream.get();
+  const int64_t H = c.hidden_size, Q = c.q_size(), K = c.kv_size(), I = c.intermediate_size;
+  const int64_t QKV = Q + 2 * K, D = c.head_dim, V = c.vocab_size;
+  const int heads = static_cast<int>(c.num_attention_heads);
+  const int kv_heads = static_cast<int>(c.num_key_value_heads);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int64_t slots = num_kv_blocks_ * options_.block_size;
+  const int64_t layer_elems = slots * K;
+  auto f32 = [](const DeviceBuffer& b) { return b.size() == 0 ? nullptr : b.as<float>(); };
+
+  Bf16* xb = m.xb.as<Bf16>();
+  Bf16* qkv = m.qkv.as<Bf16>();
+  Bf16* delta = m.delta.as<Bf16>();
+  float* residual = m.residual.as<float>();
+  RETURN_IF_ERROR(kcu::Embedding(m.embed.as<Bf16>(), V, H, m.MetaPtr<int32_t>(m.off_tokens), T,
+                                 residual, st));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const Impl::Layer& l = m.layers[i];
+    if (i == 0) {
+      RETURN_IF_ERROR(kcu::RmsNorm(residual, T, H, l.input_norm.as<float>(), eps, xb, st));
+    } else {
+      RETURN_IF_ERROR(
+          kcu::FusedAddRmsNorm(delta, residual, T, H, l.input_norm.as<float>(), eps, xb, st));
+    }
+    RETURN_IF_ERROR(m.gemm->Gemm(xb, T, H, l.qkv_w.as<Bf16>(), QKV, f32(l.qkv_b), qkv, st));
+    RETURN_IF_ERROR(kcu::Rope(qkv, QKV, heads, qkv + Q, QKV, kv_heads, static_cast<int>(D),
+                              m.MetaPtr<int32_t>(m.off_positions), T, m.inv_freq.as<float>(),
+                              f32(l.q_norm), f32(l.k_norm), eps, st));
+    Bf16* k_cache = m.k_cache.as<Bf16>() + i * layer_elems;
+    Bf16* v_cache = m.v_cache.as<Bf16>() + i * layer_elems;
+    RETURN_IF_ERROR(kcu::WriteKvCache(qkv + Q, QKV, qkv + Q + K, QKV, T, kv_heads,
+                                      static_cast<int>(D), m.MetaPtr<int64_t>(m.off_slots),
+                                      k_cache, v_cache, slots, st));
+    kcu::PagedAttentionParams p;
+    p.q = qkv;
+    p.q_token_stride = QKV;
+    p.k_cache = k_cache;
+    p.v_cache = v_cache;
+    p.block_tables = m.MetaPtr<int32_t>(m.off_block_tables);
+    p.block_table_stride = m.table_stride;
+    p.seq_lens = m.MetaPtr<int32_t>(m.off_seq_lens);
+    p.query_start_loc = m.MetaPtr<int32_t>(m.off_qsl);
+    p.num_seqs = num_seqs;
+    p.num_heads = heads;
+    p.num_kv_heads = kv_heads;
+    p.head_dim = static_cast<int>(D);
+    p.block_size = options_.block_size;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    p.max_seq_len = max_seq_len;
+    p.max_query_len = max_query_len;
+    p.out = m.attn.as<Bf16>();
+    p.out_token_stride = Q;
+    p.workspace = m.attn_workspace.data();
+    p.workspace_bytes = m.attn_workspace.size();
+    RETURN_IF_ERROR(decode ? kcu::PagedAttentionDecode(p, st) : kcu::PagedAttentionPrefill(p, st));
+    RETURN_IF_ERROR(m.gemm->Gemm(m.attn.as<Bf16>(), T, Q, l.o_w.as<Bf16>(), H, f32(l.o_b), delta, st));
+    RETURN_IF_ERROR(
+        kcu::FusedAddRmsNorm(delta, residual, T, H, l.post_norm.as<float>(), eps, xb, st));
+    RETURN_IF_ERROR(m.gemm->Gemm(xb, T, H, l.gate_up_w.as<Bf16>(), 2 * I, f32(l.gate_up_b),
+                                 m.gate_up.as<Bf16>(), st));
+    RETURN_IF_ERROR(kcu::SiluMul(m.gate_up.as<Bf16>(), T, I, m.act.as<Bf16>(), st));
+    RETURN_IF_ERROR(
+        m.gemm->Gemm(m.act.as<Bf16>(), T, I, l.down_w.as<Bf16>(), H, f32(l.down_b), delta, st));
+  }
+  RETURN_IF_ERROR(kcu::FusedAddRmsNorm(delta, residual, T, H, m.final_norm.as<float>(), eps, xb, st));
+  if (num_logits == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(kcu::GatherRows(xb, T, H, m.MetaPtr<int32_t>(m.off_logits_idx), num_logits,
+                                  m.rows.as<Bf16>(), st));
+  return m.gemm->Gemm(m.rows.as<Bf16>(), num_logits, H, m.lm_head, V, nullptr,
+                      m.logits.as<float>(), st);
+}
+
+absl::Status CudaModelRunner::Execute(const ForwardBatch& batch, int64_t* num_logits) {
+  RETURN_IF_ERROR(ValidateBatch(batch));
+  Impl& m = *impl_;
+  RETURN_IF_ERROR(kcu::SetDevice(m.ordinal));
+  const int s = batch.num_seqs();
+  const int64_t n = batch.num_tokens();
+  int max_seq_len = 0, max_query_len = 0;
+  for (int i = 0; i < s; ++i) {
+    max_seq_len = std::max(max_seq_len, batch.seq_lens[i]);
+    max_query_len =
+        std::max(max_query_len, batch.query_start_loc[i + 1] - batch.query_start_loc[i]);
+  }
+  const bool decode = max_query_len == 1;
+  const int64_t r = static_cast<int64_t>(batch.logits_indices.size());
+  if (r > m.max_logits_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(r, " logits rows exceed the runner's ",
+                                                   m.max_logits_rows));
+  }
+  *num_logits = r;
+
+  // Graph path: a decode step whose every sequence wants its logits.
+  const bool graph_ok = decode && options_.cuda_graphs && s <= options_.max_graph_batch &&
+                        r == s;
+  const int bucket_seqs = graph_ok ? static_cast<int>(std::min<int64_t>(
+                                         RoundUpPow2(s), options_.max_num_seqs))
+                                   : s;
+  const int ctx_bucket =
+      graph_ok ? static_cast<int>(std::min<int64_t>(
+                     std::max<int64_t>(256, RoundUpPow2(max_seq_len)), config_.max_position_embeddings))
+               : max_seq_len;
+  const int ws_seqs = graph_ok ? bucket_seqs : s;
+  const int ws_ctx = graph_ok ? ctx_bucket : max_seq_len;
+  if (decode) {
+    const size_t need = kcu::PagedAttentionDecodeWorkspaceBytes(
+        ws_seqs, static_cast<int>(config_.num_attention_heads), static_cast<int>(config_.head_dim),
+        ws_ctx);
+    if (need > m.attn_workspace.size()) {
+      // Captured graphs hold the old pointer.
+      RETURN_IF_ERROR(kcu::Synchronize(m.stream.get()));
+      graphs_.clear();
+      m.attn_workspace = DeviceBuffer();
+      absl::StatusOr<DeviceBuffer> ws = Alloc(need, "attention workspace");
+      if (!ws.ok()) return ws.status();
+      m.attn_workspace = std::move(*ws);
+    }
+  }
+  RETURN_IF_ERROR(Stage(batch, graph_ok ? bucket_seqs : n, graph_ok ? bucket_seqs : s,
+                        graph_ok ? ctx_bucket : max_seq_len));
+  if (!graph_ok) return RunModel(n, s, r, decode, max_seq_len, max_query_len);
+
+  *num_logits = s;  // padded rows follow; callers read the first s
+  const std::pair<int, int> key{bucket_seqs, ctx_bucket};
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    auto g = std::make_unique<Graph>();
+    RETURN_IF_ERROR(g->graph.BeginCapture(m.stream.get()));
+    absl::Status run = RunModel(bucket_seqs, bucket_seqs, bucket_seqs, true, ctx_bucket, 1);
+    absl::Status end = g->graph.EndCapture();
+    if (!run.ok()) return run;
+    if (!end.ok()) return end;
+    it = graphs_.emplace(key, std::move(g)).first;
+  }
+  return it->second->graph.Launch(m.stream.get());
+}
+
+absl::Status CudaModelRunner::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
+  int64_t rows = 0;
+  RETURN_IF_ERROR(Execute(batch, &rows));
+  const int64_t r = static_cast<int64_t>(batch.logits_indices.size());
+  logits->resize(static_cast<size_t>(r * config_.vocab_size));
+  if (r > 0) {
+    RETURN_IF_ERROR(kcu::CopyToHost(logits->data(), impl_->logits.data(),
+                                    logits->size() * sizeof(float), impl_->stream.get()));
+  }
+  return kcu::Synchronize(impl_->stream.get());
+}
+
+absl::Status CudaModelRunner::ForwardGreedy(const ForwardBatch& batch,
+                                            std::vector<int32_t>* tokens) {
+  int64_t rows = 0;
+  RETURN_IF_ERROR(Execute(batch, &rows));
+  const int64_t r = static_cast<int64_t>(batch.logits_indices.size());
+  tokens->resize(static_cast<size_t>(r));
+  if (r > 0) {
+    RETURN_IF_ERROR(kcu::ArgmaxRows(impl_->logits.as<float>(), r, config_.vocab_size,
+                                    impl_->argmax.as<int32_t>(), impl_->stream.get()));
+    RETURN_IF_ERROR(kcu::CopyToHost(tokens->data(), impl_->argmax.data(), r * sizeof(int32_t),
+                                    impl_->stream.get()));
+  }
+  return kcu::Synchronize(impl_->stream.get());
+}
+
+}  // namespace tessera::runner

@@ -1,0 +1,108 @@
+// CudaModelRunner: the forward pass of Llama / Mistral / Qwen2 / Qwen3
+// decoders on one CUDA device (kernels/cuda), over a paged bf16 KV cache.
+//
+// Numerics: bf16 weights and sublayer activations, fp32 residual stream,
+// fp32 norm/softmax/accumulation, fp32 logits. Per layer (as the CPU
+// runner, kernels/README.md "A decoder layer, in calls"):
+//   xb = RMSNorm(residual) | FusedAddRmsNorm(delta, residual)      bf16
+//   qkv = xb · W_qkv^T (+b)       cuBLASLt, one GEMM over fused q/k/v
+//   rope(q, k) with Qwen3's per-head q/k RMSNorm fused; cache[slots] = k, v
+//   attn = paged decode (split-K) when every sequence has one new token,
+//          else paged prefill (flash attention on tensor cores)
+//   delta = attn · W_o^T; xb = FusedAddRmsNorm(delta, residual)
+//   delta = silu_mul(xb · W_gate_up^T) · W_down^T
+// then the final norm, the rows that want logits, and the LM head.
+//
+// Decode steps (every sequence one token) run as CUDA graphs captured per
+// (batch-size bucket, context-length bucket): inputs are copied into
+// fixed buffers, padded rows write no KV (slot -1) and are ignored.
+//
+// Weights are copied to the device once (fp32/fp16 checkpoints converted to
+// bf16; q/k/v and gate/up fused). The KV cache takes `num_kv_blocks`, or,
+// when 0, `gpu_memory_fraction` of the memory left after weights and
+// workspace.
+//
+// Thread-safety: not thread-safe (one engine loop owns it). Create() makes
+// the device current on the calling thread; call Forward from one thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/device.h"
+#include "worker/model/weights.h"
+#include "worker/runner/model_runner.h"
+
+namespace tessera::runner {
+
+struct CudaRunnerOptions {
+  int block_size = 16;
+  int64_t num_kv_blocks = 0;         // 0 = from gpu_memory_fraction
+  double gpu_memory_fraction = 0.9;  // of the free memory after weights, for the KV cache
+  int max_num_tokens = 8192;         // workspace: tokens per Forward
+  int max_num_seqs = 256;            // sequences per Forward
+  bool cuda_graphs = true;           // decode steps as CUDA graphs
+  int max_graph_batch = 128;         // decode batches above this run eagerly
+};
+
+class CudaModelRunner final : public ModelRunner {
+ public:
+  // Uploads the weights of `model` (which must outlive the runner) to
+  // `device` (kind kCuda with gpu info; the ordinal is used for this
+  // process) and allocates the KV cache and workspace.
+  static absl::StatusOr<std::unique_ptr<CudaModelRunner>> Create(
+      const model::LoadedModel* model, const kernels::DeviceDescription& device,
+      CudaRunnerOptions options);
+
+  // A runner for `config` with random bf16 weights made on the device (for
+  // benchmarks: speed does not depend on weight values). Normal(0, 0.02)-like
+  // values, norms 1, no biases.
+  static absl::StatusOr<std::unique_ptr<CudaModelRunner>> CreateWithRandomWeights(
+      const model::ModelConfig& config, const kernels::DeviceDescription& device,
+      CudaRunnerOptions options, uint64_t seed);
+
+  ~CudaModelRunner() override;
+
+  const model::ModelConfig& config() const override { return config_; }
+  int block_size() const override { return options_.block_size; }
+  int64_t num_kv_blocks() const override { return num_kv_blocks_; }
+  absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
+
+  // Forward, then the argmax of each logits row on the device; only the
+  // token ids come back to the host.
+  absl::Status ForwardGreedy(const ForwardBatch& batch, std::vector<int32_t>* tokens);
+
+  // Bytes of weights on the device.
+  int64_t weight_bytes() const { return weight_bytes_; }
+  // Decode graphs captured so far.
+  int graphs_captured() const { return static_cast<int>(graphs_.size()); }
+
+ private:
+  struct Impl;
+  struct Graph;
+  CudaModelRunner(model::ModelConfig config, CudaRunnerOptions options);
+  absl::Status Init(const kernels::DeviceDescription& device);
+  absl::Status AllocateCacheAndWorkspace();
+  absl::Status ValidateBatch(const ForwardBatch& batch) const;
+  // Runs the model on the batch staged in the device buffers; logits rows
+  // land in the logits buffer.
+  absl::Status RunModel(int64_t num_tokens, int num_seqs, int64_t num_logits, bool decode,
+                        int max_seq_len, int max_query_len);
+  absl::Status Stage(const ForwardBatch& batch, int64_t padded_tokens, int padded_seqs,
+                     int context);
+  absl::Status Execute(const ForwardBatch& batch, int64_t* num_logits);
+
+  model::ModelConfig config_;
+  CudaRunnerOptions options_;
+  int64_t num_kv_blocks_ = 0;
+  int64_t weight_bytes_ = 0;
+  std::unique_ptr<Impl> impl_;
+  std::map<std::pair<int, int>, std::unique_ptr<Graph>> graphs_;  // (batch, context) buckets
+};
+
+}  // namespace tessera::runner
