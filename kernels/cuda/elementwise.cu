@@ -59,9 +59,11 @@ __global__ void EmbeddingKernel(const uint16_t* __restrict__ table, int64_t voca
 // ---- rmsnorm ----
 
 template <bool VEC, bool FUSED>
-__global__ void RmsNormKernel(const float* __restrict__ x, const uint16_t* __restrict__ delta,
+// `out` may alias `delta` (each thread reads its delta elements before it
+// writes the same elements of out), hence no __restrict__ on those two.
+__global__ void RmsNormKernel(const float* __restrict__ x, const uint16_t* delta,
                               float* __restrict__ residual, int64_t cols,
-                              const float* __restrict__ w, float eps, uint16_t* __restrict__ out) {
+                              const float* __restrict__ w, float eps, uint16_t* out) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const float* in = FUSED ? residual + row * cols : x + row * cols;

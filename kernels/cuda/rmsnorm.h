@@ -5,8 +5,9 @@
 //                     (vLLM's fused_add_rms_norm: `residual` is the fp32
 //                     residual stream, `delta` a sublayer's bf16 output)
 // x, residual: fp32 [rows, cols]; delta, out: bf16 [rows, cols]; w: fp32
-// [cols]. All device pointers. One block per row; 16-byte vector loads when
-// cols % 4 == 0 and the pointers allow, else scalar.
+// [cols]. All device pointers; `out` may alias `delta` (in place). One
+// block per row; 16-byte vector loads when cols % 4 == 0 and the pointers
+// allow, else scalar.
 //
 // Thread-safety: enqueues on `stream`; concurrent calls must not write
 // overlapping outputs.

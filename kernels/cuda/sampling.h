@@ -46,7 +46,8 @@ struct RowSamplingParams {
 static_assert(sizeof(RowSamplingParams) == 32);
 
 // logits: fp32 [rows, vocab]; params: [rows]; out: int32 [rows]. All device
-// pointers. INVALID_ARGUMENT for bad sizes or null pointers.
+// pointers. INVALID_ARGUMENT for bad sizes (vocab must be in [1, 2^24]) or
+// null pointers.
 absl::Status SampleRows(const float* logits, int64_t rows, int64_t vocab,
                         const RowSamplingParams* params, int32_t* out, CudaStream stream);
 

@@ -51,6 +51,7 @@ Batch MakeBatch(int64_t rows, int64_t vocab, uint32_t seed) {
       if (flavour == 3 && uni(rng) < 0.3f) v = -std::numeric_limits<float>::infinity();
       x[i] = v;
     }
+    if (flavour == 3) x[r % vocab] = normal(rng);  // at least one finite logit
     RowSamplingParams& p = b.params[r];
     p.temperature = temps[rng() % 5];
     p.top_k = top_ks[rng() % 6];
