@@ -11,6 +11,9 @@
 #       The validator must reject every document of k8s/invalid.yaml and the
 #       mistakes of k8s/broken-overlay; yamllint must reject a badly
 #       formatted file.
+#   check_k8s.sh flags WORK_DIR BUILD_DIR
+#       Each binary parses its flag file from deploy/k8s/base/config (real
+#       flag names and values), and rejects a file with an unknown flag.
 #
 # kubectl: $TESSERA_KUBECTL, else `kubectl` on PATH (Debian's
 # kubernetes-client, which scripts/install-deps.sh installs when no kubectl
@@ -83,6 +86,7 @@ case ${cmd} in
     (cd "${work}" && node validate.mjs --tessera --expect-invalid \
        --expect="workers file lists" --expect="terminationGracePeriodSeconds 20" \
        --expect='readinessProbe service ""' --expect="livenessProbe port 50061" \
+       --expect="must be a tcpSocket probe" --expect="--tls_cert=/etc/tessera/tls/tls.crt is not in a mounted Secret" \
        "${work}/broken-overlay.yaml") ||
       fail "the Tessera checks missed a mistake of k8s/broken-overlay"
     [[ -x /usr/bin/yamllint ]] || fail "/usr/bin/yamllint not found; install yamllint (scripts/install-deps.sh does)"
@@ -91,6 +95,25 @@ case ${cmd} in
       fail "yamllint accepted a badly formatted file with a duplicate key"
     fi
     echo "ok: yamllint rejects a badly formatted file"
+    ;;
+  flags)
+    build=${3:?usage: check_k8s.sh flags WORK_DIR BUILD_DIR}
+    mkdir -p "${work}"
+    for svc in router worker drafter; do
+      bin="${build}/services/${svc}/tessera-${svc}"
+      file="${repo}/deploy/k8s/base/config/${svc}.flags"
+      [[ -x ${bin} ]] || fail "${bin} is not built"
+      # --version exits after parsing every flag, the flag file's included.
+      if ! out=$("${bin}" --flagfile="${file}" --version 2>&1); then
+        echo "${out}" >&2
+        fail "tessera-${svc} rejects ${file}"
+      fi
+      echo "ok: tessera-${svc} parses $(basename "${file}"): ${out}"
+      { cat "${file}"; echo "--no_such_flag=1"; } >"${work}/${svc}-bad.flags"
+      if "${bin}" --flagfile="${work}/${svc}-bad.flags" --version >/dev/null 2>&1; then
+        fail "tessera-${svc} accepted an unknown flag in a flag file; this check is blind"
+      fi
+    done
     ;;
   *)
     fail "unknown command ${cmd}"

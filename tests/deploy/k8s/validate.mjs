@@ -219,12 +219,33 @@ function checkTessera(all) {
       if (cport("grpc") !== grpcPort) errs.push(`${where}: containerPort grpc ${cport("grpc")} != --listen port ${grpcPort}`);
       if (cport("metrics") !== metricsPort) errs.push(`${where}: containerPort metrics ${cport("metrics")} != --metrics_listen port ${metricsPort}`);
       // Native gRPC probes: liveness "", readiness and startup the service.
+      // The kubelet's gRPC probes speak plaintext only: a container serving
+      // TLS (--tls_cert) must use TCP probes on its gRPC port instead.
       const ready = SERVICE_NAMES[binary];
+      const tls = Boolean(flags.tls_cert);
       for (const [probe, want] of [["livenessProbe", ""], ["readinessProbe", ready], ["startupProbe", ready]]) {
+        if (tls) {
+          const t = c[probe]?.tcpSocket;
+          if (!t) { errs.push(`${where}: ${probe} must be a tcpSocket probe (gRPC probes cannot speak TLS)`); continue; }
+          if (t.port !== grpcPort) errs.push(`${where}: ${probe} port ${t.port} != --listen port ${grpcPort}`);
+          continue;
+        }
         const g = c[probe]?.grpc;
         if (!g) { errs.push(`${where}: ${probe} is not a grpc probe`); continue; }
         if (g.port !== grpcPort) errs.push(`${where}: ${probe} port ${g.port} != --listen port ${grpcPort}`);
         if ((g.service ?? "") !== want) errs.push(`${where}: ${probe} service "${g.service ?? ""}" != "${want}"`);
+      }
+      // Certificate and key flags name files of a mounted Secret, which the
+      // process (a non-root uid) can read.
+      for (const f of ["tls_cert", "tls_key", "tls_client_ca", "upstream_tls_ca", "upstream_tls_cert", "upstream_tls_key"]) {
+        if (!flags[f]) continue;
+        const mount = (c.volumeMounts ?? []).find((v) => flags[f].startsWith(v.mountPath + "/"));
+        const vol = mount && pod.volumes.find((v) => v.name === mount.name);
+        if (!vol?.secret) { errs.push(`${where}: --${f}=${flags[f]} is not in a mounted Secret`); continue; }
+        const mode = vol.secret.defaultMode ?? 0o644;
+        if ((mode & 0o004) === 0 && pod.securityContext?.fsGroup === undefined) {
+          errs.push(`${where}: Secret ${vol.secret.secretName} (mode ${mode.toString(8)}) is unreadable without fsGroup`);
+        }
       }
       // The drain must finish before the kubelet's SIGKILL.
       const pause = c.lifecycle?.preStop?.sleep?.seconds ?? 0;
