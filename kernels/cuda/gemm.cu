@@ -21,6 +21,7 @@ namespace tessera::kernels::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
+constexpr size_t kScratchBytes = 32u << 20;
 
 absl::Status LtError(cublasStatus_t st, std::string_view what) {
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
@@ -83,8 +84,7 @@ struct GemmContext::Impl {
 
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  void* scratch = nullptr;  // fp32 result of biased bf16 GEMMs
-  size_t scratch_bytes = 0;
+  void* scratch = nullptr;  // fp32 result of biased bf16 GEMMs (kScratchBytes)
   std::mutex mu;
   std::map<Key, Plan> plans;
 
@@ -202,33 +202,30 @@ struct GemmContext::Impl {
     std::lock_guard<std::mutex> lock(mu);
     if (f32_out || bias == nullptr) return RunLocked(x, m, k, w, n, bias, y, f32_out, stream);
     // bf16 output with an fp32 bias: cuBLASLt's bias epilogue wants a bias of
-    // the output type, so compute in fp32 (bias fused there), then round once.
-    const size_t need = static_cast<size_t>(m) * static_cast<size_t>(n) * sizeof(float);
-    if (scratch_bytes < need) {
-      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-      TESSERA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(AsCuda(stream), &capturing));
-      if (capturing != cudaStreamCaptureStatusNone) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "Gemm: a biased bf16 GEMM of ", m, "x", n,
-            " needs more fp32 scratch than allocated; run this shape once before capture"));
+    // the output type, so compute in fp32 (bias fused there) into the fixed
+    // scratch, in row chunks that fit it, and round each chunk once.
+    const int64_t scratch_elems = static_cast<int64_t>(kScratchBytes / sizeof(float));
+    if (n > scratch_elems) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Gemm: biased bf16 GEMM with n=", n, " exceeds the fp32 scratch (", scratch_elems,
+          " values per row)"));
+    }
+    const int64_t chunk = std::max<int64_t>(1, scratch_elems / n);
+    for (int64_t i0 = 0; i0 < m; i0 += chunk) {
+      const int64_t mc = std::min(chunk, m - i0);
+      bool fused = false;
+      if (absl::Status s = RunLocked(x + i0 * k, mc, k, w, n, bias, scratch, /*f32_out=*/true,
+                                     stream, &fused);
+          !s.ok()) {
+        return s;
       }
-      TESSERA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(AsCuda(stream)));
-      if (scratch != nullptr) cudaFree(scratch);
-      scratch = nullptr;
-      scratch_bytes = 0;
-      TESSERA_CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch, need));
-      scratch_bytes = need;
+      const int threads = 256;
+      RoundToBf16Kernel<<<ElementwiseBlocks(mc * n, threads), threads, 0, AsCuda(stream)>>>(
+          static_cast<const float*>(scratch), mc, n, fused ? nullptr : bias,
+          static_cast<uint16_t*>(y) + i0 * n);
+      if (absl::Status s = CheckLastLaunch("Gemm bf16 rounding"); !s.ok()) return s;
     }
-    bool fused = false;
-    if (absl::Status s = RunLocked(x, m, k, w, n, bias, scratch, /*f32_out=*/true, stream, &fused);
-        !s.ok()) {
-      return s;
-    }
-    const int threads = 256;
-    RoundToBf16Kernel<<<ElementwiseBlocks(m * n, threads), threads, 0, AsCuda(stream)>>>(
-        static_cast<const float*>(scratch), m, n, fused ? nullptr : bias,
-        static_cast<uint16_t*>(y));
-    return CheckLastLaunch("Gemm bf16 rounding");
+    return absl::OkStatus();
   }
 
   // `*bias_fused` (optional) tells whether the bias was added; when it is
@@ -277,6 +274,7 @@ absl::StatusOr<std::unique_ptr<GemmContext>> GemmContext::Create() {
   auto impl = std::make_unique<Impl>();
   TESSERA_LT_RETURN_IF_ERROR(cublasLtCreate(&impl->handle));
   TESSERA_CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->workspace, kWorkspaceBytes));
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->scratch, kScratchBytes));
   return std::unique_ptr<GemmContext>(new GemmContext(std::move(impl)));
 }
 

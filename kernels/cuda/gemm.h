@@ -3,16 +3,15 @@
 // for logits). x and W are bf16 row-major (W in HF [out, in] layout), bias
 // fp32 [n] or null, all device pointers.
 //
-// A GemmContext owns a cuBLASLt handle and a 32 MiB workspace, and caches
-// the matmul descriptors and the heuristic's algorithm per (shape, output
-// type, bias, pointer alignment). A call never synchronizes and allocates no
-// device memory once its shape has been seen, so it can be captured in a
-// CUDA graph: run every shape once before capture (the first call of a shape
-// does host-side descriptor work, and a biased bf16 GEMM may grow an
-// internal fp32 scratch buffer, which is refused with FAILED_PRECONDITION
-// while the stream is capturing). Bias: fp32, added in fp32 before the one
-// rounding (bf16 output with bias runs as an fp32 GEMM with the bias
-// epilogue into the scratch, then one rounding kernel).
+// A GemmContext owns a cuBLASLt handle, a 32 MiB workspace and a 32 MiB
+// fp32 scratch, and caches the matmul descriptors and the heuristic's
+// algorithm per (shape, output type, bias, pointer alignment). A call never
+// synchronizes and never allocates device memory, so it can be captured in
+// a CUDA graph (the first call of a shape does host-side descriptor work;
+// warm shapes before capture to keep capture cheap). Bias is fp32 and added
+// in fp32 before the one rounding: a biased bf16 GEMM runs as an fp32 GEMM
+// with the bias epilogue into the scratch, in row chunks of up to
+// 8M / n rows, each rounded to bf16 by a small kernel (n <= 8M).
 //
 // Thread-safety: a GemmContext may be used by one thread at a time on its
 // device (calls are serialized by an internal mutex, but the workspace is

@@ -115,7 +115,7 @@ TEST(CudaGemmTest, MatchesReference) {
       {33, 129, 72, true, false},      {5, 1001, 200, true, false},
       {3, 97, 77, true, false},        {1, 32000, 4096, false, true},
       {7, 32000, 4096, true, true},    {64, 28672, 4096, false, false},
-      {64, 96, 64, false, true},
+      {64, 96, 64, false, true},       {2100, 4096, 128, true, false},  // 2 scratch chunks
   };
   for (const Shape& sh : shapes) {
     CheckGemm(**ctx, sh);
@@ -129,7 +129,7 @@ TEST(CudaGemmTest, MatchesReference) {
                    .ok());
 }
 
-// Captures embedding -> rmsnorm -> gemm on a stream, replays the graph with
+// Captures embedding -> rmsnorm -> gemm (+bias) on a stream, replays the graph with
 // new ids written into the same input buffer, and compares with direct calls.
 TEST(CudaGraphTest, CaptureAndReplayMatchesDirectCalls) {
   TESSERA_REQUIRE_CUDA_DEVICE();
@@ -141,6 +141,7 @@ TEST(CudaGraphTest, CaptureAndReplayMatchesDirectCalls) {
   DeviceBuffer table = Upload(FastRandomBf16(vocab * hidden, 5));
   DeviceBuffer w = Upload(FastRandomBf16(n * hidden, 6));
   DeviceBuffer norm_w = Upload(RandomFloats(hidden, 7, 0.5f, 1.5f));
+  DeviceBuffer bias = Upload(RandomFloats(n, 8, -1.f, 1.f));
   DeviceBuffer ids = Zeros(tokens * 4);
   DeviceBuffer act = Zeros(tokens * hidden * 4);
   DeviceBuffer normed = Zeros(tokens * hidden * 2);
@@ -157,8 +158,8 @@ TEST(CudaGraphTest, CaptureAndReplayMatchesDirectCalls) {
         !st.ok()) {
       return st;
     }
-    return (*ctx)->Gemm(normed.as<Bf16>(), tokens, hidden, w.as<Bf16>(), n, nullptr, y.as<Bf16>(),
-                        s);
+    return (*ctx)->Gemm(normed.as<Bf16>(), tokens, hidden, w.as<Bf16>(), n, bias.as<float>(),
+                        y.as<Bf16>(), s);
   };
   const std::vector<int32_t> ids_a = {1, 2, 3, 999, 0}, ids_b = {500, 7, 7, 42, 998};
   // Direct results.
