@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,7 @@
 #include "worker/tokenizer/incremental_detokenizer.h"
 #include "worker/tokenizer/tokenizer.h"
 
+ABSL_DECLARE_FLAG(std::string, device);  // doctor.cc
 ABSL_FLAG(std::string, model, "", "generate: model directory (config.json, *.safetensors)");
 ABSL_FLAG(std::string, tokenizer, "", "generate: tokenizer directory; default: --model");
 ABSL_FLAG(std::string, prompt, "", "generate: the prompt text");
@@ -34,6 +36,7 @@ ABSL_FLAG(float, repetition_penalty, 1.0f, "generate: penalty on tokens already 
 ABSL_FLAG(float, presence_penalty, 0.0f, "generate: presence penalty [-2, 2]");
 ABSL_FLAG(float, frequency_penalty, 0.0f, "generate: frequency penalty [-2, 2]");
 ABSL_FLAG(int64_t, seed, -1, "generate: RNG seed; -1 = random");
+ABSL_FLAG(bool, print_ids, false, "generate: print generated token ids, not text");
 ABSL_FLAG(bool, ignore_eos, false, "generate: keep going past end-of-sequence tokens");
 ABSL_FLAG(int, cpu_threads, 0, "generate: CPU kernel threads (0 = all cores)");
 ABSL_FLAG(std::string, stats_json, "", "generate: write timing statistics as JSON to this file");
@@ -114,6 +117,7 @@ int RunGenerate(const std::vector<char*>&) {
   if (lo.model_dir.empty()) return fail(absl::InvalidArgumentError("--model is required"));
   lo.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   lo.kv_cache_memory_mb = 256;
+  if (!absl::GetFlag(FLAGS_device).empty()) lo.device = absl::GetFlag(FLAGS_device);
   std::string tok_dir =
       absl::GetFlag(FLAGS_tokenizer).empty() ? lo.model_dir : absl::GetFlag(FLAGS_tokenizer);
   const bool ids_in = !absl::GetFlag(FLAGS_prompt_ids).empty();
@@ -172,7 +176,9 @@ int RunGenerate(const std::vector<char*>&) {
   auto stream = eng.Submit(req);
   if (!stream.ok()) return fail(stream.status());
   std::optional<IncrementalDetokenizer> detok;
-  if (tokenizer) detok.emplace(tokenizer.get(), /*skip_special_tokens=*/true);
+  if (tokenizer && !absl::GetFlag(FLAGS_print_ids)) {
+    detok.emplace(tokenizer.get(), /*skip_special_tokens=*/true);
+  }
   std::fputs(absl::GetFlag(FLAGS_prompt).c_str(), stdout);
   std::fflush(stdout);
   engine::StreamEvent event;

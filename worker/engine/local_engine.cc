@@ -8,12 +8,20 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/log.h"
+#include "worker/parallel/shard_plan.h"
+#include "worker/parallel/tensor_parallel_runner.h"
 #include "worker/runner/cpu_model_runner.h"
 #include "worker/runner/simulated_model_runner.h"
+#include "kernels/cuda_devices.h"
+#if TESSERA_HAVE_CUDA
+#include "worker/runner/cuda_model_runner.h"
+#include "worker/runner/cuda_preflight.h"
+#endif
 
 namespace tessera::engine {
 namespace {
@@ -111,18 +119,63 @@ LocalEngine::~LocalEngine() {
 absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineOptions& o,
                                                               EngineObserver* observer) {
   auto local = std::make_unique<LocalEngine>();
-  local->device = kernels::HostCpuDevice();
+  const int tp = o.tensor_parallel_size;
+  if (tp < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tensor_parallel_size=", tp, ": must be >= 1"));
+  }
+  if (tp > 1 && absl::StartsWith(o.device, "cuda")) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--tensor_parallel_size=", tp, " with --device=", o.device,
+        ": tensor parallelism on CUDA devices is not in this build yet; use "
+        "--tensor_parallel_size=1, or --device=cpu for CPU ranks"));
+  }
+  if (tp > 1 && o.simulate) {
+    return absl::InvalidArgumentError(
+        "--simulate loads no model to shard; use it with --tensor_parallel_size=1");
+  }
+  auto device = kernels::ResolveDevice(o.device);
+  if (!device.ok()) return device.status();
+  local->device = *device;
+  local->device.tensor_parallel_size = tp;
   for (const auto& [flag, value] : o.backends) {
     if (auto s = kernels::ValidateBackendOverride(flag, value); !s.ok()) return s;
   }
   auto report = kernels::BuiltinRegistry().SelectAll(local->device, o.backends);
   if (!report.ok()) return report.status();
   local->backends = *report;
-  auto cpu_kernels = kernels::CpuKernelsFor(*report);
-  if (!cpu_kernels.ok()) return cpu_kernels.status();
-  local->kernels = std::make_unique<kernels::CpuKernels>(*cpu_kernels);
+  const bool cuda = local->device.kind == kernels::DeviceKind::kCuda;
+  if (cuda && o.simulate) {
+    return absl::InvalidArgumentError("--simulate runs no kernels; use it with --device=cpu");
+  }
+  if (!cuda) {
+    auto cpu_kernels = kernels::CpuKernelsFor(*report);
+    if (!cpu_kernels.ok()) return cpu_kernels.status();
+    local->kernels = std::make_unique<kernels::CpuKernels>(*cpu_kernels);
+  }
   std::unique_ptr<runner::ModelRunner> model_runner;
-  if (o.simulate) {
+  if (cuda) {
+#if TESSERA_HAVE_CUDA
+    if (auto s = runner::PreflightCudaKernels(local->device, *report); !s.ok()) return s;
+    auto model = model::LoadModel(o.model_dir);
+    if (!model.ok()) return model.status();
+    local->model = std::move(*model);
+    runner::CudaRunnerOptions ro;
+    ro.block_size = o.block_size;
+    ro.num_kv_blocks = o.kv_cache_blocks;
+    ro.gpu_memory_fraction = o.gpu_memory_fraction;
+    ro.max_num_seqs = o.max_num_seqs;
+    // Room for speculative tokens on top of the scheduler's token budget.
+    ro.max_num_tokens = o.max_num_batched_tokens + 8 * o.max_num_seqs;
+    ro.cuda_graphs = o.cuda_graphs;
+    auto runner = runner::CudaModelRunner::Create(local->model.get(), local->device, ro);
+    if (!runner.ok()) return runner.status();
+    local->kv_cache_blocks = (*runner)->num_kv_blocks();
+    model_runner = std::move(*runner);
+#else
+    return absl::FailedPreconditionError("this binary was built without the CUDA backend");
+#endif
+  } else if (o.simulate) {
     // Nothing runs a kernel: no thread pool, no preflight, no weights.
     local->simulated = true;
     runner::SimulatedRunnerOptions ro = ToRunnerOptions(*o.simulate);
@@ -158,17 +211,35 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineO
     ro.block_size = o.block_size;
     ro.kernels = local->kernels.get();
     ro.num_threads = o.cpu_threads;
+    if (auto s = parallel::CheckTensorParallel(config, tp); !s.ok()) return s;
     int64_t blocks = o.kv_cache_blocks;
     if (blocks <= 0) {
-      const int64_t bytes_per_block = int64_t{2} * config.num_hidden_layers * config.kv_size() *
-                                      o.block_size * static_cast<int64_t>(sizeof(float));
+      // The budget covers every rank's cache (KV heads replicated when
+      // there are fewer than the ranks).
+      const int64_t kv_heads = tp * parallel::KvHeadsPerRank(config, tp);
+      const int64_t bytes_per_block = int64_t{2} * config.num_hidden_layers * kv_heads *
+                                      config.head_dim * o.block_size *
+                                      static_cast<int64_t>(sizeof(float));
       blocks = std::max<int64_t>(1, (o.kv_cache_memory_mb << 20) / bytes_per_block);
     }
     ro.num_kv_blocks = blocks;
     local->kv_cache_blocks = blocks;
-    auto runner = runner::CpuModelRunner::Create(local->model.get(), ro);
-    if (!runner.ok()) return runner.status();
-    model_runner = std::move(*runner);
+    if (tp == 1) {
+      auto runner = runner::CpuModelRunner::Create(local->model.get(), ro);
+      if (!runner.ok()) return runner.status();
+      model_runner = std::move(*runner);
+    } else {
+      parallel::TensorParallelOptions tpo;
+      tpo.tensor_parallel_size = tp;
+      ro.num_threads = o.cpu_threads > 0 ? std::max(1, o.cpu_threads / tp) : 0;
+      tpo.rank = ro;
+      auto runner = parallel::TensorParallelRunner::Create(local->model.get(), tpo);
+      if (!runner.ok()) return runner.status();
+      LogInfo("tensor parallelism on CPU ranks",
+              {{"ranks", tp},
+               {"all_reduce", local->kernels->BackendOf(kernels::Op::kAllReduce)}});
+      model_runner = std::move(*runner);
+    }
   }
   const model::ModelConfig& config = model_runner->config();
 

@@ -64,10 +64,18 @@ struct LocalEngineOptions {
   std::string model_dir;
   // When set, run the simulated runner instead of loading a model.
   std::optional<SimulationOptions> simulate;
+  // "cpu", "cuda" (the one visible GPU) or "cuda:<PCI bus id>"
+  // (kernels/cuda_devices.h).
+  std::string device = "cpu";
   kernels::BackendOverrides backends;  // flag name -> backend ("auto" = choose)
-  int cpu_threads = 0;                 // 0 = all cores
+  int cpu_threads = 0;                 // 0 = all cores (shared among the ranks)
+  // Tensor-parallel ranks (worker/parallel): on the CPU, N threads each
+  // holding 1/N of the model; CUDA devices take only 1 in this build.
+  int tensor_parallel_size = 1;
   int block_size = 16;
-  int64_t kv_cache_blocks = 0;  // 0 = from kv_cache_memory_mb
+  int64_t kv_cache_blocks = 0;  // 0 = from kv_cache_memory_mb (CPU) or gpu_memory_fraction
+  double gpu_memory_fraction = 0.9;  // CUDA: of the memory left after weights, for the KV cache
+  bool cuda_graphs = true;           // CUDA: decode steps as CUDA graphs
   int64_t kv_cache_memory_mb = 512;
   int max_model_len = 0;  // 0 = the model's
   int max_num_seqs = 64;

@@ -277,7 +277,8 @@ absl::Status CudaModelRunner::AllocateCacheAndWorkspace() {
   const int64_t T = options_.max_num_tokens, S = options_.max_num_seqs;
   const int64_t H = c.hidden_size, Q = c.q_size(), K = c.kv_size(), I = c.intermediate_size;
   m.max_blocks_per_seq = (c.max_position_embeddings + options_.block_size - 1) / options_.block_size;
-  m.max_logits_rows = std::max<int64_t>(S, 256);
+  // Rows that want logits: one per sequence, more with speculative tokens.
+  m.max_logits_rows = std::min<int64_t>(T, std::max<int64_t>(256, 8 * S));
 
   // Packed batch inputs (8-byte aligned sections).
   auto align8 = [](size_t n) { return (n + 7) & ~size_t{7}; };

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, after
+# scripts/gpu-bundle.sh made .gpu/bundle.tar.xz here: every GPU test and
+# benchmark, results into OUT_DIR (one folder; also packed as
+# OUT_DIR/gpu-results.tar.gz). Exit status: the number of failed steps.
+#
+#   OUT_DIR/doctor.txt               `tessera doctor` (devices, images, backend table, preflight)
+#   OUT_DIR/tests/<test>.json|.log   gtest results of the CUDA tests
+#   OUT_DIR/bench/*.json             kernel microbenchmarks, decode vs the roofline,
+#                                    and transformers' decode on the same shapes
+#   OUT_DIR/summary.txt              one line per step
+#
+# Usage: bash scripts/gpu-run.sh OUT_DIR [--quick]   (--quick: tests only)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: gpu-run.sh OUT_DIR [--quick]}
+QUICK=${2:-}
+mkdir -p "$OUT/tests" "$OUT/bench"
+B=/tmp/tessera-bundle
+rm -rf "$B" && mkdir -p "$B" && tar -C "$B" -xJf .gpu/bundle.tar.xz
+export LD_LIBRARY_PATH="$B/bundle/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export TESSERA_SOURCE_DIR=$PWD
+export NCCL_NVLS_ENABLE=0
+BIN=$B/bundle/bin
+failed=0
+step() {  # step NAME TIMEOUT_S CMD...: runs, logs, records the outcome
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
+  [[ $rc -eq 0 ]] || failed=$((failed + 1))
+}
+step_json() {  # step_json NAME TIMEOUT_S CMD...: stdout is the JSON result
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.json" 2>"$OUT/$name.log"
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
+  [[ $rc -eq 0 ]] || failed=$((failed + 1))
+}
+nvidia-smi --query-gpu=name,pci.bus_id,driver_version,memory.total --format=csv >"$OUT/nvidia-smi.txt" 2>&1
+step doctor 120 "$BIN/tessera" doctor
+cp "$OUT/doctor.log" "$OUT/doctor.txt"
+for t in arch_test cuda_selection_test cuda_ops_test gemm_test sampling_test paged_attention_test \
+         cuda_model_runner_test; do
+  step "tests/$t" 300 "$BIN/$t" --gtest_output="json:$OUT/tests/$t.json"
+done
+step generate_parity 600 python3 tests/gpu/check_generate.py "$BIN/tessera" --device=cuda \
+  --out="$OUT/tests/generate_parity.json"
+if [[ "$QUICK" != "--quick" ]]; then
+  step_json bench/cuda_ops 120 "$BIN/cuda_ops_bench"
+  step_json bench/paged_attention 120 "$BIN/paged_attention_bench"
+  step bench/gpu_decode 300 "$BIN/gpu_decode_bench" --out="$OUT/bench/gpu_decode.json"
+  step bench/hf_decode_peer 400 python3 tests/gpu/hf_decode_peer.py --out="$OUT/bench/hf_decode_peer.json"
+fi
+tar -C "$OUT" -czf /tmp/gpu-results.tar.gz --exclude=gpu-results.tar.gz . && mv /tmp/gpu-results.tar.gz "$OUT/"
+echo "failed steps: $failed" | tee -a "$OUT/summary.txt"
+exit "$failed"

@@ -1,0 +1,174 @@
+// gpu_decode_bench: decode speed of the CUDA runner on a Llama-3-8B-shaped
+// model with random bf16 weights (speed does not depend on the values), as
+// a fraction of the HBM roofline.
+//
+// Per batch size B: B prompts of --prompt_len random tokens are prefilled in
+// one step, then --decode_steps greedy decode steps run (argmax on the GPU,
+// only token ids come back), each a CUDA graph. Reported per B:
+//   decode_tokens_per_second = B * steps / wall time of the decode steps
+//   bytes_per_step           = weights + the KV cache read by attention
+//                              (mean context over the steps)
+//   roofline_tokens_per_second = B * hbm_bytes_per_second / bytes_per_step
+//   roofline_fraction        = measured / roofline
+// Usage: gpu_decode_bench [--batch_sizes=1,8,64] [--prompt_len=128]
+//        [--decode_steps=128] [--hbm_tbps=4.27] [--out=result.json]
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda_devices.h"
+#include "nlohmann/json.hpp"
+#include "worker/model/config.h"
+#include "worker/runner/cuda_model_runner.h"
+
+ABSL_FLAG(std::vector<std::string>, batch_sizes, std::vector<std::string>({"1", "8", "64"}),
+          "decode batch sizes");
+ABSL_FLAG(int, prompt_len, 128, "prompt tokens per sequence");
+ABSL_FLAG(int, decode_steps, 128, "decode steps timed per batch size");
+ABSL_FLAG(double, hbm_tbps, 4.27, "measured HBM bandwidth (TB/s), the roofline's ceiling");
+ABSL_FLAG(bool, cuda_graphs, true, "run decode steps as CUDA graphs");
+ABSL_FLAG(std::string, device, "cuda", "device selector (cuda or cuda:<PCI bus id>)");
+ABSL_FLAG(std::string, out, "", "write the JSON here too");
+
+namespace tessera {
+namespace {
+
+// Llama-3-8B's shapes (config.json of Meta-Llama-3.1-8B).
+constexpr char kLlama3_8B[] = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+  "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+  "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+  "bos_token_id": 128000, "eos_token_id": 128001
+})";
+
+int Run() {
+  absl::StatusOr<model::ModelConfig> config = model::ParseModelConfig(kLlama3_8B, "llama3_8b");
+  if (!config.ok()) {
+    std::fprintf(stderr, "config: %s\n", config.status().ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<kernels::DeviceDescription> device =
+      kernels::ResolveDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    std::fprintf(stderr, "device: %s\n", device.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<int> batches;
+  for (const std::string& b : absl::GetFlag(FLAGS_batch_sizes)) batches.push_back(std::stoi(b));
+  const int prompt_len = absl::GetFlag(FLAGS_prompt_len);
+  const int steps = absl::GetFlag(FLAGS_decode_steps);
+  int max_batch = 1;
+  for (int b : batches) max_batch = std::max(max_batch, b);
+  const int block_size = 16;
+  const int blocks_per_seq = (prompt_len + steps + 1 + block_size - 1) / block_size;
+
+  runner::CudaRunnerOptions options;
+  options.block_size = block_size;
+  options.num_kv_blocks = int64_t{max_batch} * blocks_per_seq + 16;
+  options.max_num_seqs = max_batch;
+  options.max_num_tokens = std::max(max_batch * prompt_len, 256);
+  options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  auto runner = runner::CudaModelRunner::CreateWithRandomWeights(*config, *device, options, 1234);
+  if (!runner.ok()) {
+    std::fprintf(stderr, "runner: %s\n", runner.status().ToString().c_str());
+    return 1;
+  }
+  const model::ModelConfig& c = (*runner)->config();
+  const double hbm = absl::GetFlag(FLAGS_hbm_tbps) * 1e12;
+  const double kv_bytes_per_token = 2.0 * c.num_hidden_layers * c.kv_size() * 2;  // K+V, bf16
+  nlohmann::json results = nlohmann::json::array();
+  std::mt19937 rng(42);
+  for (int batch : batches) {
+    // Prefill: every prompt in one step.
+    runner::ForwardBatch prefill;
+    prefill.block_table_stride = blocks_per_seq;
+    std::vector<std::vector<int32_t>> tables(batch);
+    for (int s = 0; s < batch; ++s) {
+      for (int j = 0; j < blocks_per_seq; ++j) tables[s].push_back(s * blocks_per_seq + j);
+      std::vector<int32_t> prompt(prompt_len);
+      for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % c.vocab_size);
+      prefill.AddSequence(prompt, 0, tables[s], block_size, true);
+    }
+    std::vector<int32_t> next;
+    auto t0 = std::chrono::steady_clock::now();
+    if (auto s = (*runner)->ForwardGreedy(prefill, &next); !s.ok()) {
+      std::fprintf(stderr, "prefill: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // Decode. Graphs are captured per context bucket: warm up at the last
+    // position too (its KV slot is rewritten by the timed steps), so no
+    // capture happens inside the timed loop.
+    auto decode_step = [&](int pos) -> absl::Status {
+      runner::ForwardBatch d;
+      d.block_table_stride = blocks_per_seq;
+      for (int s = 0; s < batch; ++s) d.AddSequence({next[s]}, pos, tables[s], block_size, true);
+      return (*runner)->ForwardGreedy(d, &next);
+    };
+    const std::vector<int32_t> first = next;
+    for (int pos : {prompt_len + steps, prompt_len}) {
+      next = first;
+      if (auto s = decode_step(pos); !s.ok()) {
+        std::fprintf(stderr, "decode: %s\n", s.ToString().c_str());
+        return 1;
+      }
+    }
+    t0 = std::chrono::steady_clock::now();
+    for (int i = 1; i <= steps; ++i) {
+      if (auto s = decode_step(prompt_len + i); !s.ok()) {
+        std::fprintf(stderr, "decode: %s\n", s.ToString().c_str());
+        return 1;
+      }
+    }
+    const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double mean_ctx = prompt_len + 1 + (steps + 1) / 2.0;
+    const double bytes_per_step =
+        static_cast<double>((*runner)->weight_bytes()) + batch * mean_ctx * kv_bytes_per_token;
+    const double tps = batch * steps / decode_s;
+    const double roofline = batch * hbm / bytes_per_step;
+    nlohmann::json r = {
+        {"batch", batch},
+        {"prompt_len", prompt_len},
+        {"decode_steps", steps},
+        {"prefill_seconds", prefill_s},
+        {"prefill_tokens_per_second", batch * prompt_len / prefill_s},
+        {"decode_ms_per_step", 1e3 * decode_s / steps},
+        {"decode_tokens_per_second", tps},
+        {"bytes_per_step", bytes_per_step},
+        {"roofline_tokens_per_second", roofline},
+        {"roofline_fraction", tps / roofline},
+    };
+    std::fprintf(stderr, "%s\n", r.dump().c_str());
+    results.push_back(r);
+  }
+  nlohmann::json out = {
+      {"benchmark", "gpu_decode_bench"},
+      {"model", "Llama-3-8B shapes, random bf16 weights"},
+      {"device", device->Summary()},
+      {"weight_bytes", (*runner)->weight_bytes()},
+      {"hbm_bytes_per_second", hbm},
+      {"cuda_graphs", options.cuda_graphs},
+      {"results", results},
+  };
+  std::printf("%s\n", out.dump(2).c_str());
+  if (!absl::GetFlag(FLAGS_out).empty()) std::ofstream(absl::GetFlag(FLAGS_out)) << out.dump(2);
+  return 0;
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return tessera::Run();
+}
