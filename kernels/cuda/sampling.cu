@@ -2,9 +2,10 @@
 //
 // One block per row. Values are compared through an order-preserving uint32
 // key of the float logit (s = logit / T is strictly increasing in the logit,
-// so ordering by key is ordering by s). The k-th largest key (top-k) and the
-// last key kept by top-p are found by a bitwise search from the top bit,
-// each step one pass over the row and a fixed-order block reduction; the
+// so ordering by key is ordering by s). The k-th largest key (top-k) is
+// found by an 8-bit radix select (4 passes), the last key kept by top-p by a
+// bitwise search from the top bit (one pass and a fixed-order block
+// reduction per bit, summing weights only above the probe); the
 // weights exp(s - max) are recomputed from the logits when needed (no
 // scratch memory). The final inverse-CDF walk uses contiguous per-thread
 // chunks so that id order is preserved: chunk sums, an exclusive scan, and
@@ -77,6 +78,9 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ ValueIndex vscratch[32];
   __shared__ int64_t chosen;
   __shared__ int n_keep_ties;
+  __shared__ int hist[256];
+  __shared__ uint32_t radix_prefix;
+  __shared__ int radix_remaining;
 
   const int64_t row = blockIdx.x;
   const float* x = logits + row * vocab;
@@ -116,19 +120,39 @@ __global__ void __launch_bounds__(kThreads)
   st.inv_t_denominator = static_cast<double>(p.temperature);
   st.max_s = static_cast<double>(maxv) / st.inv_t_denominator;
 
-  // Step 4: top-k -> kth_key = the largest key with count(key >= it) >= k.
+  // Step 4: top-k -> kth_key = the k-th largest finite key, by an 8-bit
+  // radix select from the top digit (integer histograms: deterministic).
   uint32_t kth_key = kNegInfKey + 1;  // every finite key
   const bool top_k = p.top_k > 0 && static_cast<int64_t>(p.top_k) < n_finite;
   if (top_k) {
-    uint32_t ans = 0;
-    for (int bit = 31; bit >= 0; --bit) {
-      const uint32_t c = ans | (1u << bit);
-      int count = 0;
-      for (int64_t i = tid; i < vocab; i += nthreads) count += Key(x[i]) >= c ? 1 : 0;
-      count = BlockSum(count, iscratch);
-      if (count >= p.top_k) ans = c;
+    uint32_t prefix = 0, mask = 0;
+    int remaining = p.top_k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int b = tid; b < 256; b += nthreads) hist[b] = 0;
+      __syncthreads();
+      for (int64_t i = tid; i < vocab; i += nthreads) {
+        const uint32_t key = Key(x[i]);
+        if (key > kNegInfKey && (key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+      }
+      __syncthreads();
+      if (tid == 0) {
+        // The k-th largest lies in the highest bin b where the counts of the
+        // bins above it stay below `remaining`.
+        int above = 0;
+        int b = 255;
+        for (; b > 0; --b) {
+          if (above + hist[b] >= remaining) break;
+          above += hist[b];
+        }
+        radix_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+        radix_remaining = remaining - above;
+      }
+      __syncthreads();
+      prefix = radix_prefix;
+      remaining = radix_remaining;
+      mask |= 255u << shift;
     }
-    kth_key = ans;
+    kth_key = prefix;
   }
   // Candidates: finite and key >= kth_key (kth_key > kNegInfKey).
 

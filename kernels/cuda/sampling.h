@@ -9,8 +9,9 @@
 //   top-p keeps, in (s desc, id asc) order, each token whose preceding mass
 //   is < top_p * sum(w); min-p keeps w >= min_p; the token is drawn by
 //   inverse CDF in ascending id with u = UniformFromSeed(seed, position,
-//   kSample). Thresholds are found by bitwise search over the float keys
-//   (deterministic, no sort). Sums are in double in a fixed order that
+//   kSample). Thresholds are found by radix select (top-k) and bitwise
+//   search (top-p) over order-preserving float keys (deterministic, no
+//   sort, no scratch memory). Sums are in double in a fixed order that
 //   differs from the CPU's sequential order, so a token can differ only when
 //   u falls within ~1e-15 of a CDF boundary.
 // Penalties (repetition/frequency/presence) are NOT applied here: they need
