@@ -1,17 +1,180 @@
 #include "services/drafter/drafter_service.h"
 
+#include <algorithm>
+#include <deque>
+#include <thread>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "base/log.h"
+
 namespace tessera::services {
+namespace {
+
+using tessera::v1::DraftControl;
+using tessera::v1::DraftProposal;
+
+// The worker's messages, handed from the reader thread to the handler.
+class Inbox {
+ public:
+  void Push(DraftControl c) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(c));
+  }
+  void Close() {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+  }
+  // Waits up to `timeout` for messages; returns them (maybe none). Sets
+  // *closed once the reader is done and the queue is empty.
+  std::vector<DraftControl> Take(absl::Duration timeout, bool* closed) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || !queue_.empty(); };
+    mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+    std::vector<DraftControl> out(std::make_move_iterator(queue_.begin()),
+                                  std::make_move_iterator(queue_.end()));
+    queue_.clear();
+    *closed = closed_ && out.empty();
+    return out;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<DraftControl> queue_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+sampling::SamplingParams ToParams(const tessera::v1::SamplingParams& p) {
+  sampling::SamplingParams s;
+  if (p.has_temperature()) s.temperature = p.temperature();
+  if (p.has_top_k()) s.top_k = p.top_k();
+  if (p.has_top_p()) s.top_p = p.top_p();
+  if (p.has_min_p()) s.min_p = p.min_p();
+  if (p.has_seed()) s.seed = p.seed();
+  return s;
+}
+
+}  // namespace
+
+DrafterService::DrafterService(DrainState* drain, SourceFactory factory,
+                               DrafterServiceOptions options)
+    : drain_(drain), factory_(std::move(factory)), options_(options) {}
 
 grpc::Status DrafterService::Speculate(
-    grpc::ServerContext*,
-    grpc::ServerReaderWriter<tessera::v1::DraftProposal, tessera::v1::DraftControl>*) {
-  WorkGuard guard(drain_);
-  if (!guard.ok()) {
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<DraftProposal, DraftControl>* stream) {
+  if (drain_->draining()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "drafter is draining");
   }
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      "this drafter has no draft source attached (n-gram, suffix or draft "
-                      "model); it cannot propose tokens");
+  if (!factory_) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        "this drafter has no draft source attached");
+  }
+  absl::StatusOr<std::unique_ptr<spec::DraftSource>> made = factory_();
+  if (!made.ok()) {
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        absl::StrCat("cannot create the draft source: ", made.status().message()));
+  }
+  spec::DraftSource& source = **made;
+  // Headers now: the worker treats them as "connected".
+  stream->SendInitialMetadata();
+  Inbox inbox;
+  std::thread reader([&] {
+    DraftControl c;
+    while (stream->Read(&c)) inbox.Push(std::move(c));
+    inbox.Close();
+  });
+
+  absl::flat_hash_map<spec::SeqKey, int> max_tokens;  // open sequences
+  std::vector<spec::SeqKey> changed;
+  grpc::Status result = grpc::Status::OK;
+  while (true) {
+    if (context->IsCancelled()) {
+      result = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+      break;
+    }
+    if (drain_->draining()) {
+      result = grpc::Status(grpc::StatusCode::UNAVAILABLE, "drafter is draining");
+      break;
+    }
+    bool closed = false;
+    std::vector<DraftControl> controls = inbox.Take(absl::Milliseconds(50), &closed);
+    if (closed) break;
+    changed.clear();
+    for (const DraftControl& c : controls) {
+      absl::Status s;
+      spec::SeqKey seq = 0;
+      switch (c.kind_case()) {
+        case DraftControl::kOpen: {
+          seq = c.open().seq();
+          source.Close(seq);  // a re-open replaces the sequence
+          std::vector<spec::TokenId> tokens(c.open().prompt_ids().begin(),
+                                            c.open().prompt_ids().end());
+          s = source.Open(seq, tokens, ToParams(c.open().sampling()));
+          max_tokens[seq] = c.open().max_draft_tokens();
+          break;
+        }
+        case DraftControl::kCommit: {
+          seq = c.commit().seq();
+          std::vector<spec::TokenId> tokens(c.commit().tokens().begin(),
+                                            c.commit().tokens().end());
+          s = source.Update(seq, c.commit().base_len(), tokens);
+          if (c.commit().max_draft_tokens() > 0 && max_tokens.contains(seq)) {
+            max_tokens[seq] = c.commit().max_draft_tokens();
+          }
+          break;
+        }
+        case DraftControl::kClose:
+          source.Close(c.close().seq());
+          max_tokens.erase(c.close().seq());
+          continue;
+        default:
+          continue;
+      }
+      if (!s.ok()) {
+        LogDebug("draft sequence dropped", {{"seq", seq}, {"why", std::string(s.message())}});
+        source.Close(seq);
+        max_tokens.erase(seq);
+        continue;
+      }
+      changed.push_back(seq);
+    }
+    if (changed.empty()) continue;
+    std::sort(changed.begin(), changed.end());
+    changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
+    std::vector<spec::DraftQuery> queries;
+    for (spec::SeqKey seq : changed) {
+      auto it = max_tokens.find(seq);
+      if (it == max_tokens.end()) continue;
+      queries.push_back({seq, std::clamp(it->second, 0, options_.max_draft_tokens)});
+    }
+    std::vector<spec::Draft> drafts = source.Propose(queries);
+    if (options_.inject_delay > absl::ZeroDuration()) absl::SleepFor(options_.inject_delay);
+    bool write_failed = false;
+    for (size_t i = 0; i < drafts.size(); ++i) {
+      if (drafts[i].tokens.empty()) continue;
+      DraftProposal p;
+      p.set_seq(queries[i].seq);
+      p.set_base_len(drafts[i].base_len);
+      for (spec::TokenId t : drafts[i].tokens) p.add_tokens(t);
+      for (int32_t parent : drafts[i].parents) p.add_parents(parent);
+      for (const spec::DraftDistribution& q : drafts[i].q) {
+        tessera::v1::DraftDistribution* out = p.add_q();
+        for (spec::TokenId t : q.tokens) out->add_token_ids(t);
+        for (float prob : q.probs) out->add_probs(prob);
+      }
+      if (!stream->Write(p)) {
+        write_failed = true;
+        break;
+      }
+    }
+    if (write_failed) break;
+  }
+  context->TryCancel();  // unblocks the reader
+  reader.join();
+  return result;
 }
 
 }  // namespace tessera::services

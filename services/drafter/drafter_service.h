@@ -1,20 +1,51 @@
-// DrafterService: the gRPC adapter of tessera.v1.Drafter.
+// DrafterService: the gRPC adapter of tessera.v1.Drafter over a DraftSource
+// (worker/spec/draft_source.h).
 //
-// Until a draft source is attached, Speculate is refused with UNIMPLEMENTED
-// naming what is missing; workers treat that as "no proposals" and decode
-// plainly.
+// Each Speculate stream is one worker's session with its own DraftSource
+// (a draft model source has its own KV cache per session; the weights are
+// shared through the factory). A reader thread queues the worker's
+// Open/Commit/Close messages; the handler thread applies everything queued,
+// then proposes for every sequence that changed, in one batched Propose, and
+// writes the proposals. Draft sources keep proposed tokens as if accepted
+// (run-ahead), so a Commit that agrees costs only its new tokens and one
+// that disagrees truncates to the common prefix. Commits that pile up while
+// a proposal is computed are folded into one Update, so no proposal is
+// computed for a prefix the worker has already passed.
 //
-// Thread-safety: stateless; gRPC calls handlers from its threads.
+// Errors in one sequence's messages (a base_len the drafter never had, an
+// unknown id) drop that sequence and never end the stream; the worker then
+// decodes it plainly. The stream ends when the worker closes it, when the
+// drafter drains, or when the call is cancelled.
+//
+// Thread-safety: gRPC calls Speculate from its threads; sessions share only
+// the factory, which must be thread-safe.
 #pragma once
 
+#include <functional>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "services/common/drain.h"
 #include "tessera/v1/drafter.grpc.pb.h"
+#include "worker/spec/draft_source.h"
 
 namespace tessera::services {
 
+struct DrafterServiceOptions {
+  // Test hook: sleep this long before writing each batch of proposals (a
+  // slow drafter).
+  absl::Duration inject_delay = absl::ZeroDuration();
+  // Upper bound on tokens per proposal, whatever the worker asks.
+  int max_draft_tokens = 16;
+};
+
 class DrafterService final : public tessera::v1::Drafter::Service {
  public:
-  explicit DrafterService(DrainState* drain) : drain_(drain) {}
+  using SourceFactory = std::function<absl::StatusOr<std::unique_ptr<spec::DraftSource>>()>;
+
+  // REQUIRES: drain outlives the service.
+  DrafterService(DrainState* drain, SourceFactory factory, DrafterServiceOptions options = {});
 
   grpc::Status Speculate(grpc::ServerContext* context,
                          grpc::ServerReaderWriter<tessera::v1::DraftProposal,
@@ -22,6 +53,8 @@ class DrafterService final : public tessera::v1::Drafter::Service {
 
  private:
   DrainState* drain_;
+  SourceFactory factory_;
+  DrafterServiceOptions options_;
 };
 
 }  // namespace tessera::services

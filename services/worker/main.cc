@@ -14,13 +14,22 @@
 #include "services/common/service_host.h"
 #include "services/worker/worker_metrics.h"
 #include "services/worker/worker_service.h"
+#include "services/worker/draft_client.h"
 #include "worker/engine/local_engine.h"
+#include "worker/spec/model_source.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (config.json, *.safetensors); or --simulate");
 ABSL_FLAG(std::string, simulate, "",
           "Run a simulated model instead of --model (for cluster tests and benchmarks), e.g. "
           "'vocab=1024,context=32768,prefill_us_per_token=20,decode_step_us=2000'");
 ABSL_FLAG(std::string, served_model_name, "", "Name reported to clients; default: the directory");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where the model runs: cpu, cuda (the one visible GPU) or cuda:<PCI bus id>, "
+          "e.g. cuda:0000:18:00.0 (see `tessera doctor`)");
+ABSL_FLAG(double, gpu_memory_fraction, 0.9,
+          "CUDA: share of the GPU memory left after weights that the KV cache takes when "
+          "--kv_cache_blocks is 0");
+ABSL_FLAG(bool, cuda_graphs, true, "CUDA: run decode steps as CUDA graphs");
 ABSL_FLAG(std::string, gemm_backend, "auto", "Backend for matrix products, or auto");
 ABSL_FLAG(std::string, attention_backend, "auto", "Backend for paged attention, or auto");
 ABSL_FLAG(std::string, norm_backend, "auto",
@@ -36,6 +45,18 @@ ABSL_FLAG(int, max_model_len, 0, "Context length (prompt + output); 0 = the mode
 ABSL_FLAG(int, max_waiting, 1024, "Queued requests before Generate answers RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, cpu_threads, 0, "Threads for the CPU kernels; 0 = all cores");
 ABSL_FLAG(bool, enable_prefix_caching, true, "Reuse KV blocks of shared prompt prefixes");
+ABSL_FLAG(std::string, drafter, "", "Drafter address (host:port) for speculative decoding");
+ABSL_FLAG(std::string, draft_source, "",
+          "In-process speculative decoding without a drafter: ngram, suffix or model");
+ABSL_FLAG(std::string, draft_model, "", "Draft model directory for --draft_source=model");
+ABSL_FLAG(int, spec_deadline_ms, 5, "Longest wait per step for the drafter's proposals");
+ABSL_FLAG(int, num_speculative_tokens, 4,
+          "Most draft tokens verified per sequence and step; 0 disables speculation");
+ABSL_FLAG(bool, spec_adaptive, true,
+          "Adapt the draft length to acceptance and batch size (false = always "
+          "--num_speculative_tokens)");
+ABSL_FLAG(int, spec_disable_batch_size, 32,
+          "With --spec_adaptive, no speculation at this many decoding sequences");
 
 namespace ts = tessera::services;
 
@@ -68,6 +89,12 @@ int main(int argc, char** argv) {
       return ts::StartupError(s);
     }
   }
+  lo.device = absl::GetFlag(FLAGS_device);
+  lo.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
+  if (!(lo.gpu_memory_fraction > 0 && lo.gpu_memory_fraction <= 1)) {
+    return ts::StartupError(absl::InvalidArgumentError("--gpu_memory_fraction must be in (0, 1]"));
+  }
+  lo.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   lo.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   lo.block_size = absl::GetFlag(FLAGS_block_size);
   lo.kv_cache_blocks = absl::GetFlag(FLAGS_kv_cache_blocks);
@@ -77,6 +104,21 @@ int main(int argc, char** argv) {
   lo.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   lo.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   lo.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  lo.speculation.num_speculative_tokens = absl::GetFlag(FLAGS_num_speculative_tokens);
+  lo.speculation.adaptive = absl::GetFlag(FLAGS_spec_adaptive);
+  lo.speculation.disable_batch_size = absl::GetFlag(FLAGS_spec_disable_batch_size);
+  const std::string drafter = absl::GetFlag(FLAGS_drafter);
+  const std::string draft_source = absl::GetFlag(FLAGS_draft_source);
+  if (!drafter.empty() && !draft_source.empty()) {
+    return ts::StartupError(
+        absl::InvalidArgumentError("--drafter and --draft_source exclude each other"));
+  }
+  if (absl::GetFlag(FLAGS_spec_deadline_ms) < 0 || lo.speculation.num_speculative_tokens < 0 ||
+      lo.speculation.num_speculative_tokens > 64 || lo.speculation.disable_batch_size < 1) {
+    return ts::StartupError(absl::InvalidArgumentError(
+        "--spec_deadline_ms must be >= 0, --num_speculative_tokens in [0, 64] and "
+        "--spec_disable_batch_size >= 1"));
+  }
 
   ts::ServerOptions options = ts::ServerOptionsFromFlags("worker");
   if (auto s = ts::ValidateServerOptions(options); !s.ok()) return ts::StartupError(s);
@@ -90,7 +132,27 @@ int main(int argc, char** argv) {
   if (auto s = host.Start(); !s.ok()) return ts::StartupError(s);
 
   ts::WorkerMetrics metrics(host.metrics().registry());
+  if (!drafter.empty()) {
+    ts::DraftClientOptions dco;
+    dco.target = drafter;
+    dco.deadline = absl::Milliseconds(absl::GetFlag(FLAGS_spec_deadline_ms));
+    lo.draft_provider = std::make_shared<ts::DraftClient>(dco, &metrics);
+  } else if (draft_source == "ngram") {
+    lo.draft_provider =
+        std::make_shared<tessera::spec::LocalDraftProvider>(tessera::spec::MakeNgramSource());
+  } else if (draft_source == "suffix") {
+    lo.draft_provider =
+        std::make_shared<tessera::spec::LocalDraftProvider>(tessera::spec::MakeSuffixSource());
+  } else if (draft_source == "model") {
+    auto source = tessera::spec::MakeModelSourceFromDir(absl::GetFlag(FLAGS_draft_model));
+    if (!source.ok()) return ts::StartupError(source.status());
+    lo.draft_provider = std::make_shared<tessera::spec::LocalDraftProvider>(std::move(*source));
+  } else if (!draft_source.empty()) {
+    return ts::StartupError(absl::InvalidArgumentError(absl::StrCat(
+        "--draft_source=", draft_source, ": expected ngram, suffix or model")));
+  }
   auto local = tessera::engine::BuildLocalEngine(lo, &metrics);
+  lo.draft_provider.reset();  // the engine holds it; it goes before `metrics`
   if (!local.ok()) return ts::StartupError(local.status());
   tessera::engine::Engine& engine = *(*local)->engine;
   tessera::LogInfo("kernel backends", {{"table", (*local)->backends.ToTable()}});

@@ -51,7 +51,44 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
       step_time_(AddHistogram(r, "tessera_worker_step_duration_seconds",
                               "Model forward time per engine step", StepBuckets())),
       step_tokens_(AddHistogram(r, "tessera_worker_step_tokens", "Tokens computed per engine step",
-                                {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096})) {}
+                                {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096})),
+      spec_drafts_(AddCounter(r, "tessera_spec_decode_num_drafts_total",
+                              "Drafts verified (speculative decoding)")),
+      spec_draft_tokens_(AddCounter(r, "tessera_spec_decode_draft_tokens_total",
+                                    "Draft tokens verified")),
+      spec_accepted_tokens_(AddCounter(r, "tessera_spec_decode_accepted_tokens_total",
+                                       "Draft tokens accepted")),
+      spec_accepted_per_position_(
+          prometheus::BuildCounter()
+              .Name("tessera_spec_decode_accepted_per_position_total")
+              .Help("Draft tokens accepted, by position in the draft (0 = first)")
+              .Register(r)),
+      spec_stale_(AddCounter(r, "tessera_spec_decode_stale_proposals_total",
+                             "Proposals dropped: built on a length the sequence no longer has")),
+      spec_late_(AddCounter(r, "tessera_spec_decode_late_proposals_total",
+                            "Proposals that arrived after the step they were for")),
+      spec_rtt_(AddHistogram(r, "tessera_spec_decode_drafter_rtt_seconds",
+                             "Commit or open sent to the matching proposal received",
+                             {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1})) {}
+
+void WorkerMetrics::OnDraftVerified(int proposed, int accepted) {
+  spec_drafts_.Increment();
+  spec_draft_tokens_.Increment(proposed);
+  spec_accepted_tokens_.Increment(accepted);
+  for (int i = 0; i < accepted; ++i) {
+    while (static_cast<int>(spec_position_counters_.size()) <= i) {
+      spec_position_counters_.push_back(&spec_accepted_per_position_.Add(
+          {{"position", std::to_string(spec_position_counters_.size())}}));
+    }
+    spec_position_counters_[i]->Increment();
+  }
+}
+
+void WorkerMetrics::OnStaleProposal() { spec_stale_.Increment(); }
+void WorkerMetrics::OnLateProposal() { spec_late_.Increment(); }
+void WorkerMetrics::OnProposalRoundTrip(absl::Duration rtt) {
+  spec_rtt_.Observe(absl::ToDoubleSeconds(rtt));
+}
 
 void WorkerMetrics::OnStep(const engine::ScheduledBatch& batch, absl::Duration model_time) {
   step_time_.Observe(absl::ToDoubleSeconds(model_time));

@@ -10,11 +10,12 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "services/worker/draft_client.h"
 #include "worker/engine/engine.h"
 
 namespace tessera::services {
 
-class WorkerMetrics final : public engine::EngineObserver {
+class WorkerMetrics final : public engine::EngineObserver, public DraftClientObserver {
  public:
   explicit WorkerMetrics(prometheus::Registry& registry);
 
@@ -23,6 +24,11 @@ class WorkerMetrics final : public engine::EngineObserver {
   void OnTokens(int count, absl::Duration since_previous) override;
   void OnFinished(const engine::StreamEvent& final_event, absl::Duration e2e) override;
   void OnSchedulerStats(const engine::SchedulerStats& stats) override;
+  // Speculative decoding (tessera_spec_decode_*).
+  void OnDraftVerified(int proposed, int accepted) override;
+  void OnStaleProposal() override;
+  void OnLateProposal() override;
+  void OnProposalRoundTrip(absl::Duration rtt) override;
 
  private:
   prometheus::Gauge& running_;
@@ -40,6 +46,14 @@ class WorkerMetrics final : public engine::EngineObserver {
   prometheus::Histogram& e2e_;
   prometheus::Histogram& step_time_;
   prometheus::Histogram& step_tokens_;
+  prometheus::Counter& spec_drafts_;
+  prometheus::Counter& spec_draft_tokens_;
+  prometheus::Counter& spec_accepted_tokens_;
+  prometheus::Family<prometheus::Counter>& spec_accepted_per_position_;
+  prometheus::Counter& spec_stale_;
+  prometheus::Counter& spec_late_;
+  prometheus::Histogram& spec_rtt_;
+  std::vector<prometheus::Counter*> spec_position_counters_;  // engine thread only
   engine::SchedulerStats last_;
 };
 

@@ -158,6 +158,8 @@ grpc::Status WorkerService::Generate(
   usage->set_prompt_tokens(event.prompt_tokens);
   usage->set_completion_tokens(event.output_tokens);
   usage->set_cached_tokens(event.cached_tokens);
+  usage->set_draft_tokens(event.draft_tokens);
+  usage->set_accepted_tokens(event.accepted_tokens);
   done->set_queue_us(absl::ToInt64Microseconds(event.queue_time));
   done->set_prefill_us(absl::ToInt64Microseconds(event.prefill_time));
   done->set_decode_us(absl::ToInt64Microseconds(event.decode_time));
