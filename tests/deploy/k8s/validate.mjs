@@ -155,10 +155,15 @@ const SERVICE_NAMES = {
   "tessera-drafter": "tessera.v1.Drafter",
 };
 
+// An absl duration flag value ("30s", "1m30s", "500ms") in seconds; NaN if
+// it does not parse.
 function durationSeconds(s) {
-  const m = String(s).match(/^(\d+(?:\.\d+)?)(ms|s|m)$/);
-  if (!m) return NaN;
-  return Number(m[1]) * { ms: 0.001, s: 1, m: 60 }[m[2]];
+  const unit = { h: 3600, m: 60, s: 1, ms: 1e-3, us: 1e-6, ns: 1e-9 };
+  const text = String(s);
+  if (!/^(\d+(\.\d+)?(h|ms|us|ns|m|s))+$/.test(text)) return NaN;
+  let total = 0;
+  for (const m of text.matchAll(/(\d+(?:\.\d+)?)(h|ms|us|ns|m|s)/g)) total += Number(m[1]) * unit[m[2]];
+  return total;
 }
 
 function parseFlags(text) {
