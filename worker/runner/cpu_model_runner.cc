@@ -1,5 +1,6 @@
 #include "worker/runner/cpu_model_runner.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -45,7 +46,20 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   if (options.block_size < 1 || options.num_kv_blocks < 1) {
     return absl::InvalidArgumentError("block_size and num_kv_blocks must be >= 1");
   }
+  parallel::ShardPlan plan = parallel::FullPlan(model->config);
+  if (options.shard) {
+    auto checked = parallel::PlanShard(model->config, options.shard->rank, options.shard->size);
+    if (!checked.ok()) return checked.status();
+    plan = *options.shard;
+    if (plan.sharded() && (options.collectives == nullptr ||
+                           options.collectives->size() != plan.size ||
+                           options.collectives->rank() != plan.rank)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(plan.ToString(), ": needs the collectives of that rank"));
+    }
+  }
   std::unique_ptr<CpuModelRunner> runner(new CpuModelRunner(model, std::move(options)));
+  runner->plan_ = plan;
   runner->kernels_ =
       runner->options_.kernels ? *runner->options_.kernels : kernels::OptimizedCpuKernels();
   runner->ctx_ = kc::DefaultCpuContext();
@@ -61,6 +75,14 @@ absl::Status CpuModelRunner::PrepareWeights() {
   const model::ModelConfig& c = model_->config;
   const model::ModelWeights& w = model_->weights;
 
+  const parallel::ShardPlan& p = plan_;
+  const int64_t D = c.head_dim;
+  // Rows [r.start, r.end()) of `t` as a view of the same bytes (t itself
+  // when the range is all of it).
+  auto rows_of = [](const model::TensorView& t, parallel::Range r) {
+    if (r.start == 0 && r.size == t.shape[0]) return absl::StatusOr<model::TensorView>(t);
+    return model::SliceRows(t, r.start, r.size);
+  };
   // A matrix usable in place when aligned to its element size, else copied.
   auto matrix = [this](const model::TensorView& t) -> absl::StatusOr<kc::WeightMatrix> {
     auto dtype = KernelDType(t.dtype, t.name);
@@ -110,6 +132,22 @@ absl::Status CpuModelRunner::PrepareWeights() {
     m.data = owned_.back().data();
     return m;
   };
+  // Columns [r.start, r.end()) of a matrix: only those bytes of each row
+  // are read, into an owned copy (the matrix in place when r is all of it).
+  auto columns_of = [this, &matrix](const model::TensorView& t,
+                                    parallel::Range r) -> absl::StatusOr<kc::WeightMatrix> {
+    if (r.start == 0 && r.size == t.shape[1]) return matrix(t);
+    auto dtype = KernelDType(t.dtype, t.name);
+    if (!dtype.ok()) return dtype.status();
+    std::vector<std::byte> buf(static_cast<size_t>(t.shape[0] * r.size) * model::DTypeSize(t.dtype));
+    if (auto s = model::ReadSlice(t, 1, r.start, r.size, absl::MakeSpan(buf)); !s.ok()) return s;
+    owned_.push_back(std::move(buf));
+    return kc::WeightMatrix{owned_.back().data(), *dtype, t.shape[0], r.size};
+  };
+  // Entries [r.start, r.end()) of a vector, widened to fp32.
+  auto bias_of = [](const model::TensorView& t, parallel::Range r) {
+    return model::ReadSliceAsFloat32(t, 0, r.start, r.size);
+  };
   auto floats = [](const model::TensorView& t) { return model::ToFloat32(t); };
   auto optional_floats = [](const std::optional<model::TensorView>& t,
                             std::vector<float>* out) -> absl::Status {
@@ -121,11 +159,15 @@ absl::Status CpuModelRunner::PrepareWeights() {
   };
 
   // Owned buffers must not move once views point into them.
-  owned_.reserve(4 * c.num_hidden_layers + 8);
-  auto embed = matrix(w.embed_tokens);
+  owned_.reserve(6 * c.num_hidden_layers + 8);
+  auto embed_rows = rows_of(w.embed_tokens, p.vocab);
+  if (!embed_rows.ok()) return embed_rows.status();
+  auto embed = matrix(*embed_rows);
   if (!embed.ok()) return embed.status();
   embed_ = *embed;
-  auto head = matrix(w.lm_head);
+  auto head_rows = rows_of(w.lm_head, p.vocab);
+  if (!head_rows.ok()) return head_rows.status();
+  auto head = matrix(*head_rows);
   if (!head.ok()) return head.status();
   lm_head_ = *head;
   auto final_norm = floats(w.norm);
@@ -136,7 +178,9 @@ absl::Status CpuModelRunner::PrepareWeights() {
   inv_freq_ = std::move(*inv_freq);
 
   const int64_t slots = options_.num_kv_blocks * options_.block_size;
-  const int64_t layer_elems = slots * c.kv_size();
+  const parallel::Range q_rows{p.q_heads.start * D, p.q_heads.size * D};
+  const parallel::Range kv_rows{p.kv_heads.start * D, p.kv_heads.size * D};
+  const int64_t layer_elems = slots * kv_rows.size;
   k_cache_.assign(static_cast<size_t>(layer_elems * c.num_hidden_layers), 0.0f);
   v_cache_.assign(static_cast<size_t>(layer_elems * c.num_hidden_layers), 0.0f);
 
@@ -153,41 +197,58 @@ absl::Status CpuModelRunner::PrepareWeights() {
     if (auto s = optional_floats(lw.q_norm, &l.q_norm); !s.ok()) return s;
     if (auto s = optional_floats(lw.k_norm, &l.k_norm); !s.ok()) return s;
 
-    auto qkv = fuse({&lw.q_proj, &lw.k_proj, &lw.v_proj});
+    // Column-parallel: this rank's heads of q/k/v, its rows of gate/up.
+    auto q = rows_of(lw.q_proj, q_rows);
+    auto k = rows_of(lw.k_proj, kv_rows);
+    auto v = rows_of(lw.v_proj, kv_rows);
+    if (!q.ok()) return q.status();
+    if (!k.ok()) return k.status();
+    if (!v.ok()) return v.status();
+    auto qkv = fuse({&*q, &*k, &*v});
     if (!qkv.ok()) return qkv.status();
     l.qkv = *qkv;
     if (lw.q_bias) {
-      for (const auto* b : {&lw.q_bias, &lw.k_bias, &lw.v_bias}) {
-        auto v = model::ToFloat32(**b);
-        if (!v.ok()) return v.status();
-        l.qkv_bias.insert(l.qkv_bias.end(), v->begin(), v->end());
+      const std::pair<const std::optional<model::TensorView>*, parallel::Range> parts[] = {
+          {&lw.q_bias, q_rows}, {&lw.k_bias, kv_rows}, {&lw.v_bias, kv_rows}};
+      for (const auto& [b, r] : parts) {
+        auto part = bias_of(**b, r);
+        if (!part.ok()) return part.status();
+        l.qkv_bias.insert(l.qkv_bias.end(), part->begin(), part->end());
       }
     }
-    auto o = matrix(lw.o_proj);
-    if (!o.ok()) return o.status();
-    l.o = *o;
-    if (auto s = optional_floats(lw.o_bias, &l.o_bias); !s.ok()) return s;
-
-    auto gate_up = fuse({&lw.gate_proj, &lw.up_proj});
+    auto gate = rows_of(lw.gate_proj, p.intermediate);
+    auto up = rows_of(lw.up_proj, p.intermediate);
+    if (!gate.ok()) return gate.status();
+    if (!up.ok()) return up.status();
+    auto gate_up = fuse({&*gate, &*up});
     if (!gate_up.ok()) return gate_up.status();
     l.gate_up = *gate_up;
     if (lw.gate_bias) {
       for (const auto* b : {&lw.gate_bias, &lw.up_bias}) {
-        auto v = model::ToFloat32(**b);
-        if (!v.ok()) return v.status();
-        l.gate_up_bias.insert(l.gate_up_bias.end(), v->begin(), v->end());
+        auto part = bias_of(**b, p.intermediate);
+        if (!part.ok()) return part.status();
+        l.gate_up_bias.insert(l.gate_up_bias.end(), part->begin(), part->end());
       }
     }
-    auto down = matrix(lw.down_proj);
+
+    // Row-parallel: the matching input columns of o_proj and down_proj; the
+    // partial sums are all-reduced, so only rank 0 adds the biases.
+    auto o = columns_of(lw.o_proj, q_rows);
+    if (!o.ok()) return o.status();
+    l.o = *o;
+    auto down = columns_of(lw.down_proj, p.intermediate);
     if (!down.ok()) return down.status();
     l.down = *down;
-    if (auto s = optional_floats(lw.down_bias, &l.down_bias); !s.ok()) return s;
+    if (p.add_row_bias) {
+      if (auto s = optional_floats(lw.o_bias, &l.o_bias); !s.ok()) return s;
+      if (auto s = optional_floats(lw.down_bias, &l.down_bias); !s.ok()) return s;
+    }
 
     l.cache.k = k_cache_.data() + i * layer_elems;
     l.cache.v = v_cache_.data() + i * layer_elems;
     l.cache.num_blocks = options_.num_kv_blocks;
     l.cache.block_size = options_.block_size;
-    l.cache.num_kv_heads = static_cast<int>(c.num_key_value_heads);
+    l.cache.num_kv_heads = static_cast<int>(p.kv_heads.size);
     l.cache.head_dim = static_cast<int>(c.head_dim);
   }
   return absl::OkStatus();
@@ -231,14 +292,16 @@ absl::Status CpuModelRunner::ValidateBatch(const ForwardBatch& b) const {
       return absl::InvalidArgumentError(absl::StrCat("logits index ", idx, " outside the batch"));
     }
   }
-  if (auto st = kc::ValidateTokenIds(b.token_ids, embed_); !st.ok()) return st;
+  kc::WeightMatrix whole_vocab = embed_;  // ids are checked against the full vocabulary
+  whole_vocab.rows = model_->config.vocab_size;
+  if (auto st = kc::ValidateTokenIds(b.token_ids, whole_vocab); !st.ok()) return st;
   const kc::PagedKvCache& cache = layers_[0].cache;
   if (auto st = kc::ValidateSlotMapping(b.slot_mapping, cache); !st.ok()) return st;
   kc::PagedAttentionArgs args;
   float dummy = 0;
   args.q = &dummy;
-  args.q_token_stride = model_->config.q_size();
-  args.num_heads = static_cast<int>(model_->config.num_attention_heads);
+  args.q_token_stride = plan_.q_heads.size * model_->config.head_dim;
+  args.num_heads = static_cast<int>(plan_.q_heads.size);
   args.cache = cache;
   args.query_start_loc = b.query_start_loc;
   args.seq_lens = b.seq_lens;
@@ -251,8 +314,9 @@ absl::Status CpuModelRunner::ValidateBatch(const ForwardBatch& b) const {
 void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
   const model::ModelConfig& c = model_->config;
   const Layer& l = layers_[index];
-  const int64_t H = c.hidden_size, Q = c.q_size(), K = c.kv_size(), D = c.head_dim;
-  const int64_t I = c.intermediate_size;
+  const int64_t D = c.head_dim, H = c.hidden_size;
+  const int64_t Q = plan_.q_heads.size * D, K = plan_.kv_heads.size * D;
+  const int64_t I = plan_.intermediate.size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const kernels::CpuKernels& k = kernels_;
 
@@ -273,8 +337,8 @@ void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
     std::memcpy(k_.data() + t * K, row + Q, sizeof(float) * K);
     std::memcpy(v_.data() + t * K, row + Q + K, sizeof(float) * K);
   }
-  const int heads = static_cast<int>(c.num_attention_heads);
-  const int kv_heads = static_cast<int>(c.num_key_value_heads);
+  const int heads = static_cast<int>(plan_.q_heads.size);
+  const int kv_heads = static_cast<int>(plan_.kv_heads.size);
   if (!l.q_norm.empty()) {
     k.rms_norm(ctx_, q_.data(), l.q_norm.data(), n * heads, D, eps, q_.data());
     k.rms_norm(ctx_, k_.data(), l.k_norm.data(), n * kv_heads, D, eps, k_.data());
@@ -297,6 +361,7 @@ void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
   (k.attention_prefill(ctx_, args)).IgnoreError();
   const float* o_bias = l.o_bias.empty() ? nullptr : l.o_bias.data();
   k.gemm(ctx_, attn_.data(), n, l.o, o_bias, x_.data());
+  AllReduce(x_.data(), n * H);
 
   // MLP.
   k.fused_add_rms_norm(ctx_, x_.data(), residual_.data(), l.post_norm.data(), n, H, eps);
@@ -305,13 +370,49 @@ void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
   k.silu_mul(ctx_, gate_up_.data(), n, I, act_.data());
   const float* down_bias = l.down_bias.empty() ? nullptr : l.down_bias.data();
   k.gemm(ctx_, act_.data(), n, l.down, down_bias, x_.data());
+  AllReduce(x_.data(), n * H);
+}
+
+void CpuModelRunner::AllReduce(float* data, int64_t n) {
+  if (plan_.sharded()) options_.collectives->AllReduceSum(ctx_, data, n);
+}
+
+void CpuModelRunner::Embed(const ForwardBatch& batch, int64_t n) {
+  const int64_t H = model_->config.hidden_size;
+  // Batch validated up front: the lookups cannot fail.
+  if (!plan_.sharded()) {
+    (kernels_.embedding(ctx_, embed_, batch.token_ids, x_.data())).IgnoreError();
+    return;
+  }
+  // Vocab-parallel: rows for the ids in this rank's slice, zeros elsewhere;
+  // exactly one rank contributes each row, so the all-reduce is exact.
+  local_ids_.clear();
+  local_rows_.clear();
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t id = batch.token_ids[t];
+    if (plan_.vocab.Contains(id)) {
+      local_ids_.push_back(static_cast<int32_t>(id - plan_.vocab.start));
+      local_rows_.push_back(t);
+    }
+  }
+  std::fill(x_.begin(), x_.end(), 0.0f);
+  if (!local_ids_.empty()) {
+    local_embed_.resize(local_ids_.size() * H);
+    (kernels_.embedding(ctx_, embed_, local_ids_, local_embed_.data())).IgnoreError();
+    for (size_t j = 0; j < local_rows_.size(); ++j) {
+      std::memcpy(x_.data() + local_rows_[j] * H, local_embed_.data() + j * H,
+                  sizeof(float) * H);
+    }
+  }
+  AllReduce(x_.data(), n * H);
 }
 
 absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
   if (auto s = ValidateBatch(batch); !s.ok()) return s;
   const model::ModelConfig& c = model_->config;
   const int64_t n = batch.num_tokens();
-  const int64_t H = c.hidden_size, Q = c.q_size(), K = c.kv_size();
+  const int64_t H = c.hidden_size, Q = plan_.q_heads.size * c.head_dim,
+                K = plan_.kv_heads.size * c.head_dim, I = plan_.intermediate.size;
   x_.resize(n * H);
   residual_.resize(n * H);
   qkv_.resize(n * (Q + 2 * K));
@@ -319,17 +420,20 @@ absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::vector<floa
   k_.resize(n * K);
   v_.resize(n * K);
   attn_.resize(n * Q);
-  gate_up_.resize(n * 2 * c.intermediate_size);
-  act_.resize(n * c.intermediate_size);
+  gate_up_.resize(n * 2 * I);
+  act_.resize(n * I);
 
-  if (auto s = kernels_.embedding(ctx_, embed_, batch.token_ids, x_.data()); !s.ok()) {
-    return s;
-  }
+  Embed(batch, n);
   for (int i = 0; i < c.num_hidden_layers; ++i) RunLayer(i, batch, n);
 
   // Final norm and LM head, only for the rows whose logits are wanted.
   const int64_t r = static_cast<int64_t>(batch.logits_indices.size());
-  logits->assign(static_cast<size_t>(r * c.vocab_size), 0.0f);
+  const bool root = plan_.rank == 0;
+  if (root) {
+    logits->assign(static_cast<size_t>(r * c.vocab_size), 0.0f);
+  } else {
+    logits->clear();
+  }
   if (r == 0) return absl::OkStatus();
   rows_.resize(r * H);
   std::vector<float> rows_residual(r * H);
@@ -341,7 +445,16 @@ absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::vector<floa
   const float eps = static_cast<float>(c.rms_norm_eps);
   kernels_.fused_add_rms_norm(ctx_, rows_.data(), rows_residual.data(), final_norm_.data(), r, H,
                               eps);
-  kernels_.gemm(ctx_, rows_.data(), r, lm_head_, nullptr, logits->data());
+  if (!plan_.sharded()) {
+    kernels_.gemm(ctx_, rows_.data(), r, lm_head_, nullptr, logits->data());
+    return absl::OkStatus();
+  }
+  // Vocab-parallel LM head: this rank's columns of the logits, gathered.
+  local_logits_.resize(r * plan_.vocab.size);
+  kernels_.gemm(ctx_, rows_.data(), r, lm_head_, nullptr, local_logits_.data());
+  options_.collectives->GatherColumnsToRoot(local_logits_.data(), r, plan_.vocab.size,
+                                            plan_.vocab.start, c.vocab_size,
+                                            root ? logits->data() : nullptr);
   return absl::OkStatus();
 }
 

@@ -15,12 +15,21 @@
 // checkpoint's dtype); other matrices are used in place from the memory map
 // when aligned, else copied. Norm weights and biases are widened to fp32.
 //
+// Tensor parallelism: with CpuRunnerOptions::shard the runner is one rank of
+// a group (worker/parallel/shard_plan.h): it reads only its slice of each
+// matrix from the memory map (row slices in place, column slices of o_proj
+// and down_proj as strided copies), keeps only its KV heads, and calls the
+// group's collectives after o_proj and down_proj (all-reduce), after the
+// vocab-parallel embedding (all-reduce) and for the LM head (gather to rank
+// 0). worker/parallel/tensor_parallel_runner.h drives the ranks.
+//
 // Thread-safety: not thread-safe (one engine loop owns it); kernels use the
 // context's thread pool.
 #pragma once
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +37,8 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu_backend.h"
 #include "worker/model/weights.h"
+#include "worker/parallel/collectives.h"
+#include "worker/parallel/shard_plan.h"
 #include "worker/runner/model_runner.h"
 
 namespace tessera::runner {
@@ -40,6 +51,12 @@ struct CpuRunnerOptions {
   const kernels::CpuKernels* kernels = nullptr;
   // Threads for the optimized kernels; 0 = the default pool.
   int num_threads = 0;
+  // This runner is rank shard->rank of a tensor-parallel group: it holds
+  // that rank's shard only and meets the other ranks through `collectives`
+  // (required then; it must outlive the runner). Every rank must be given
+  // the same batches in the same order. Unset: the whole model.
+  std::optional<parallel::ShardPlan> shard;
+  parallel::Collectives* collectives = nullptr;
 };
 
 class CpuModelRunner final : public ModelRunner {
@@ -53,7 +70,12 @@ class CpuModelRunner final : public ModelRunner {
   const model::ModelConfig& config() const override { return model_->config; }
   int block_size() const override { return options_.block_size; }
   int64_t num_kv_blocks() const override { return options_.num_kv_blocks; }
+  // With a shard, rank 0 returns the full logits (gathered from the ranks)
+  // and the other ranks an empty vector.
   absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
+
+  // The part of the model this runner holds (the full plan when unsharded).
+  const parallel::ShardPlan& shard_plan() const { return plan_; }
 
  private:
   struct Layer;
@@ -61,10 +83,13 @@ class CpuModelRunner final : public ModelRunner {
   CpuModelRunner(const model::LoadedModel* model, CpuRunnerOptions options);
   absl::Status PrepareWeights();
   absl::Status ValidateBatch(const ForwardBatch& batch) const;
+  void Embed(const ForwardBatch& batch, int64_t num_tokens);
   void RunLayer(int index, const ForwardBatch& batch, int64_t num_tokens);
+  void AllReduce(float* data, int64_t n);  // no-op when unsharded
 
   const model::LoadedModel* model_;
   CpuRunnerOptions options_;
+  parallel::ShardPlan plan_;
   std::unique_ptr<kernels::cpu::ThreadPool> own_pool_;
   kernels::cpu::CpuContext ctx_;
   kernels::CpuKernels kernels_;
@@ -80,6 +105,9 @@ class CpuModelRunner final : public ModelRunner {
 
   // Workspace, resized per batch.
   std::vector<float> x_, residual_, qkv_, q_, k_, v_, attn_, gate_up_, act_, rows_;
+  std::vector<int32_t> local_ids_;                 // sharded embedding: ids in this vocab slice
+  std::vector<int64_t> local_rows_;                // ... and the tokens they belong to
+  std::vector<float> local_embed_, local_logits_;  // sharded embedding rows / logits slice
 };
 
 }  // namespace tessera::runner
