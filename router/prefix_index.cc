@@ -79,17 +79,28 @@ void PrefixIndex::Lru::PopOldest() {
 PrefixIndex::PrefixIndex(PrefixIndexOptions options, const Clock* clock)
     : options_(std::move(options)),
       clock_(clock),
-      num_slots_((std::max(1, options_.max_workers) + 63) / 64 * 64) {
-  slots_.resize(num_slots_);
-  exact_masks_.resize(num_slots_ / 64);
-  predicted_masks_.resize(num_slots_ / 64);
+      num_slots_((std::max(1, options_.max_workers) + 63) / 64 * 64),
+      shard_seed_(U64MapSeed() ^ 0x5851F42D4C957F2DULL),
+      slots_(new SlotState[num_slots_]),
+      shards_(new Shard[kShards]) {
+  for (int i = 0; i < kShards; ++i) {
+    absl::MutexLock lock(&shards_[i].mu);
+    shards_[i].exact.resize(num_slots_ / 64);
+    shards_[i].predicted.resize(num_slots_ / 64);
+  }
 }
 
-void PrefixIndex::SetBit(MaskMap& map, uint64_t hash, int slot) {
+void PrefixIndex::SetBit(bool exact, uint64_t hash, int slot) {
+  Shard& shard = ShardOf(hash);
+  absl::MutexLock lock(&shard.mu);
+  MaskMap& map = (exact ? shard.exact : shard.predicted)[slot / 64];
   map.FindOrInsert(hash) |= uint64_t{1} << (slot & 63);
 }
 
-void PrefixIndex::ClearBit(MaskMap& map, uint64_t hash, int slot) {
+void PrefixIndex::ClearBit(bool exact, uint64_t hash, int slot) {
+  Shard& shard = ShardOf(hash);
+  absl::MutexLock lock(&shard.mu);
+  MaskMap& map = (exact ? shard.exact : shard.predicted)[slot / 64];
   uint64_t* mask = map.Find(hash);
   if (mask == nullptr) return;
   *mask &= ~(uint64_t{1} << (slot & 63));
@@ -101,39 +112,46 @@ int64_t PrefixIndex::PredictedCapacityLocked(const SlotState& s) const {
   return s.approx_capacity > 0 ? s.approx_capacity : options_.approx_max_blocks;
 }
 
-absl::Duration PrefixIndex::PredictedTtl(const SlotState& s) const {
+absl::Duration PrefixIndex::PredictedTtlLocked(const SlotState& s) const {
   return s.mode == IndexMode::kExact ? options_.pending_ttl : options_.approx_ttl;
 }
 
-bool PrefixIndex::DrainExactLocked(int slot, int budget) {
-  SlotState& s = slots_[slot];
-  MaskMap& masks = exact_masks_[slot / 64];
+void PrefixIndex::UpdatePruneDueLocked(SlotState& s) {
+  int64_t due = INT64_MAX;
+  if (!s.predicted.empty()) {
+    const absl::Time t = s.predicted.oldest_time() + PredictedTtlLocked(s) + options_.prune_interval;
+    if (t < absl::InfiniteFuture()) due = absl::ToUnixNanos(t);
+  }
+  s.prune_due_ns.store(due, std::memory_order_relaxed);
+}
+
+bool PrefixIndex::DrainExactLocked(SlotState& s, int slot, int budget) {
   std::vector<uint64_t> keys;
   s.exact.Keys(static_cast<size_t>(std::max(0, budget)), &keys);
   for (uint64_t h : keys) {
-    ClearBit(masks, h, slot);
+    ClearBit(/*exact=*/true, h, slot);
     s.exact.Erase(h);
   }
   if (s.exact.empty()) s.exact.Clear();  // give the memory back
   return s.exact.empty();
 }
 
-bool PrefixIndex::DrainPredictedLocked(int slot, int budget) {
-  SlotState& s = slots_[slot];
-  MaskMap& masks = predicted_masks_[slot / 64];
+bool PrefixIndex::DrainPredictedLocked(SlotState& s, int slot, int budget) {
   for (; !s.predicted.empty() && budget > 0; --budget) {
-    ClearBit(masks, s.predicted.oldest_hash(), slot);
+    ClearBit(/*exact=*/false, s.predicted.oldest_hash(), slot);
     s.predicted.PopOldest();
   }
+  UpdatePruneDueLocked(s);
   return s.predicted.empty();
 }
 
 void PrefixIndex::DrainInChunks(int slot, uint64_t incarnation, bool exact) {
   const int chunk = std::max(1, options_.apply_chunk);
+  SlotState& s = slots_[slot];
   while (true) {
-    absl::MutexLock lock(&mu_);
-    if (slots_[slot].incarnation != incarnation) return;
-    const bool done = exact ? DrainExactLocked(slot, chunk) : DrainPredictedLocked(slot, chunk);
+    absl::MutexLock lock(&s.mu);
+    if (s.incarnation != incarnation) return;
+    const bool done = exact ? DrainExactLocked(s, slot, chunk) : DrainPredictedLocked(s, slot, chunk);
     if (done) return;
   }
 }
@@ -141,11 +159,12 @@ void PrefixIndex::DrainInChunks(int slot, uint64_t incarnation, bool exact) {
 void PrefixIndex::ResetSlot(int slot, uint64_t incarnation) {
   if (slot < 0 || slot >= num_slots_) return;
   {
-    absl::MutexLock lock(&mu_);
     SlotState& s = slots_[slot];
+    absl::MutexLock lock(&s.mu);
     s.incarnation = incarnation;
     s.mode = IndexMode::kApproximate;
     s.approx_capacity = 0;
+    UpdatePruneDueLocked(s);
   }
   DrainInChunks(slot, incarnation, /*exact=*/true);
   DrainInChunks(slot, incarnation, /*exact=*/false);
@@ -153,42 +172,40 @@ void PrefixIndex::ResetSlot(int slot, uint64_t incarnation) {
 
 void PrefixIndex::SetCapacity(int slot, uint64_t incarnation, int64_t max_blocks) {
   if (slot < 0 || slot >= num_slots_) return;
-  absl::MutexLock lock(&mu_);
   SlotState& s = slots_[slot];
+  absl::MutexLock lock(&s.mu);
   if (s.incarnation != incarnation) return;
   s.approx_capacity = std::max<int64_t>(0, max_blocks);
   const int64_t cap = PredictedCapacityLocked(s);
-  MaskMap& masks = predicted_masks_[slot / 64];
   while (static_cast<int64_t>(s.predicted.size()) > cap) {
-    ClearBit(masks, s.predicted.oldest_hash(), slot);
+    ClearBit(/*exact=*/false, s.predicted.oldest_hash(), slot);
     s.predicted.PopOldest();
   }
+  UpdatePruneDueLocked(s);
 }
 
-void PrefixIndex::ApplyHashLocked(int slot, BlockEvent::Kind kind, uint64_t hash) {
-  SlotState& s = slots_[slot];
-  const int group = slot / 64;
+void PrefixIndex::ApplyHashLocked(SlotState& s, int slot, BlockEvent::Kind kind, uint64_t hash) {
   if (kind == BlockEvent::Kind::kStored) {
-    if (++s.exact.FindOrInsert(hash) == 1) SetBit(exact_masks_[group], hash, slot);
+    if (++s.exact.FindOrInsert(hash) == 1) SetBit(/*exact=*/true, hash, slot);
     // Confirmed: the prediction has done its job.
-    if (s.predicted.Erase(hash)) ClearBit(predicted_masks_[group], hash, slot);
+    if (s.predicted.Erase(hash)) ClearBit(/*exact=*/false, hash, slot);
     return;
   }
   uint32_t* copies = s.exact.Find(hash);
   if (copies == nullptr) return;
   if (--*copies == 0) {
     s.exact.Erase(hash);
-    ClearBit(exact_masks_[group], hash, slot);
+    ClearBit(/*exact=*/true, hash, slot);
   }
 }
 
 bool PrefixIndex::ApplyEvents(int slot, uint64_t incarnation, bool reset,
                               absl::Span<const BlockEvent> events) {
   if (slot < 0 || slot >= num_slots_) return false;
+  SlotState& s = slots_[slot];
   bool drop_predictions = false;
   {
-    absl::MutexLock lock(&mu_);
-    SlotState& s = slots_[slot];
+    absl::MutexLock lock(&s.mu);
     if (s.incarnation != incarnation) return false;
     if (!reset && s.mode != IndexMode::kExact) return false;
     if (reset) {
@@ -196,6 +213,7 @@ bool PrefixIndex::ApplyEvents(int slot, uint64_t incarnation, bool reset,
       // predictions made in exact mode stay until confirmed or expired.
       drop_predictions = s.mode == IndexMode::kApproximate;
       s.mode = IndexMode::kExact;
+      UpdatePruneDueLocked(s);
     }
   }
   if (reset) {
@@ -206,8 +224,7 @@ bool PrefixIndex::ApplyEvents(int slot, uint64_t incarnation, bool reset,
   size_t e = 0;  // event
   size_t h = 0;  // hash within the event
   while (e < events.size()) {
-    absl::MutexLock lock(&mu_);
-    SlotState& s = slots_[slot];
+    absl::MutexLock lock(&s.mu);
     if (s.incarnation != incarnation || s.mode != IndexMode::kExact) return false;
     for (int budget = chunk; budget > 0 && e < events.size();) {
       const BlockEvent& event = events[e];
@@ -216,10 +233,11 @@ bool PrefixIndex::ApplyEvents(int slot, uint64_t incarnation, bool reset,
         h = 0;
         continue;
       }
-      ApplyHashLocked(slot, event.kind, event.block_hashes[h]);
+      ApplyHashLocked(s, slot, event.kind, event.block_hashes[h]);
       ++h;
       --budget;
     }
+    UpdatePruneDueLocked(s);
   }
   return true;
 }
@@ -227,33 +245,47 @@ bool PrefixIndex::ApplyEvents(int slot, uint64_t incarnation, bool reset,
 void PrefixIndex::FallBackToApproximate(int slot, uint64_t incarnation) {
   if (slot < 0 || slot >= num_slots_) return;
   {
-    absl::MutexLock lock(&mu_);
     SlotState& s = slots_[slot];
+    absl::MutexLock lock(&s.mu);
     if (s.incarnation != incarnation) return;
     s.mode = IndexMode::kApproximate;
+    UpdatePruneDueLocked(s);
   }
   DrainInChunks(slot, incarnation, /*exact=*/true);
 }
 
-void PrefixIndex::PruneLocked(int slot, absl::Time now) {
-  SlotState& s = slots_[slot];
+void PrefixIndex::PruneLocked(SlotState& s, int slot, absl::Time now) {
   if (s.predicted.empty()) return;
-  const absl::Time cutoff = now - PredictedTtl(s);
-  MaskMap& masks = predicted_masks_[slot / 64];
+  const absl::Time cutoff = now - PredictedTtlLocked(s);
   while (!s.predicted.empty() && s.predicted.oldest_time() < cutoff) {
-    ClearBit(masks, s.predicted.oldest_hash(), slot);
+    ClearBit(/*exact=*/false, s.predicted.oldest_hash(), slot);
     s.predicted.PopOldest();
   }
+  UpdatePruneDueLocked(s);
+}
+
+void PrefixIndex::PrunePredictions(int slot, uint64_t incarnation) {
+  if (slot < 0 || slot >= num_slots_) return;
+  SlotState& s = slots_[slot];
+  const absl::Time now = clock_->Now();
+  // Nothing expires before prune_due_ns - prune_interval.
+  const int64_t due = s.prune_due_ns.load(std::memory_order_relaxed);
+  if (due == INT64_MAX ||
+      absl::ToUnixNanos(now) < due - absl::ToInt64Nanoseconds(options_.prune_interval)) {
+    return;
+  }
+  absl::MutexLock lock(&s.mu);
+  if (s.incarnation != incarnation) return;
+  PruneLocked(s, slot, now);
 }
 
 void PrefixIndex::RecordRouted(int slot, uint64_t incarnation, absl::Span<const uint64_t> hashes) {
   if (slot < 0 || slot >= num_slots_ || hashes.empty()) return;
   const absl::Time now = clock_->Now();
-  absl::MutexLock lock(&mu_);
   SlotState& s = slots_[slot];
+  absl::MutexLock lock(&s.mu);
   if (s.incarnation != incarnation) return;
-  PruneLocked(slot, now);
-  MaskMap& masks = predicted_masks_[slot / 64];
+  PruneLocked(s, slot, now);
   // Deepest block first, so the first block ends most recent: eviction then
   // takes the tail of a chain before its head, as a worker's cache does. In
   // exact mode a prediction only bridges the time until the stored event,
@@ -263,59 +295,77 @@ void PrefixIndex::RecordRouted(int slot, uint64_t incarnation, absl::Span<const 
   for (size_t i = hashes.size(); i-- > 0;) {
     const uint64_t h = hashes[i];
     if (exact && (s.exact.Contains(h) || s.predicted.Contains(h))) continue;
-    if (s.predicted.Touch(h, now)) SetBit(masks, h, slot);
+    if (s.predicted.Touch(h, now)) SetBit(/*exact=*/false, h, slot);
   }
   const int64_t cap = PredictedCapacityLocked(s);
   while (static_cast<int64_t>(s.predicted.size()) > cap) {
-    ClearBit(masks, s.predicted.oldest_hash(), slot);
+    ClearBit(/*exact=*/false, s.predicted.oldest_hash(), slot);
     s.predicted.PopOldest();
   }
+  UpdatePruneDueLocked(s);
 }
 
 void PrefixIndex::Match(absl::Span<const uint64_t> hashes, const SlotSet& among,
                         std::vector<int32_t>* matched) {
   if (matched->size() < static_cast<size_t>(num_slots_)) matched->resize(num_slots_, 0);
   int32_t* out = matched->data();
-  const absl::Time now = clock_->Now();
-  const int64_t now_ns = absl::ToUnixNanos(now);
-  const int64_t last = last_prune_ns_.load(std::memory_order_relaxed);
-  if (now_ns - last >= absl::ToInt64Nanoseconds(options_.prune_interval) || now_ns < last) {
-    absl::MutexLock lock(&mu_);
-    for (int slot = 0; slot < num_slots_; ++slot) PruneLocked(slot, now);
-    last_prune_ns_.store(now_ns, std::memory_order_relaxed);
-  }
   const absl::Span<const uint64_t> words = among.words();
   const int groups = std::min<int>(static_cast<int>(words.size()), num_slots_ / 64);
-  const int32_t n = static_cast<int32_t>(hashes.size());
-  absl::ReaderMutexLock lock(&mu_);
+
+  // Prune the candidates whose predictions are overdue, unless their writer
+  // is at work (it prunes them itself).
+  const absl::Time now = clock_->Now();
+  const int64_t now_ns = absl::ToUnixNanos(now);
   for (int g = 0; g < groups; ++g) {
-    uint64_t alive = words[g];
-    if (alive == 0) continue;
-    const MaskMap& exact = exact_masks_[g];
-    const MaskMap& predicted = predicted_masks_[g];
-    int32_t i = 0;
-    for (; i < n && alive != 0; ++i) {
+    for (uint64_t w = words[g]; w != 0; w &= w - 1) {
+      const int slot = g * 64 + __builtin_ctzll(w);
+      SlotState& s = slots_[slot];
+      if (now_ns < s.prune_due_ns.load(std::memory_order_relaxed)) continue;
+      if (!s.mu.TryLock()) continue;
+      PruneLocked(s, slot, now);
+      s.mu.Unlock();
+    }
+  }
+
+  // The candidates still matching, per group.
+  static thread_local std::vector<uint64_t> alive;
+  alive.assign(words.begin(), words.begin() + groups);
+  int live_groups = 0;
+  for (uint64_t a : alive) live_groups += a != 0;
+  const int32_t n = static_cast<int32_t>(hashes.size());
+  int32_t i = 0;
+  for (; i < n && live_groups > 0; ++i) {
+    const uint64_t h = hashes[i];
+    const Shard& shard = ShardOf(h);
+    absl::ReaderMutexLock lock(&shard.mu);
+    for (int g = 0; g < groups; ++g) {
+      if (alive[g] == 0) continue;
       uint64_t held = 0;
+      const MaskMap& exact = shard.exact[g];
       if (!exact.empty()) {
-        if (const uint64_t* m = exact.Find(hashes[i])) held = *m;
+        if (const uint64_t* m = exact.Find(h)) held = *m;
       }
+      const MaskMap& predicted = shard.predicted[g];
       if (!predicted.empty()) {
-        if (const uint64_t* m = predicted.Find(hashes[i])) held |= *m;
+        if (const uint64_t* m = predicted.Find(h)) held |= *m;
       }
-      for (uint64_t lost = alive & ~held; lost != 0; lost &= lost - 1) {
+      for (uint64_t lost = alive[g] & ~held; lost != 0; lost &= lost - 1) {
         out[g * 64 + __builtin_ctzll(lost)] = i;
       }
-      alive &= held;
+      alive[g] &= held;
+      if (alive[g] == 0) --live_groups;
     }
-    for (; alive != 0; alive &= alive - 1) out[g * 64 + __builtin_ctzll(alive)] = n;
+  }
+  for (int g = 0; g < groups; ++g) {
+    for (uint64_t a = alive[g]; a != 0; a &= a - 1) out[g * 64 + __builtin_ctzll(a)] = n;
   }
 }
 
 SlotIndexStats PrefixIndex::Stats(int slot) const {
   SlotIndexStats stats;
   if (slot < 0 || slot >= num_slots_) return stats;
-  absl::ReaderMutexLock lock(&mu_);
   const SlotState& s = slots_[slot];
+  absl::ReaderMutexLock lock(&s.mu);
   stats.mode = s.mode;
   stats.exact_blocks = static_cast<int64_t>(s.exact.size());
   stats.predicted_blocks = static_cast<int64_t>(s.predicted.size());

@@ -21,25 +21,37 @@
 // block hash to a 64-bit mask of the slots holding it (one map for exact
 // blocks, one for predictions). The maps are U64Map (u64_map.h), whose
 // erases leave no tombstones, so the steady churn of predictions and events
-// never triggers an in-place rebuild under the lock. Match walks the prompt's hashes once, ANDing
-// masks, and stops when no candidate is left: O(prompt blocks x 2 lookups)
-// per group, whatever the number of workers in the group.
+// never triggers an in-place rebuild under a lock. Match walks the prompt's
+// hashes once, ANDing masks, and stops when no candidate is left: O(prompt
+// blocks x 2 lookups) per group, whatever the number of workers in the group.
 //
-// Large event batches (a snapshot of a whole cache) and resets are applied
-// in chunks of `apply_chunk` hashes, taking the lock once per chunk, so
-// queries are never stalled for long.
+// Locking, so that a query never waits long for a writer (and a writer that
+// is preempted holds up little):
+//   - The mask maps are split by block hash into kShards shards, each with
+//     its own mutex. A writer holds a shard's lock for one hash; Match takes
+//     each shard's lock shared for the one lookup of one block.
+//   - Each slot's own state (mode, exact copy counts, prediction LRU) has
+//     its own mutex, taken by that slot's writers (its feeder, the requests
+//     routed to it) and never by Match, except to prune (try-lock only).
+//   - Large event batches (a snapshot of a whole cache) and resets are
+//     applied in chunks of `apply_chunk` hashes per slot-lock hold.
+// Lock order: a slot's mutex, then one shard's mutex.
+//
+// Expired predictions are dropped by the slot's writers (RecordRouted and
+// PrunePredictions prune exactly at the TTL) and, when one is more than
+// `prune_interval` past its TTL, by a query (when the slot's lock is free).
 //
 // Slots and incarnations are the registry's (worker_registry.h): a call made
 // with an incarnation the slot no longer has is ignored.
 //
-// Thread-safety: thread-safe (one internal mutex; Match takes it shared, so
-// route decisions query in parallel). REQUIRES: for each slot, ApplyEvents
-// calls come from one feeder at a time (its load stream).
+// Thread-safety: thread-safe (see "Locking"). REQUIRES: for each slot,
+// ApplyEvents calls come from one feeder at a time (its load stream).
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -96,11 +108,11 @@ struct PrefixIndexOptions {
   // Exact mode: predictions not yet confirmed by a stored event.
   int64_t pending_max_blocks = int64_t{1} << 13;
   absl::Duration pending_ttl = absl::Seconds(5);
-  // Hashes applied per lock hold.
-  int apply_chunk = 2048;
-  // Expired predictions are dropped by writers (RecordRouted prunes its
-  // worker) and, at most this often, by a query before it matches; a query
-  // may thus see a prediction up to this much past its TTL.
+  // Hashes applied per hold of a slot's lock.
+  int apply_chunk = 256;
+  // Expired predictions are dropped by the slot's writers (RecordRouted,
+  // PrunePredictions); a query prunes a slot whose oldest prediction is this
+  // much past its TTL, so it may see a prediction up to this long after.
   absl::Duration prune_interval = absl::Milliseconds(100);
 };
 
@@ -139,9 +151,14 @@ class PrefixIndex {
   // Records that a prompt with these block hashes was routed to the worker.
   void RecordRouted(int slot, uint64_t incarnation, absl::Span<const uint64_t> hashes);
 
+  // Drops the worker's expired predictions (the feeder calls it with each
+  // load report, so queries seldom have to). Cheap when none is due.
+  void PrunePredictions(int slot, uint64_t incarnation);
+
   // For every slot in `among`, sets (*matched)[slot] to the number of
   // leading `hashes` the worker holds. Other entries are left alone; the
-  // vector is grown to the slot capacity when smaller.
+  // vector is grown to the slot capacity when smaller. Takes no lock
+  // exclusively except to prune a slot whose lock is free.
   void Match(absl::Span<const uint64_t> hashes, const SlotSet& among,
              std::vector<int32_t>* matched);
 
@@ -179,40 +196,63 @@ class PrefixIndex {
   };
 
   struct SlotState {
-    uint64_t incarnation = 0;
-    IndexMode mode = IndexMode::kApproximate;
-    U64Map<uint32_t> exact;  // hash -> copies held
-    Lru predicted;
-    int64_t approx_capacity = 0;  // 0 = options_.approx_max_blocks
+    mutable absl::Mutex mu;
+    uint64_t incarnation ABSL_GUARDED_BY(mu) = 0;
+    IndexMode mode ABSL_GUARDED_BY(mu) = IndexMode::kApproximate;
+    U64Map<uint32_t> exact ABSL_GUARDED_BY(mu);  // hash -> copies held
+    Lru predicted ABSL_GUARDED_BY(mu);
+    int64_t approx_capacity ABSL_GUARDED_BY(mu) = 0;  // 0 = options_.approx_max_blocks
+    // When a query should prune this slot (unix ns; INT64_MAX = nothing to
+    // prune): its oldest prediction's expiry plus prune_interval. Written
+    // under `mu`, read without it.
+    std::atomic<int64_t> prune_due_ns{INT64_MAX};
   };
 
   using MaskMap = U64Map<uint64_t>;
 
-  static void SetBit(MaskMap& map, uint64_t hash, int slot);
-  static void ClearBit(MaskMap& map, uint64_t hash, int slot);
+  // Part of the slot masks: the hashes whose shard this is.
+  struct Shard {
+    mutable absl::Mutex mu;
+    std::vector<MaskMap> exact ABSL_GUARDED_BY(mu);      // per 64-slot group
+    std::vector<MaskMap> predicted ABSL_GUARDED_BY(mu);  // per 64-slot group
+  };
+  static constexpr int kShardBits = 6;
+  static constexpr int kShards = 1 << kShardBits;
+
+  // A full mix (SplitMix64's finalizer), not the U64Map's multiply: the
+  // shard must not be predictable from the bits a shard's tables probe by,
+  // or a shard's keys would crowd one part of each table.
+  Shard& ShardOf(uint64_t hash) const {
+    uint64_t z = hash ^ shard_seed_;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return shards_[(z ^ (z >> 31)) & (kShards - 1)];
+  }
+  void SetBit(bool exact, uint64_t hash, int slot);
+  void ClearBit(bool exact, uint64_t hash, int slot);
   // Drops up to `budget` exact blocks of the slot; true when none is left.
-  bool DrainExactLocked(int slot, int budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool DrainExactLocked(SlotState& s, int slot, int budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // Drops up to `budget` predictions of the slot; true when none is left.
-  bool DrainPredictedLocked(int slot, int budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyHashLocked(int slot, BlockEvent::Kind kind, uint64_t hash)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PruneLocked(int slot, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int64_t PredictedCapacityLocked(const SlotState& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Duration PredictedTtl(const SlotState& s) const;
+  bool DrainPredictedLocked(SlotState& s, int slot, int budget)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  void ApplyHashLocked(SlotState& s, int slot, BlockEvent::Kind kind, uint64_t hash)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  void PruneLocked(SlotState& s, int slot, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Stores the slot's prune_due_ns after its predictions or mode changed.
+  void UpdatePruneDueLocked(SlotState& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  int64_t PredictedCapacityLocked(const SlotState& s) const ABSL_SHARED_LOCKS_REQUIRED(s.mu);
+  absl::Duration PredictedTtlLocked(const SlotState& s) const ABSL_SHARED_LOCKS_REQUIRED(s.mu);
   // Drops all of the slot's blocks of one kind, in chunks, while the slot
   // keeps `incarnation`.
-  void DrainInChunks(int slot, uint64_t incarnation, bool exact) ABSL_LOCKS_EXCLUDED(mu_);
+  void DrainInChunks(int slot, uint64_t incarnation, bool exact);
 
   const PrefixIndexOptions options_;
   const Clock* const clock_;
   const int num_slots_;
+  const uint64_t shard_seed_;
 
-  mutable absl::Mutex mu_;
-  std::vector<SlotState> slots_ ABSL_GUARDED_BY(mu_);
-  std::vector<MaskMap> exact_masks_ ABSL_GUARDED_BY(mu_);      // per 64-slot group
-  std::vector<MaskMap> predicted_masks_ ABSL_GUARDED_BY(mu_);  // per 64-slot group
-  // When Match last pruned every slot (unix nanoseconds of the clock).
-  std::atomic<int64_t> last_prune_ns_{0};
+  std::unique_ptr<SlotState[]> slots_;
+  std::unique_ptr<Shard[]> shards_;
 };
 
 }  // namespace tessera::router

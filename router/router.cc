@@ -47,6 +47,7 @@ struct Router::Scratch {
   std::vector<double> costs;
   std::vector<int32_t> matched;
   SlotSet among;
+  size_t chosen = 0;  // candidate
 };
 
 Router::Router(RouterOptions options, const Clock* clock)
@@ -72,7 +73,7 @@ bool Router::RemoveWorker(std::string_view id) {
   std::optional<WorkerRef> ref = registry_.Remove(id);
   if (!ref.has_value()) return false;
   index_.ResetSlot(ref->slot, 0);
-  absl::MutexLock l(&mu_);
+  absl::MutexLock l(&untrusted_mu_);
   untrusted_events_.erase(ref->incarnation);
   return true;
 }
@@ -83,7 +84,7 @@ ReconcileResult Router::Reconcile(const std::vector<std::string>& addresses) {
   // Removed first: an added worker may have taken a removed one's slot.
   for (const auto& [id, ref] : result.removed) {
     index_.ResetSlot(ref.slot, 0);
-    absl::MutexLock l(&mu_);
+    absl::MutexLock l(&untrusted_mu_);
     untrusted_events_.erase(ref.incarnation);
   }
   for (const auto& [id, ref] : result.added) index_.ResetSlot(ref.slot, ref.incarnation);
@@ -113,9 +114,12 @@ absl::Status Router::ApplyLoadReport(std::string_view id, const LoadReportView& 
       registry_.ReportLoad(id, report.load, report.sequence, report.events_reset);
   if (!r.ok()) return r.status();
   const WorkerRef ref = r->ref;
+  // Expired predictions go here, on the feeder's thread, rather than in a
+  // route decision's Match.
+  index_.PrunePredictions(ref.slot, ref.incarnation);
 
   if (!report.events_reset) {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&untrusted_mu_);
     // Already reported; the worker is routed on predictions until a
     // snapshot verifies.
     if (untrusted_events_.contains(ref.incarnation)) return absl::OkStatus();
@@ -123,7 +127,7 @@ absl::Status Router::ApplyLoadReport(std::string_view id, const LoadReportView& 
   absl::Status verified = VerifyEvents(r->scheme, report.events);
   if (!verified.ok()) {
     {
-      absl::MutexLock lock(&mu_);
+      absl::MutexLock lock(&untrusted_mu_);
       untrusted_events_.insert(ref.incarnation);
     }
     index_.FallBackToApproximate(ref.slot, ref.incarnation);
@@ -133,7 +137,7 @@ absl::Status Router::ApplyLoadReport(std::string_view id, const LoadReportView& 
   }
   if (report.events_reset) {
     {
-      absl::MutexLock lock(&mu_);
+      absl::MutexLock lock(&untrusted_mu_);
       untrusted_events_.erase(ref.incarnation);
     }
     index_.ApplyEvents(ref.slot, ref.incarnation, /*reset=*/true, report.events);
@@ -273,30 +277,34 @@ absl::StatusOr<RouteDecision> Router::RouteOnce(const RouteRequest& request) {
     }
   }
 
+  // Costs need no lock; the policy's shared state (affinity table, random
+  // numbers, round-robin position) does.
+  if (options_.policy.kind == PolicyKind::kCost) {
+    s.costs.resize(s.candidates.size());
+    for (size_t i = 0; i < s.candidates.size(); ++i) {
+      s.costs[i] = Cost(options_.policy.weights, s.candidates[i], prompt_tokens, request.priority);
+    }
+  }
   RouteDecision decision;
   {
     absl::MutexLock lock(&mu_);
-    ChooseLocked(request, prompt_tokens, s, &decision);
+    ChooseLocked(request, s, &decision);
   }
+  FillDecision(request, prompt_tokens, s, &decision);
   std::optional<std::string> id = registry_.IdOf(decision.worker);
   if (!id.has_value()) return absl::AbortedError("the chosen worker was removed");
   decision.worker_id = std::move(*id);
   return decision;
 }
 
-void Router::ChooseLocked(const RouteRequest& request, int64_t prompt_tokens, Scratch& s,
-                          RouteDecision* decision) {
+void Router::ChooseLocked(const RouteRequest& request, Scratch& s, RouteDecision* decision) {
   const PolicyOptions& policy = options_.policy;
   const size_t n = s.candidates.size();
   size_t chosen = 0;
   switch (policy.kind) {
     case PolicyKind::kCost: {
-      s.costs.resize(n);
       double best = 0;
-      for (size_t i = 0; i < n; ++i) {
-        s.costs[i] = Cost(policy.weights, s.candidates[i], prompt_tokens, request.priority);
-        best = i == 0 ? s.costs[i] : std::min(best, s.costs[i]);
-      }
+      for (size_t i = 0; i < n; ++i) best = i == 0 ? s.costs[i] : std::min(best, s.costs[i]);
       bool sticky_chosen = false;
       if (policy.affinity.enabled && !request.routing_key.empty()) {
         std::optional<WorkerRef> bound = affinity_.Lookup(request.routing_key, clock_->Now());
@@ -330,6 +338,14 @@ void Router::ChooseLocked(const RouteRequest& request, int64_t prompt_tokens, Sc
       decision->reason = RouteReason::kLeastLoaded;
       break;
   }
+  s.chosen = chosen;
+}
+
+void Router::FillDecision(const RouteRequest& request, int64_t prompt_tokens, const Scratch& s,
+                          RouteDecision* decision) const {
+  const PolicyOptions& policy = options_.policy;
+  const size_t n = s.candidates.size();
+  const size_t chosen = s.chosen;
   const WorkerView& v = s.views[s.view_of[chosen]];
   decision->worker = v.ref;
   decision->probe = v.half_open;

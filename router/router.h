@@ -167,8 +167,13 @@ class Router {
 
   // One decision; ABORTED when the chosen worker was removed meanwhile.
   absl::StatusOr<RouteDecision> RouteOnce(const RouteRequest& request);
-  void ChooseLocked(const RouteRequest& request, int64_t prompt_tokens, Scratch& s,
-                    RouteDecision* decision) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Picks s.chosen among the candidates (s.costs filled for the cost
+  // policy); sets the decision's reason and cost.
+  void ChooseLocked(const RouteRequest& request, Scratch& s, RouteDecision* decision)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rest of the decision, from the chosen candidate (no lock).
+  void FillDecision(const RouteRequest& request, int64_t prompt_tokens, const Scratch& s,
+                    RouteDecision* decision) const;
 
   const RouterOptions options_;
   const Clock* const clock_;
@@ -179,13 +184,16 @@ class Router {
   // on who owns a slot.
   absl::Mutex membership_mu_;
 
+  // The policy's shared state; held only for the choice itself (costs are
+  // computed before it is taken) and for binding a routing key.
   absl::Mutex mu_;
   SplitMix64 rng_ ABSL_GUARDED_BY(mu_);
   int rr_last_slot_ ABSL_GUARDED_BY(mu_) = -1;
   AffinityTable affinity_ ABSL_GUARDED_BY(mu_);
   // Incarnations whose events failed hash verification; their events are
-  // ignored until a snapshot verifies.
-  absl::flat_hash_set<uint64_t> untrusted_events_ ABSL_GUARDED_BY(mu_);
+  // ignored until a snapshot verifies. (The feeders' lock, not the routes'.)
+  absl::Mutex untrusted_mu_;
+  absl::flat_hash_set<uint64_t> untrusted_events_ ABSL_GUARDED_BY(untrusted_mu_);
 };
 
 }  // namespace tessera::router

@@ -71,8 +71,6 @@ struct WorkerRegistry::Entry {
   bool load_known = false;
   WorkerLoad load;
   uint64_t last_sequence = 0;
-  uint64_t report_epoch = 0;  // load reports received
-  absl::Time last_heard;
 
   // Circuit breaker. `breaker` is the state last stored; EffectiveBreaker
   // gives the state now (kOpen is kHalfOpen once ejected_until has passed).
@@ -82,20 +80,60 @@ struct WorkerRegistry::Entry {
   absl::Time ejected_until = absl::InfinitePast();
   bool probe_in_flight = false;
 
-  int32_t in_flight = 0;
-  int32_t pending_requests = 0;
-  int64_t pending_prefill_tokens = 0;
-
   uint64_t assigned_total = 0;
   uint64_t failures_total = 0;
   uint64_t ejections_total = 0;
 };
+
+// A slot's fast-changing numbers. Written under mu_ (so read-modify-write
+// sequences stay consistent), read by Snapshot without it.
+struct WorkerRegistry::Counters {
+  std::atomic<uint64_t> incarnation{0};  // whose numbers these are
+  std::atomic<int32_t> in_flight{0};
+  std::atomic<int32_t> pending_requests{0};
+  std::atomic<int64_t> pending_prefill_tokens{0};
+  std::atomic<uint64_t> report_epoch{0};  // load reports received
+  std::atomic<int64_t> last_heard_ns{0};
+};
+
+// What Snapshot and IdOf read: copies of the entries, in slot order.
+struct WorkerRegistry::Published {
+  std::vector<Entry> entries;
+  std::vector<int32_t> at_slot;  // slot -> index into entries, -1 if free
+};
+
+namespace {
+int64_t Nanos(absl::Time t) { return absl::ToUnixNanos(t); }
+}  // namespace
 
 WorkerRegistry::WorkerRegistry(RegistryOptions options, int default_block_size, const Clock* clock)
     : options_(std::move(options)),
       default_block_size_(default_block_size > 0 ? default_block_size : 16),
       clock_(clock) {
   slots_.resize(static_cast<size_t>(std::max(1, options_.max_workers)));
+  counters_.reset(new Counters[slots_.size()]);
+  absl::MutexLock lock(&mu_);
+  PublishLocked();
+}
+
+void WorkerRegistry::PublishLocked() {
+  auto p = std::make_shared<Published>();
+  p->entries.reserve(slot_of_.size());
+  p->at_slot.assign(slots_.size(), -1);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i] == nullptr) continue;
+    p->at_slot[i] = static_cast<int32_t>(p->entries.size());
+    p->entries.push_back(*slots_[i]);
+  }
+  published_.store(std::shared_ptr<const Published>(std::move(p)), std::memory_order_release);
+}
+
+absl::Time WorkerRegistry::LastHeard(const Entry& e) const {
+  const Counters& c = counters_[e.ref.slot];
+  const int64_t ns = c.last_heard_ns.load(std::memory_order_relaxed);
+  // A slot taken over meanwhile: the entry's own time is all there is.
+  if (c.incarnation.load(std::memory_order_acquire) != e.ref.incarnation) return e.added_at;
+  return absl::FromUnixNanos(ns);
 }
 
 WorkerRegistry::~WorkerRegistry() = default;
@@ -128,8 +166,14 @@ absl::StatusOr<WorkerRef> WorkerRegistry::AddLocked(std::string_view id) {
   e->ref.slot = static_cast<int>(free_slot - slots_.begin());
   e->ref.incarnation = next_incarnation_++;
   e->added_at = clock_->Now();
-  e->last_heard = e->added_at;
   const WorkerRef ref = e->ref;
+  Counters& c = counters_[ref.slot];
+  c.in_flight.store(0, std::memory_order_relaxed);
+  c.pending_requests.store(0, std::memory_order_relaxed);
+  c.pending_prefill_tokens.store(0, std::memory_order_relaxed);
+  c.report_epoch.store(0, std::memory_order_relaxed);
+  c.last_heard_ns.store(Nanos(e->added_at), std::memory_order_relaxed);
+  c.incarnation.store(ref.incarnation, std::memory_order_release);
   slot_of_.emplace(std::string(id), ref.slot);
   *free_slot = std::move(e);
   return ref;
@@ -147,12 +191,16 @@ std::optional<WorkerRef> WorkerRegistry::RemoveLocked(std::string_view id) {
 
 absl::StatusOr<WorkerRef> WorkerRegistry::Add(std::string_view id) {
   absl::MutexLock lock(&mu_);
-  return AddLocked(id);
+  absl::StatusOr<WorkerRef> ref = AddLocked(id);
+  if (ref.ok()) PublishLocked();
+  return ref;
 }
 
 std::optional<WorkerRef> WorkerRegistry::Remove(std::string_view id) {
   absl::MutexLock lock(&mu_);
-  return RemoveLocked(id);
+  std::optional<WorkerRef> ref = RemoveLocked(id);
+  if (ref.has_value()) PublishLocked();
+  return ref;
 }
 
 ReconcileResult WorkerRegistry::Reconcile(const std::vector<std::string>& addresses) {
@@ -178,6 +226,7 @@ ReconcileResult WorkerRegistry::Reconcile(const std::vector<std::string>& addres
       result.rejected.emplace_back(id, ref.status());
     }
   }
+  if (!result.added.empty() || !result.removed.empty()) PublishLocked();
   return result;
 }
 
@@ -199,6 +248,7 @@ absl::Status WorkerRegistry::SetInfo(std::string_view id, const WorkerStaticInfo
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("unknown worker ", std::string(id)));
   e->info = info;
   e->info_known = true;
+  PublishLocked();
   return absl::OkStatus();
 }
 
@@ -207,7 +257,8 @@ absl::Status WorkerRegistry::SetHealth(std::string_view id, HealthState state) {
   Entry* e = FindLocked(id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("unknown worker ", std::string(id)));
   e->health = state;
-  e->last_heard = clock_->Now();
+  counters_[e->ref.slot].last_heard_ns.store(Nanos(clock_->Now()), std::memory_order_relaxed);
+  PublishLocked();
   return absl::OkStatus();
 }
 
@@ -226,10 +277,12 @@ absl::StatusOr<LoadReportResult> WorkerRegistry::ReportLoad(std::string_view id,
   if (sequence != 0) e->last_sequence = sequence;
   e->load = load;
   e->load_known = true;
-  e->last_heard = clock_->Now();
-  ++e->report_epoch;
-  e->pending_requests = 0;
-  e->pending_prefill_tokens = 0;
+  Counters& c = counters_[e->ref.slot];
+  c.last_heard_ns.store(Nanos(clock_->Now()), std::memory_order_relaxed);
+  c.report_epoch.fetch_add(1, std::memory_order_relaxed);
+  c.pending_requests.store(0, std::memory_order_relaxed);
+  c.pending_prefill_tokens.store(0, std::memory_order_relaxed);
+  PublishLocked();
   return result;
 }
 
@@ -274,14 +327,19 @@ void WorkerRegistry::RecordSuccess(std::string_view id) {
   Entry* e = FindLocked(id);
   if (e == nullptr) return;
   const absl::Time now = clock_->Now();
+  const BreakerState before = e->breaker;
+  const bool probe_before = e->probe_in_flight;
   UpdateBreakerLocked(*e, now);
-  e->last_heard = now;
+  counters_[e->ref.slot].last_heard_ns.store(Nanos(now), std::memory_order_relaxed);
   e->consecutive_failures = 0;
   if (e->breaker == BreakerState::kHalfOpen) {
     e->breaker = BreakerState::kClosed;
     e->ejections_in_row = 0;
     e->probe_in_flight = false;
   }
+  // Decisions see the breaker, not the failure count: publish only when it
+  // changed (a success is the common case, once per request).
+  if (e->breaker != before || e->probe_in_flight != probe_before) PublishLocked();
 }
 
 void WorkerRegistry::RecordFailure(std::string_view id) {
@@ -308,9 +366,11 @@ void WorkerRegistry::RecordFailure(std::string_view id) {
       // already runs.
       break;
   }
+  PublishLocked();
 }
 
-Unroutable WorkerRegistry::UnroutableLocked(const Entry& e, absl::Time now) const {
+Unroutable WorkerRegistry::UnroutableAt(const Entry& e, absl::Time last_heard,
+                                        absl::Time now) const {
   // (A stored kOpen has no probe in flight: ejecting clears it.)
   const BreakerState breaker = EffectiveBreaker(e, now);
   if (breaker == BreakerState::kOpen) return Unroutable::kEjected;
@@ -319,41 +379,42 @@ Unroutable WorkerRegistry::UnroutableLocked(const Entry& e, absl::Time now) cons
   if (e.health == HealthState::kNotServing) return Unroutable::kNotServing;
   if (e.load_known && e.load.draining) return Unroutable::kDraining;
   if (options_.load_staleness != absl::InfiniteDuration() &&
-      now - e.last_heard > options_.load_staleness) {
+      now - last_heard > options_.load_staleness) {
     return Unroutable::kStale;
   }
   return Unroutable::kNone;
 }
 
 std::optional<std::string> WorkerRegistry::IdOf(const WorkerRef& ref) const {
-  absl::ReaderMutexLock lock(&mu_);
-  const Entry* e = FindLocked(ref);
-  if (e == nullptr) return std::nullopt;
-  return e->id;
+  const std::shared_ptr<const Published> p = published_.load(std::memory_order_acquire);
+  if (ref.slot < 0 || ref.slot >= static_cast<int>(p->at_slot.size())) return std::nullopt;
+  const int32_t i = p->at_slot[ref.slot];
+  if (i < 0 || p->entries[i].ref.incarnation != ref.incarnation) return std::nullopt;
+  return p->entries[i].id;
 }
 
 void WorkerRegistry::Snapshot(std::vector<WorkerView>* out,
                               absl::Span<const std::string> exclude) const {
-  absl::ReaderMutexLock lock(&mu_);
+  const std::shared_ptr<const Published> p = published_.load(std::memory_order_acquire);
   const absl::Time now = clock_->Now();
-  out->resize(slot_of_.size());
+  out->resize(p->entries.size());
   size_t n = 0;
-  for (const auto& slot : slots_) {
-    if (slot == nullptr) continue;
-    const Entry& e = *slot;
+  for (const Entry& e : p->entries) {
     WorkerView& v = (*out)[n++];
+    const Counters& c = counters_[e.ref.slot];
+    const bool own = c.incarnation.load(std::memory_order_acquire) == e.ref.incarnation;
     v.ref = e.ref;
     v.excluded =
         !exclude.empty() && std::find(exclude.begin(), exclude.end(), e.id) != exclude.end();
-    v.unroutable = UnroutableLocked(e, now);
+    v.unroutable = UnroutableAt(e, LastHeard(e), now);
     v.half_open = EffectiveBreaker(e, now) == BreakerState::kHalfOpen;
     v.info_known = e.info_known;
     v.info = e.info;
     v.load_known = e.load_known;
     v.load = e.load;
-    v.in_flight = e.in_flight;
-    v.pending_requests = e.pending_requests;
-    v.pending_prefill_tokens = e.pending_prefill_tokens;
+    v.in_flight = own ? c.in_flight.load(std::memory_order_relaxed) : 0;
+    v.pending_requests = own ? c.pending_requests.load(std::memory_order_relaxed) : 0;
+    v.pending_prefill_tokens = own ? c.pending_prefill_tokens.load(std::memory_order_relaxed) : 0;
   }
 }
 
@@ -368,12 +429,15 @@ bool WorkerRegistry::OnAssigned(const WorkerRef& ref, int64_t prefill_tokens, bo
     // Only the probe may go to a half-open worker.
     if (!probe || e->probe_in_flight) return false;
     e->probe_in_flight = true;
+    PublishLocked();
   }
-  ++e->in_flight;
-  ++e->pending_requests;
-  e->pending_prefill_tokens += std::max<int64_t>(0, prefill_tokens);
+  Counters& c = counters_[e->ref.slot];
+  c.in_flight.fetch_add(1, std::memory_order_relaxed);
+  c.pending_requests.fetch_add(1, std::memory_order_relaxed);
+  c.pending_prefill_tokens.fetch_add(std::max<int64_t>(0, prefill_tokens),
+                                     std::memory_order_relaxed);
   ++e->assigned_total;
-  if (epoch != nullptr) *epoch = e->report_epoch;
+  if (epoch != nullptr) *epoch = c.report_epoch.load(std::memory_order_relaxed);
   return true;
 }
 
@@ -382,15 +446,25 @@ void WorkerRegistry::OnFinished(const WorkerRef& ref, bool probe, uint64_t epoch
   absl::MutexLock lock(&mu_);
   Entry* e = FindLocked(ref);
   if (e == nullptr) return;
-  if (e->in_flight > 0) --e->in_flight;
-  if (epoch == e->report_epoch && e->pending_requests > 0) {
-    --e->pending_requests;
-    e->pending_prefill_tokens =
-        std::max<int64_t>(0, e->pending_prefill_tokens - std::max<int64_t>(0, prefill_tokens));
+  // Counters change only under mu_, so these read-modify-writes are not
+  // raced by another writer.
+  Counters& c = counters_[e->ref.slot];
+  const int32_t in_flight = c.in_flight.load(std::memory_order_relaxed);
+  if (in_flight > 0) c.in_flight.store(in_flight - 1, std::memory_order_relaxed);
+  const int32_t pending = c.pending_requests.load(std::memory_order_relaxed);
+  if (epoch == c.report_epoch.load(std::memory_order_relaxed) && pending > 0) {
+    c.pending_requests.store(pending - 1, std::memory_order_relaxed);
+    c.pending_prefill_tokens.store(
+        std::max<int64_t>(0, c.pending_prefill_tokens.load(std::memory_order_relaxed) -
+                                 std::max<int64_t>(0, prefill_tokens)),
+        std::memory_order_relaxed);
   }
   // A probe that ended without a verdict (say, the client cancelled it)
   // frees the probe for the next request.
-  if (probe) e->probe_in_flight = false;
+  if (probe && e->probe_in_flight) {
+    e->probe_in_flight = false;
+    PublishLocked();
+  }
 }
 
 WorkerStatus WorkerRegistry::StatusLocked(const Entry& e, absl::Time now) const {
@@ -399,13 +473,13 @@ WorkerStatus WorkerRegistry::StatusLocked(const Entry& e, absl::Time now) const 
   s.ref = e.ref;
   s.health = e.health;
   s.breaker = EffectiveBreaker(e, now);
-  s.unroutable = UnroutableLocked(e, now);
+  s.unroutable = UnroutableAt(e, LastHeard(e), now);
   s.consecutive_failures = e.consecutive_failures;
   s.ejected_until = e.ejected_until;
   s.load_known = e.load_known;
   s.load = e.load;
-  s.last_heard = e.last_heard;
-  s.in_flight = e.in_flight;
+  s.last_heard = LastHeard(e);
+  s.in_flight = counters_[e.ref.slot].in_flight.load(std::memory_order_relaxed);
   s.assigned_total = e.assigned_total;
   s.failures_total = e.failures_total;
   s.ejections_total = e.ejections_total;

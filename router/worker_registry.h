@@ -36,11 +36,17 @@
 // workers (but always at least one) are ejected at a time, so a cluster-wide
 // problem degrades to retries instead of refusing everything.
 //
-// Thread-safety: thread-safe; every method takes one internal mutex (shared
-// for the read-only ones, so concurrent route decisions do not serialize on
-// Snapshot) and none calls out while holding it.
+// Thread-safety: thread-safe. Writers serialize on one internal mutex (none
+// calls out while holding it). The route decision's reads (Snapshot, IdOf)
+// take no lock: writers publish an immutable copy of the workers' state
+// (swapped atomically, RCU style) whenever something a decision sees
+// changes, and the per-request counters (in flight, pending load, last heard)
+// are per-slot atomics. A writer that is preempted therefore never holds up a
+// route decision's snapshot; OnAssigned and OnFinished hold the writers'
+// mutex for a few counter updates only.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -241,6 +247,8 @@ class WorkerRegistry {
 
  private:
   struct Entry;
+  struct Counters;
+  struct Published;
 
   Entry* FindLocked(std::string_view id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   Entry* FindLocked(const WorkerRef& ref) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -251,7 +259,12 @@ class WorkerRegistry {
   static BreakerState EffectiveBreaker(const Entry& e, absl::Time now);
   // Stores the effective state (writers only).
   void UpdateBreakerLocked(Entry& e, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Unroutable UnroutableLocked(const Entry& e, absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Why `e` (a live entry or a published copy) cannot take a request now.
+  Unroutable UnroutableAt(const Entry& e, absl::Time last_heard, absl::Time now) const;
+  // The last-heard time of `e` from its slot's counters.
+  absl::Time LastHeard(const Entry& e) const;
+  // Publishes a copy of every entry for the lock-free readers.
+  void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool MayEjectLocked(absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void EjectLocked(Entry& e, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   WorkerStatus StatusLocked(const Entry& e, absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -265,6 +278,10 @@ class WorkerRegistry {
   std::vector<std::unique_ptr<Entry>> slots_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int> slot_of_ ABSL_GUARDED_BY(mu_);
   uint64_t next_incarnation_ ABSL_GUARDED_BY(mu_) = 1;
+  // Indexed by slot, never reallocated: written under mu_, read without it.
+  std::unique_ptr<Counters[]> counters_;
+  // The latest published copy (never null).
+  std::atomic<std::shared_ptr<const Published>> published_;
 };
 
 }  // namespace tessera::router
