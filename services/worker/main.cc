@@ -35,7 +35,8 @@ ABSL_FLAG(std::string, attention_backend, "auto", "Backend for paged attention, 
 ABSL_FLAG(std::string, norm_backend, "auto",
           "Backend for RMSNorm, RoPE, SiLU-mul, embedding and KV writes, or auto");
 ABSL_FLAG(std::string, sampling_backend, "auto", "Backend for logits processing and sampling");
-ABSL_FLAG(int, tensor_parallel_size, 1, "Ranks the model is sharded over");
+ABSL_FLAG(int, tensor_parallel_size, 1,
+          "Tensor-parallel ranks the model is sharded over (CPU: one thread per rank)");
 ABSL_FLAG(int, block_size, 16, "Tokens per KV-cache block");
 ABSL_FLAG(int, kv_cache_blocks, 0, "KV-cache blocks; 0 = from --kv_cache_memory_mb");
 ABSL_FLAG(int, kv_cache_memory_mb, 512, "KV-cache size when --kv_cache_blocks is 0");
@@ -75,10 +76,12 @@ int main(int argc, char** argv) {
   } else if (lo.model_dir.empty()) {
     return ts::StartupError(absl::InvalidArgumentError("--model is required (a model directory)"));
   }
-  if (absl::GetFlag(FLAGS_tensor_parallel_size) != 1) {
+  // CPU ranks are threads of this process (worker/parallel); CUDA devices
+  // take 1 in this build (BuildLocalEngine says so).
+  lo.tensor_parallel_size = absl::GetFlag(FLAGS_tensor_parallel_size);
+  if (lo.tensor_parallel_size < 1) {
     return ts::StartupError(absl::InvalidArgumentError(
-        absl::StrCat("--tensor_parallel_size=", absl::GetFlag(FLAGS_tensor_parallel_size),
-                     ": this build runs one rank per worker; use 1")));
+        absl::StrCat("--tensor_parallel_size=", lo.tensor_parallel_size, ": must be >= 1")));
   }
   lo.backends = {{"gemm_backend", absl::GetFlag(FLAGS_gemm_backend)},
                  {"attention_backend", absl::GetFlag(FLAGS_attention_backend)},
@@ -163,6 +166,7 @@ int main(int argc, char** argv) {
                                    : absl::GetFlag(FLAGS_served_model_name);
   service_options.architecture = std::string(
       tessera::model::ArchitectureName((*local)->engine->runner().config().architecture));
+  service_options.tensor_parallel_size = lo.tensor_parallel_size;
   service_options.default_drain_deadline = options.drain_deadline;
   service_options.backends = (*local)->backends;
   engine.Start();
@@ -173,6 +177,7 @@ int main(int argc, char** argv) {
   tessera::LogInfo("ready", {{"model", service_options.model_name},
                              {"architecture", service_options.architecture},
                              {"kv_blocks", (*local)->kv_cache_blocks},
+                             {"tensor_parallel_size", lo.tensor_parallel_size},
                              {"max_model_len", engine.options().scheduler.max_model_len}});
   service.SetReady(true);
   host.SetReady(true);
