@@ -22,8 +22,8 @@ bins=(
   kernels/arch/arch_test
   kernels/cuda_selection_test
   kernels/cuda/cuda_ops_test
-  kernels/cuda/gemm_test
-  kernels/cuda/sampling_test
+  kernels/cuda/cuda_gemm_test
+  kernels/cuda/cuda_sampling_test
   kernels/cuda/paged_attention_test
   worker/runner/cuda_model_runner_test
   kernels/cuda/cuda_ops_bench

@@ -42,7 +42,7 @@ step_json() {  # step_json NAME TIMEOUT_S CMD...: stdout is the JSON result
 nvidia-smi --query-gpu=name,pci.bus_id,driver_version,memory.total --format=csv >"$OUT/nvidia-smi.txt" 2>&1
 step doctor 120 "$BIN/tessera" doctor
 cp "$OUT/doctor.log" "$OUT/doctor.txt"
-for t in arch_test cuda_selection_test cuda_ops_test gemm_test sampling_test paged_attention_test \
+for t in arch_test cuda_selection_test cuda_ops_test cuda_gemm_test cuda_sampling_test paged_attention_test \
          cuda_model_runner_test; do
   step "tests/$t" 300 "$BIN/$t" --gtest_output="json:$OUT/tests/$t.json"
 done

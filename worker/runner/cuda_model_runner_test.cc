@@ -139,7 +139,9 @@ TEST_P(ModelPairOnGpu, LogitsAndGreedyContinuationsMatchTransformers) {
       total_compared += compared;
     }
     EXPECT_GE(total_compared, 3u);
-    if (graphs) EXPECT_GE((*runner)->graphs_captured(), 1);
+    if (graphs) {
+      EXPECT_GE((*runner)->graphs_captured(), 1);
+    }
   }
 }
 
