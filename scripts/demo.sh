@@ -4,20 +4,45 @@
 # generation through the router, prints the services' metrics endpoints and
 # stops the cluster cleanly (SIGINT → graceful drain of every service).
 #
-# MODEL (default: the tiny Qwen3 reference model in tests/fixtures, which has
-# no tokenizer, so the request goes in and out as token ids); PROMPT is text
-# when the model directory has a tokenizer.json.
+# Defaults: the workers serve models/target (the trained 15.7M-parameter
+# Qwen3 test model, see models/MODEL_CARD.md), the router tokenizes with its
+# tokenizer, and the demo streams, as text, the greedy completion (64 tokens)
+# of a Python prompt. Environment overrides:
+#   MODEL       model directory the workers serve (default models/target)
+#   TOKENIZER   tokenizer directory for the router (default: $MODEL)
+#   PROMPT      prompt text (default: the start of a Python fibonacci function)
+#   MAX_TOKENS  tokens to generate (default 64)
+#   BUILD_DIR   build directory (default build)
+# A model directory without tokenizer.json (e.g. tests/fixtures/models/
+# qwen3_tiny) is demonstrated with token ids in and out instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-bash scripts/build.sh >/dev/null
 BUILD_DIR=${BUILD_DIR:-build}
+# Only the binaries the demo runs (scripts/build.sh builds everything).
+cmake -S . -B "$BUILD_DIR" -G Ninja -DTESSERA_CUDA="${TESSERA_CUDA:-AUTO}" >/dev/null
+cmake --build "$BUILD_DIR" -j "$(nproc)" --target tessera tessera-worker tessera-router \
+  tessera-drafter >/dev/null
 tessera="$BUILD_DIR/services/cli/tessera"
-MODEL=${MODEL:-tests/fixtures/models/qwen3_tiny}
-PROMPT=${PROMPT:-def fibonacci(n):}
+MODEL=${MODEL:-models/target}
+TOKENIZER=${TOKENIZER:-$MODEL}
+PROMPT=${PROMPT:-$'def fibonacci(n):\n    """Return the nth Fibonacci number."""\n    if n <= 1:\n        return n\n'}
+MAX_TOKENS=${MAX_TOKENS:-64}
 run_dir=$(mktemp -d)
 
-"$tessera" up --workers=2 --up_model="$MODEL" --run_dir="$run_dir" >"$run_dir/up.out" 2>&1 &
+up_args=(--workers=2 --up_model="$MODEL" --run_dir="$run_dir"
+  --worker_args=--kv_cache_memory_mb=64)
+if [ -f "$TOKENIZER/tokenizer.json" ]; then
+  up_args+=(--up_tokenizer="$TOKENIZER")
+fi
+# Speculative decoding (not wired yet): the drafter that `tessera up` starts
+# runs without a draft model. Once services/drafter serves a draft model and
+# the workers verify drafts (worker/spec), pass the drafter models/draft (the
+# target's 3.1M-parameter companion, same tokenizer) and point the workers at
+# the drafter here, e.g. with a DRAFT_MODEL variable defaulting to
+# models/draft.
+
+"$tessera" up "${up_args[@]}" >"$run_dir/up.out" 2>&1 &
 up_pid=$!
 trap 'kill -INT $up_pid 2>/dev/null || true' EXIT
 for _ in $(seq 600); do
@@ -30,9 +55,12 @@ cat "$run_dir/up.out"
 router=$(grep '^router=' "$run_dir/up.out" | cut -d= -f2)
 
 echo
-if [ -f "$MODEL/tokenizer.json" ]; then
-  echo "streaming a completion through the router:"
-  "$tessera" generate --generate_target="$router" --prompt="$PROMPT" --max_tokens=64
+if [ -f "$TOKENIZER/tokenizer.json" ]; then
+  echo "streaming a greedy completion of $MAX_TOKENS tokens through the router ($MODEL):"
+  echo "----"
+  "$tessera" generate --generate_target="$router" --prompt="$PROMPT" --max_tokens="$MAX_TOKENS" \
+    --temperature=0
+  echo "----"
 else
   echo "streaming a completion (token ids; $MODEL has no tokenizer) through the router:"
   "$tessera" generate --generate_target="$router" --prompt_ids=33,110,269,364,168 --max_tokens=32 \

@@ -91,6 +91,7 @@ int GenerateRemote(const std::string& target) {
   }
   grpc::Status status = reader->Finish();
   std::fputs("\n", stdout);
+  std::fflush(stdout);  // the text before the summary on stderr, also when both are one file
   if (!status.ok()) {
     std::fprintf(stderr, "error: %s\n", status.error_message().c_str());
     return 1;
@@ -202,6 +203,7 @@ int RunGenerate(const std::vector<char*>&) {
   }
   if (detok) std::fputs(detok->Finish().c_str(), stdout);
   std::fputs("\n", stdout);
+  std::fflush(stdout);
   absl::Time end = absl::Now();
   if (!event.finished) return fail(absl::DeadlineExceededError("generation did not finish"));
 
