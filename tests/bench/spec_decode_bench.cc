@@ -4,7 +4,8 @@
 // at a time (batch 1) and `--batch` requests at once.
 //
 // Models: --target and --draft (directories). By default models/target and
-// models/draft when they exist; otherwise a generated pair: a random bf16
+// models/draft when they exist (the trained pair; prompts are held-out
+// Python texts from --prompts); otherwise a generated pair: a random bf16
 // target with tied embeddings and, as its draft, the target's first layer
 // (same seed, so the two agree often). The result names which was used.
 //
@@ -13,6 +14,7 @@
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,6 +28,9 @@
 
 ABSL_FLAG(std::string, target, "", "target model directory (default: models/target or generated)");
 ABSL_FLAG(std::string, draft, "", "draft model directory (default: models/draft or generated)");
+ABSL_FLAG(std::string, prompts, "models/fixtures/tokenizer_expected.json",
+          "JSON list of {text, ids}: prompts for the trained pair (the first --prompt ids of "
+          "texts at least that long)");
 ABSL_FLAG(int, requests, 8, "requests per run");
 ABSL_FLAG(int, prompt, 64, "prompt tokens per request");
 ABSL_FLAG(int, generate, 128, "generated tokens per request");
@@ -119,12 +124,31 @@ int main(int argc, char** argv) {
 
   std::mt19937 rng(42);
   std::vector<EngineRequest> requests(absl::GetFlag(FLAGS_requests));
+  std::string prompts_from = "random tokens: a 16-token phrase three times, then fresh tokens";
+  const bool trained = models.rfind("trained", 0) == 0;
+  if (trained) {
+    std::ifstream in(absl::GetFlag(FLAGS_prompts));
+    nlohmann::json cases = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    size_t next = 0;
+    for (const auto& c : cases.is_array() ? cases : nlohmann::json::array()) {
+      if (next == requests.size()) break;
+      const auto ids = c.value("ids", std::vector<int32_t>());
+      if (static_cast<int>(ids.size()) < absl::GetFlag(FLAGS_prompt)) continue;
+      requests[next++].prompt.assign(ids.begin(), ids.begin() + absl::GetFlag(FLAGS_prompt));
+    }
+    if (next < requests.size()) {
+      std::fprintf(stderr, "%s: not enough prompts of %d tokens\n",
+                   absl::GetFlag(FLAGS_prompts).c_str(), absl::GetFlag(FLAGS_prompt));
+      return 1;
+    }
+    prompts_from = "Python sources from " + absl::GetFlag(FLAGS_prompts) + " (held-out texts)";
+  }
   for (EngineRequest& r : requests) {
     // A phrase repeated a few times, then fresh tokens: some material for
     // the model-free sources, as in code or chat with quoting.
     std::vector<int32_t> phrase(16);
     for (auto& t : phrase) t = static_cast<int32_t>(3 + rng() % 4000);
-    while (static_cast<int>(r.prompt.size()) < absl::GetFlag(FLAGS_prompt)) {
+    while (!trained && static_cast<int>(r.prompt.size()) < absl::GetFlag(FLAGS_prompt)) {
       if (r.prompt.size() < 48) {
         r.prompt.insert(r.prompt.end(), phrase.begin(), phrase.end());
       } else {
@@ -222,6 +246,7 @@ int main(int argc, char** argv) {
   nlohmann::json result = {
       {"what", "speculative decoding vs plain decoding, CPU engine in-process, greedy"},
       {"models", models},
+      {"prompts", prompts_from},
       {"requests", requests.size()},
       {"prompt_tokens", absl::GetFlag(FLAGS_prompt)},
       {"generated_tokens", absl::GetFlag(FLAGS_generate)},

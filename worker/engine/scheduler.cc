@@ -178,8 +178,13 @@ int Scheduler::DraftRoom(const Sequence& seq, int offered, const StepBuilder& st
   // the context, so no KV is written past what plain decoding could reach.
   const int left = std::min(seq.options().max_tokens - seq.num_output_tokens(),
                             options_.max_model_len - seq.num_tokens());
-  return std::max(0, std::min({offered, left - 1, step.budget,
-                               blocks_->MaxAppendableSlots(seq.id())}));
+  // Drafts use the tail block's room and free blocks beyond one per running
+  // sequence, so they never cause a preemption.
+  const int bs = options_.block_size;
+  const int tail = (bs - blocks_->NumSlots(seq.id()) % bs) % bs;
+  const int free_blocks = (blocks_->MaxAppendableSlots(seq.id()) - tail) / bs;
+  const int spare = std::max(0, free_blocks - static_cast<int>(running_.size()));
+  return std::max(0, std::min({offered, left - 1, step.budget, tail + spare * bs}));
 }
 
 void Scheduler::ScheduleDecodes(StepBuilder& step, const DraftTokens* drafts) {
