@@ -255,5 +255,44 @@ TEST(SpecDecodeTest, SlowDrafterDoesNotSlowTheWorker) {
   EXPECT_GT(MetricValue(w.service.metrics_port, "tessera_spec_decode_late_proposals_total"), 0);
 }
 
+TEST(SpecDecodeTest, DraftModelDrafterGreedyAndSeededSampling) {
+  constexpr int kTokens = 96;
+  std::vector<int32_t> expected;
+  {
+    WorkerClient plain = StartWorker({});
+    Result r = RunStream(plain.stub.get(), Greedy(5, kTokens));
+    ASSERT_TRUE(r.status.ok());
+    expected = r.tokens;
+  }
+  // The target drafting for itself: every greedy draft is accepted.
+  Service drafter = Start("services/drafter/tessera-drafter",
+                          {"--listen=127.0.0.1:0", "--draft_source=model", "--model=" + Model(),
+                           "--cpu_threads=1"});
+  WorkerClient w = StartWorker({absl::StrCat("--drafter=127.0.0.1:", drafter.grpc_port),
+                                "--spec_deadline_ms=200"});
+  Result g = RunStream(w.stub.get(), Greedy(5, kTokens));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.tokens, expected);
+  EXPECT_GT(g.complete.usage().draft_tokens(), 0);
+  EXPECT_EQ(g.complete.usage().accepted_tokens(), g.complete.usage().draft_tokens());
+  // Sampling with a seed: drafts carry their distribution; the result is
+  // reproducible.
+  WorkerGenerateRequest sampled = Greedy(6, kTokens);
+  sampled.mutable_sampling()->set_temperature(0.8f);
+  sampled.mutable_sampling()->set_seed(42);
+  Result s1 = RunStream(w.stub.get(), sampled);
+  Result s2 = RunStream(w.stub.get(), sampled);
+  ASSERT_TRUE(s1.status.ok() && s2.status.ok());
+  EXPECT_EQ(s1.tokens, s2.tokens);
+  EXPECT_EQ(s1.tokens.size(), static_cast<size_t>(kTokens));
+  EXPECT_GT(s1.complete.usage().accepted_tokens(), 0);
+  // A bad --draft_source is a clear start-up error.
+  auto bad = RunToCompletion(BinaryPath("services/drafter/tessera-drafter"),
+                             {"--draft_source=magic"}, absl::Seconds(20));
+  ASSERT_TRUE(bad.ok());
+  EXPECT_NE(bad->exit.code, 0);
+  EXPECT_THAT(bad->output, ::testing::HasSubstr("expected ngram, suffix or model"));
+}
+
 }  // namespace
 }  // namespace tessera::testing
