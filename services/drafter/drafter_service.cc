@@ -63,8 +63,7 @@ DrafterService::DrafterService(DrainState* drain, SourceFactory factory,
     : drain_(drain), factory_(std::move(factory)), options_(options) {}
 
 grpc::Status DrafterService::Speculate(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<DraftProposal, DraftControl>* stream) {
+    grpc::ServerContext* context, grpc::ServerReaderWriter<DraftProposal, DraftControl>* stream) {
   if (drain_->draining()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "drafter is draining");
   }
@@ -118,8 +117,7 @@ grpc::Status DrafterService::Speculate(
         }
         case DraftControl::kCommit: {
           seq = c.commit().seq();
-          std::vector<spec::TokenId> tokens(c.commit().tokens().begin(),
-                                            c.commit().tokens().end());
+          std::vector<spec::TokenId> tokens(c.commit().tokens().begin(), c.commit().tokens().end());
           s = source.Update(seq, c.commit().base_len(), tokens);
           if (c.commit().max_draft_tokens() > 0 && max_tokens.contains(seq)) {
             max_tokens[seq] = c.commit().max_draft_tokens();

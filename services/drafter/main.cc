@@ -73,8 +73,8 @@ int main(int argc, char** argv) {
         absl::StrCat("--draft_source=", kind, ": expected ngram, suffix or model")));
   }
   if (absl::GetFlag(FLAGS_max_draft_tokens) < 1 || absl::GetFlag(FLAGS_inject_delay_ms) < 0) {
-    return ts::StartupError(absl::InvalidArgumentError(
-        "--max_draft_tokens must be >= 1 and --inject_delay_ms >= 0"));
+    return ts::StartupError(
+        absl::InvalidArgumentError("--max_draft_tokens must be >= 1 and --inject_delay_ms >= 0"));
   }
   ts::DrafterServiceOptions options;
   options.max_draft_tokens = absl::GetFlag(FLAGS_max_draft_tokens);

@@ -85,8 +85,8 @@ void DraftClient::Open(spec::SeqKey seq, absl::Span<const spec::TokenId> tokens,
   Enqueue(OpenMessage(seq, m));
 }
 
-void DraftClient::Commit(spec::SeqKey seq, int64_t base_len,
-                         absl::Span<const spec::TokenId> tokens, int max_draft_tokens) {
+void DraftClient::Commit(spec::SeqKey seq, int64_t base_len, absl::Span<const spec::TokenId> tokens,
+                         int max_draft_tokens) {
   absl::MutexLock lock(&mu_);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
@@ -130,8 +130,7 @@ std::vector<std::optional<spec::Draft>> DraftClient::GetDrafts(
     }
     return true;
   };
-  const bool wait =
-      connected_ && (vain_waits_ < kVainWaitsBeforeNoWait || calls_ >= next_probe_);
+  const bool wait = connected_ && (vain_waits_ < kVainWaitsBeforeNoWait || calls_ >= next_probe_);
   if (wait) {
     if (mu_.AwaitWithTimeout(absl::Condition(&all_here), options_.deadline) && connected_) {
       vain_waits_ = 0;
@@ -218,8 +217,8 @@ void DraftClient::ReaderLoop() {
       outbox_.clear();
       proposals_.clear();
       for (const auto& [seq, m] : seqs_) outbox_.push_back(OpenMessage(seq, m));
-      LogInfo("connected to the drafter", {{"target", options_.target},
-                                           {"sequences", static_cast<int64_t>(seqs_.size())}});
+      LogInfo("connected to the drafter",
+              {{"target", options_.target}, {"sequences", static_cast<int64_t>(seqs_.size())}});
       backoff = options_.min_backoff;
     }
     DraftProposal p;

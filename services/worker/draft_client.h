@@ -52,7 +52,7 @@ class DraftClientObserver {
 };
 
 struct DraftClientOptions {
-  std::string target;  // host:port
+  std::string target;                                     // host:port
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null = insecure
   absl::Duration deadline = absl::Milliseconds(5);
   absl::Duration min_backoff = absl::Milliseconds(100);

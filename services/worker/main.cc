@@ -12,9 +12,9 @@
 #include "kernels/registry.h"
 #include "services/common/server_flags.h"
 #include "services/common/service_host.h"
+#include "services/worker/draft_client.h"
 #include "services/worker/worker_metrics.h"
 #include "services/worker/worker_service.h"
-#include "services/worker/draft_client.h"
 #include "worker/engine/local_engine.h"
 #include "worker/spec/model_source.h"
 
@@ -151,8 +151,8 @@ int main(int argc, char** argv) {
     if (!source.ok()) return ts::StartupError(source.status());
     lo.draft_provider = std::make_shared<tessera::spec::LocalDraftProvider>(std::move(*source));
   } else if (!draft_source.empty()) {
-    return ts::StartupError(absl::InvalidArgumentError(absl::StrCat(
-        "--draft_source=", draft_source, ": expected ngram, suffix or model")));
+    return ts::StartupError(absl::InvalidArgumentError(
+        absl::StrCat("--draft_source=", draft_source, ": expected ngram, suffix or model")));
   }
   auto local = tessera::engine::BuildLocalEngine(lo, &metrics);
   lo.draft_provider.reset();  // the engine holds it; it goes before `metrics`

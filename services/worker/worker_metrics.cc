@@ -54,10 +54,10 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
                                 {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096})),
       spec_drafts_(AddCounter(r, "tessera_spec_decode_num_drafts_total",
                               "Drafts verified (speculative decoding)")),
-      spec_draft_tokens_(AddCounter(r, "tessera_spec_decode_draft_tokens_total",
-                                    "Draft tokens verified")),
-      spec_accepted_tokens_(AddCounter(r, "tessera_spec_decode_accepted_tokens_total",
-                                       "Draft tokens accepted")),
+      spec_draft_tokens_(
+          AddCounter(r, "tessera_spec_decode_draft_tokens_total", "Draft tokens verified")),
+      spec_accepted_tokens_(
+          AddCounter(r, "tessera_spec_decode_accepted_tokens_total", "Draft tokens accepted")),
       spec_accepted_per_position_(
           prometheus::BuildCounter()
               .Name("tessera_spec_decode_accepted_per_position_total")

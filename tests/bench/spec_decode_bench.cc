@@ -253,8 +253,9 @@ int main(int argc, char** argv) {
       {"max_draft_tokens", absl::GetFlag(FLAGS_k)},
       {"adaptive", true},
       {"repeats_best_of", absl::GetFlag(FLAGS_repeats)},
-      {"machine_note", "shared 2-core machine; other jobs ran at the same time, so absolute "
-                       "speeds vary run to run"},
+      {"machine_note",
+       "shared 2-core machine; other jobs ran at the same time, so absolute "
+       "speeds vary run to run"},
       {"runs", runs},
   };
   tessera::bench::WriteResult(absl::GetFlag(FLAGS_out), argc, argv, result);

@@ -17,8 +17,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -126,7 +126,7 @@ struct Result {
 // Runs a stream; `on_token(n)` is called after every chunk with the count
 // so far.
 Result RunStream(Worker::Stub* stub, const WorkerGenerateRequest& req,
-           const std::function<void(size_t)>& on_token = nullptr) {
+                 const std::function<void(size_t)>& on_token = nullptr) {
   Result r;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
@@ -173,8 +173,8 @@ TEST(SpecDecodeTest, DrafterKilledMidGenerationChangesNothingAndTheWorkerReconne
   }
   const int port = PickFreePort();
   Service drafter = StartDrafter(port);
-  WorkerClient w = StartWorker({absl::StrCat("--drafter=127.0.0.1:", port),
-                                "--spec_deadline_ms=50", "--num_speculative_tokens=4"});
+  WorkerClient w = StartWorker({absl::StrCat("--drafter=127.0.0.1:", port), "--spec_deadline_ms=50",
+                                "--num_speculative_tokens=4"});
   // With the drafter: same output, drafts accepted.
   Result a = RunStream(w.stub.get(), Greedy(0, kTokens));
   ASSERT_TRUE(a.status.ok()) << a.status.error_message();
@@ -204,8 +204,8 @@ TEST(SpecDecodeTest, DrafterKilledMidGenerationChangesNothingAndTheWorkerReconne
   drafter.process->Wait(absl::Seconds(10));
 
   // Without a drafter the worker decodes plainly.
-  const double drafts_before = MetricValue(w.service.metrics_port,
-                                           "tessera_spec_decode_num_drafts_total");
+  const double drafts_before =
+      MetricValue(w.service.metrics_port, "tessera_spec_decode_num_drafts_total");
   Result c = RunStream(w.stub.get(), Greedy(2, kTokens));
   ASSERT_TRUE(c.status.ok());
   EXPECT_EQ(c.tokens, expected[2]);
@@ -232,8 +232,8 @@ TEST(SpecDecodeTest, SlowDrafterDoesNotSlowTheWorker) {
   const int port = PickFreePort();
   Service slow = StartDrafter(port, /*delay_ms=*/100);
   WorkerClient plain = StartWorker({});
-  WorkerClient w = StartWorker({absl::StrCat("--drafter=127.0.0.1:", port),
-                                "--spec_deadline_ms=5"});
+  WorkerClient w =
+      StartWorker({absl::StrCat("--drafter=127.0.0.1:", port), "--spec_deadline_ms=5"});
   // Interleaved, best of kRounds each, one request at a time (the machine
   // is shared; the best run is the least disturbed).
   absl::Duration plain_time = absl::InfiniteDuration(), spec_time = absl::InfiniteDuration();
@@ -265,11 +265,11 @@ TEST(SpecDecodeTest, DraftModelDrafterGreedyAndSeededSampling) {
     expected = r.tokens;
   }
   // The target drafting for itself: every greedy draft is accepted.
-  Service drafter = Start("services/drafter/tessera-drafter",
-                          {"--listen=127.0.0.1:0", "--draft_source=model", "--model=" + Model(),
-                           "--cpu_threads=1"});
-  WorkerClient w = StartWorker({absl::StrCat("--drafter=127.0.0.1:", drafter.grpc_port),
-                                "--spec_deadline_ms=200"});
+  Service drafter = Start(
+      "services/drafter/tessera-drafter",
+      {"--listen=127.0.0.1:0", "--draft_source=model", "--model=" + Model(), "--cpu_threads=1"});
+  WorkerClient w = StartWorker(
+      {absl::StrCat("--drafter=127.0.0.1:", drafter.grpc_port), "--spec_deadline_ms=200"});
   Result g = RunStream(w.stub.get(), Greedy(5, kTokens));
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
   EXPECT_EQ(g.tokens, expected);

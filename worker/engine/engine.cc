@@ -319,8 +319,8 @@ DraftTokens Engine::CollectDrafts() {
     auto it = active_.find(id);
     const Sequence* seq = scheduler_->FindSequence(id);
     if (it == active_.end() || seq == nullptr || !it->second->draft_open) continue;
-    const int k = it->second->draft_length->Next(options_.speculation,
-                                                 static_cast<int>(decoding.size()));
+    const int k =
+        it->second->draft_length->Next(options_.speculation, static_cast<int>(decoding.size()));
     if (k > 0) wanted.push_back({id, seq->num_tokens(), k});
   }
   if (wanted.empty()) return {};
@@ -429,8 +429,8 @@ absl::Status Engine::SampleEntry(const ScheduledSequence& s, Request& req,
   absl::Span<const TokenId> tokens = absl::MakeConstSpan(draft.tokens).first(k);
   absl::Span<const spec::DraftDistribution> q;
   if (!draft.q.empty()) q = absl::MakeConstSpan(draft.q).first(k);
-  absl::StatusOr<spec::VerifyResult> v = spec::VerifyChain(
-      rows, vocab, tokens, q, req.request.sampling, &req.counts, position);
+  absl::StatusOr<spec::VerifyResult> v =
+      spec::VerifyChain(rows, vocab, tokens, q, req.request.sampling, &req.counts, position);
   if (!v.ok()) return v.status();
   req.draft_tokens += k;
   req.accepted_tokens += v->num_accepted;

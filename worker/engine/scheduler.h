@@ -246,8 +246,8 @@ class Scheduler {
   // Applies one in-flight entry; appends to *outputs when there is news.
   void CompleteEntry(const InFlight& entry, const SampledTokens* sampled, absl::Time now,
                      std::vector<SequenceOutput>* outputs);
-  void CompleteSpeculativeEntry(const InFlight& entry, const SampledTokens& sampled,
-                                absl::Time now, std::vector<SequenceOutput>* outputs);
+  void CompleteSpeculativeEntry(const InFlight& entry, const SampledTokens& sampled, absl::Time now,
+                                std::vector<SequenceOutput>* outputs);
   void FinishSequence(Sequence* seq, FinishReason reason, absl::Time now);
   void FillOutput(const Sequence& seq, SequenceOutput* out) const;
 

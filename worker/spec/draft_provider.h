@@ -38,7 +38,8 @@ class DraftProvider {
   virtual void Close(SeqKey seq) = 0;
   // One entry per request: a draft whose base_len equals num_tokens, or
   // nullopt (none in time, stale, or nothing to propose).
-  virtual std::vector<std::optional<Draft>> GetDrafts(absl::Span<const ProposalRequest> requests) = 0;
+  virtual std::vector<std::optional<Draft>> GetDrafts(
+      absl::Span<const ProposalRequest> requests) = 0;
 };
 
 // Runs a DraftSource synchronously on the engine thread (the worker's

@@ -46,8 +46,7 @@ class ModelSource final : public DraftSource {
     s.params.presence_penalty = 0;
     s.params.frequency_penalty = 0;
     s.params.top_logprobs = 0;
-    if (!s.params.greedy() &&
-        (s.params.top_k <= 0 || s.params.top_k > o_.max_q_support)) {
+    if (!s.params.greedy() && (s.params.top_k <= 0 || s.params.top_k > o_.max_q_support)) {
       s.params.top_k = o_.max_q_support;
     }
     return absl::OkStatus();
@@ -108,8 +107,8 @@ class ModelSource final : public DraftSource {
       for (int qi : active) {
         State& s = seqs_[queries[qi].seq];
         if (static_cast<int>(s.tokens.size()) >= o_.max_model_len) continue;
-        if (s.computed >= static_cast<int>(s.tokens.size())) RollBack(queries[qi].seq, s,
-                                                                      s.tokens.size() - 1);
+        if (s.computed >= static_cast<int>(s.tokens.size()))
+          RollBack(queries[qi].seq, s, s.tokens.size() - 1);
         const int n = static_cast<int>(s.tokens.size()) - s.computed;
         if (!Reserve(queries[qi].seq, s, n)) continue;
         in_batch.push_back(qi);

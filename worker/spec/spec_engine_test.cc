@@ -181,58 +181,61 @@ std::vector<EngineRequest> GreedyRequests() {
 }
 
 TEST_F(SpecEngineTest, GreedyOutputsAreIdenticalForEverySourceAndBatchComposition) {
- for (bool untied : {false, true}) {
-  std::vector<EngineRequest> requests = GreedyRequests();
-  // Stop ids taken from a plain run's outputs, so they do trigger mid-way.
-  {
+  for (bool untied : {false, true}) {
+    std::vector<EngineRequest> requests = GreedyRequests();
+    // Stop ids taken from a plain run's outputs, so they do trigger mid-way.
+    {
+      auto plain = MakeEngine(Source::kNone, 512, 256, 4, true, untied);
+      std::vector<Result> base = RunAll(*plain, requests, /*one_at_a_time=*/false);
+      for (size_t i = 0; i < requests.size(); i += 2) {
+        if (base[i].tokens.size() > 6) requests[i].stop_token_ids = {base[i].tokens[5]};
+      }
+    }
     auto plain = MakeEngine(Source::kNone, 512, 256, 4, true, untied);
-    std::vector<Result> base = RunAll(*plain, requests, /*one_at_a_time=*/false);
-    for (size_t i = 0; i < requests.size(); i += 2) {
-      if (base[i].tokens.size() > 6) requests[i].stop_token_ids = {base[i].tokens[5]};
-    }
-  }
-  auto plain = MakeEngine(Source::kNone, 512, 256, 4, true, untied);
-  const std::vector<Result> expected = RunAll(*plain, requests, false);
-  plain.reset();
-  int stopped = 0;
-  for (const Result& r : expected) stopped += r.final_event.finish_reason == engine::FinishReason::kStop;
-  EXPECT_GT(stopped, 2);
+    const std::vector<Result> expected = RunAll(*plain, requests, false);
+    plain.reset();
+    int stopped = 0;
+    for (const Result& r : expected)
+      stopped += r.final_event.finish_reason == engine::FinishReason::kStop;
+    EXPECT_GT(stopped, 2);
 
-  for (Source source : {Source::kNgram, Source::kSuffix, Source::kDraftModel, Source::kSelfModel}) {
-    struct Shape {
-      const char* name;
-      int blocks, batched;
-      bool alone;
-      int k;
-      bool adaptive;
-    };
-    for (const Shape& shape : {Shape{"alone", 512, 256, true, 4, true},
-                               Shape{"batched-preempting", 40, 48, false, 5, false},
-                               Shape{"batched-tight-budget", 512, 20, false, 3, true}}) {
-      auto engine = MakeEngine(source, shape.blocks, shape.batched, shape.k, shape.adaptive, untied);
-      std::vector<Result> got = RunAll(*engine, requests, shape.alone);
-      int drafted = 0, accepted = 0;
-      for (size_t i = 0; i < requests.size(); ++i) {
-        EXPECT_EQ(got[i].tokens, expected[i].tokens)
-            << "source " << static_cast<int>(source) << " " << shape.name << " request " << i;
-        EXPECT_EQ(got[i].final_event.finish_reason, expected[i].final_event.finish_reason);
-        EXPECT_EQ(got[i].final_event.output_tokens, expected[i].final_event.output_tokens);
-        drafted += got[i].final_event.draft_tokens;
-        accepted += got[i].final_event.accepted_tokens;
-        EXPECT_LE(got[i].final_event.accepted_tokens, got[i].final_event.draft_tokens);
-      }
-      std::cout << (untied ? "untied " : "tied ") << "source " << static_cast<int>(source) << " " << shape.name << ": drafted "
-                << drafted << " accepted " << accepted << "\n";
-      EXPECT_GT(drafted, 0) << shape.name;
-      // The untied target and the draft model share nothing: no acceptance
-      // is expected there.
-      if (!(untied && source == Source::kDraftModel)) EXPECT_GT(accepted, 0) << shape.name;
-      if (source == Source::kSelfModel) {
-        EXPECT_EQ(accepted, drafted) << "a model drafting for itself is always right";
+    for (Source source :
+         {Source::kNgram, Source::kSuffix, Source::kDraftModel, Source::kSelfModel}) {
+      struct Shape {
+        const char* name;
+        int blocks, batched;
+        bool alone;
+        int k;
+        bool adaptive;
+      };
+      for (const Shape& shape : {Shape{"alone", 512, 256, true, 4, true},
+                                 Shape{"batched-preempting", 40, 48, false, 5, false},
+                                 Shape{"batched-tight-budget", 512, 20, false, 3, true}}) {
+        auto engine =
+            MakeEngine(source, shape.blocks, shape.batched, shape.k, shape.adaptive, untied);
+        std::vector<Result> got = RunAll(*engine, requests, shape.alone);
+        int drafted = 0, accepted = 0;
+        for (size_t i = 0; i < requests.size(); ++i) {
+          EXPECT_EQ(got[i].tokens, expected[i].tokens)
+              << "source " << static_cast<int>(source) << " " << shape.name << " request " << i;
+          EXPECT_EQ(got[i].final_event.finish_reason, expected[i].final_event.finish_reason);
+          EXPECT_EQ(got[i].final_event.output_tokens, expected[i].final_event.output_tokens);
+          drafted += got[i].final_event.draft_tokens;
+          accepted += got[i].final_event.accepted_tokens;
+          EXPECT_LE(got[i].final_event.accepted_tokens, got[i].final_event.draft_tokens);
+        }
+        std::cout << (untied ? "untied " : "tied ") << "source " << static_cast<int>(source) << " "
+                  << shape.name << ": drafted " << drafted << " accepted " << accepted << "\n";
+        EXPECT_GT(drafted, 0) << shape.name;
+        // The untied target and the draft model share nothing: no acceptance
+        // is expected there.
+        if (!(untied && source == Source::kDraftModel)) EXPECT_GT(accepted, 0) << shape.name;
+        if (source == Source::kSelfModel) {
+          EXPECT_EQ(accepted, drafted) << "a model drafting for itself is always right";
+        }
       }
     }
   }
- }
 }
 
 // Replaces each draft's q by the uniform distribution, which is not what the
@@ -331,7 +334,8 @@ class LosslessTest : public ::testing::Test {
         auto p1 = dist(absl::MakeConstSpan(logits).subspan(0, kVocab));
         auto p2 = dist(absl::MakeConstSpan(logits).subspan(kVocab, kVocab));
         auto p3 = dist(absl::MakeConstSpan(logits).subspan(2 * kVocab, kVocab));
-        for (int c = 0; c < kVocab; ++c) joint[(a * kVocab + b) * kVocab + c] = p1[a] * p2[b] * p3[c];
+        for (int c = 0; c < kVocab; ++c)
+          joint[(a * kVocab + b) * kVocab + c] = p1[a] * p2[b] * p3[c];
       }
     }
     return joint;
@@ -398,11 +402,14 @@ TEST_F(LosslessTest, FirstTokensFollowTheTargetDistributionWithSpeculation) {
   int64_t drafted = 0;
   // Control: plain decoding passes the same test.
   ChiSquareResult plain = ChiSquareGoodnessOfFit(Histogram(nullptr, prompt, &drafted), exact);
-  EXPECT_GT(plain.p_value, kAlpha) << "chi2=" << plain.statistic << " df=" << plain.degrees_of_freedom;
+  EXPECT_GT(plain.p_value, kAlpha)
+      << "chi2=" << plain.statistic << " df=" << plain.degrees_of_freedom;
   // Draft model with its exact q (sampled drafts).
-  ChiSquareResult model = ChiSquareGoodnessOfFit(Histogram(ModelProvider(), prompt, &drafted), exact);
+  ChiSquareResult model =
+      ChiSquareGoodnessOfFit(Histogram(ModelProvider(), prompt, &drafted), exact);
   EXPECT_GT(drafted, kSamples);  // speculation did run
-  EXPECT_GT(model.p_value, kAlpha) << "chi2=" << model.statistic << " df=" << model.degrees_of_freedom;
+  EXPECT_GT(model.p_value, kAlpha)
+      << "chi2=" << model.statistic << " df=" << model.degrees_of_freedom;
   // Model-free drafts (one-hot q) at temperature > 0.
   ChiSquareResult ngram = ChiSquareGoodnessOfFit(
       Histogram(std::make_shared<LocalDraftProvider>(MakeSuffixSource()), prompt, &drafted), exact);
@@ -410,7 +417,8 @@ TEST_F(LosslessTest, FirstTokensFollowTheTargetDistributionWithSpeculation) {
   // The deliberately wrong rule is caught.
   ChiSquareResult wrong = ChiSquareGoodnessOfFit(
       Histogram(std::make_shared<WrongQ>(ModelProvider(), kVocab), prompt, &drafted), exact);
-  EXPECT_LT(wrong.p_value, kAlpha) << "chi2=" << wrong.statistic << " df=" << wrong.degrees_of_freedom;
+  EXPECT_LT(wrong.p_value, kAlpha)
+      << "chi2=" << wrong.statistic << " df=" << wrong.degrees_of_freedom;
   for (const auto& [name, r] : {std::pair{"plain", plain}, std::pair{"draft model", model},
                                 std::pair{"suffix", ngram}, std::pair{"wrong q", wrong}}) {
     std::cout << name << ": chi2=" << r.statistic << " df=" << r.degrees_of_freedom

@@ -72,8 +72,7 @@ absl::Status ValidateDraft(const Draft& draft, int64_t vocab) {
     }
     double total = 0, own = 0;
     for (size_t j = 0; j < d.tokens.size(); ++j) {
-      if (d.tokens[j] < 0 || d.tokens[j] >= vocab || !std::isfinite(d.probs[j]) ||
-          d.probs[j] < 0) {
+      if (d.tokens[j] < 0 || d.tokens[j] >= vocab || !std::isfinite(d.probs[j]) || d.probs[j] < 0) {
         return absl::InvalidArgumentError(absl::StrCat("q[", i, "] has a bad entry"));
       }
       total += d.probs[j];
@@ -94,9 +93,8 @@ absl::StatusOr<VerifyResult> VerifyChain(absl::Span<const float> logits, int64_t
                                          sampling::TokenCounts* counts, int64_t position) {
   const size_t k = draft.size();
   if (vocab <= 0 || logits.size() != (k + 1) * static_cast<size_t>(vocab)) {
-    return absl::InvalidArgumentError(absl::StrCat("verification needs ", k + 1,
-                                                   " logits rows of ", vocab, ", got ",
-                                                   logits.size(), " values"));
+    return absl::InvalidArgumentError(absl::StrCat("verification needs ", k + 1, " logits rows of ",
+                                                   vocab, ", got ", logits.size(), " values"));
   }
   if (!q.empty() && q.size() != k) {
     return absl::InvalidArgumentError("q must be empty or one entry per draft token");
@@ -171,7 +169,9 @@ void RawLogprobs(absl::Span<const float> row, TokenId token, int top_n, float* l
   std::vector<int32_t> ids(row.size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
   const size_t n = std::min<size_t>(top_n, ids.size());
-  auto better = [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); };
+  auto better = [&](int32_t a, int32_t b) {
+    return row[a] > row[b] || (row[a] == row[b] && a < b);
+  };
   std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), better);
   for (size_t i = 0; i < n; ++i) top->push_back({ids[i], static_cast<float>(row[ids[i]] - log_z)});
 }

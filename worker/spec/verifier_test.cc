@@ -86,7 +86,7 @@ TEST(VerifierTest, MalformedInputIsRefused) {
 enum class Rule { kExact, kOneHot, kWrongQ, kAcceptAlways };
 
 struct Case {
-  std::vector<float> logits;  // 3 rows
+  std::vector<float> logits;           // 3 rows
   std::vector<std::vector<double>> q;  // the draft's two distributions
   sampling::SamplingParams params;
   int vocab;
@@ -126,8 +126,8 @@ std::vector<int64_t> FirstTokenHistogram(const Case& s, Rule rule, int n) {
 
 std::vector<double> TargetFirstToken(const Case& s) {
   sampling::TokenCounts counts;
-  auto p = sampling::ComputeSamplingDistribution(
-      absl::MakeConstSpan(s.logits).first(s.vocab), s.params, counts);
+  auto p = sampling::ComputeSamplingDistribution(absl::MakeConstSpan(s.logits).first(s.vocab),
+                                                 s.params, counts);
   std::vector<double> out(s.vocab);
   for (size_t i = 0; i < p->tokens.size(); ++i) out[p->tokens[i]] = p->probs[i];
   return out;
@@ -139,8 +139,8 @@ Case MakeSetup(float temperature, int top_k, float top_p) {
   s.logits = Rows({{1.0f, 0.2f, -0.5f, 2.0f, 0.0f, 0.7f, -1.0f, 1.5f},
                    {0.1f, 0.3f, 0.2f, 0.0f, 1.1f, 0.4f, 0.9f, -0.2f},
                    {0, 0, 0, 0, 0, 0, 0, 1}});
-  s.q = {{0.05, 0.2, 0.2, 0.1, 0.15, 0.1, 0.1, 0.1}, {0.125, 0.125, 0.125, 0.125, 0.125, 0.125,
-                                                      0.125, 0.125}};
+  s.q = {{0.05, 0.2, 0.2, 0.1, 0.15, 0.1, 0.1, 0.1},
+         {0.125, 0.125, 0.125, 0.125, 0.125, 0.125, 0.125, 0.125}};
   s.params.temperature = temperature;
   s.params.top_k = top_k;
   s.params.top_p = top_p;
@@ -151,9 +151,10 @@ TEST(VerifierTest, RejectionSamplingIsLossless) {
   constexpr int kSamples = 40000;
   for (const Case& s : {MakeSetup(1.0f, 0, 1.0f), MakeSetup(0.7f, 5, 0.9f)}) {
     const std::vector<double> target = TargetFirstToken(s);
-    ChiSquareResult exact = ChiSquareGoodnessOfFit(FirstTokenHistogram(s, Rule::kExact, kSamples),
-                                                   target);
-    EXPECT_GT(exact.p_value, kAlpha) << "chi2=" << exact.statistic << " df=" << exact.degrees_of_freedom;
+    ChiSquareResult exact =
+        ChiSquareGoodnessOfFit(FirstTokenHistogram(s, Rule::kExact, kSamples), target);
+    EXPECT_GT(exact.p_value, kAlpha)
+        << "chi2=" << exact.statistic << " df=" << exact.degrees_of_freedom;
     ChiSquareResult one_hot =
         ChiSquareGoodnessOfFit(FirstTokenHistogram(s, Rule::kOneHot, kSamples), target);
     EXPECT_GT(one_hot.p_value, kAlpha) << "chi2=" << one_hot.statistic;
