@@ -41,14 +41,14 @@ TEST(TensorParallelWorkerTest, TwoCpuRanksMatchTransformersGreedy) {
 
   const std::string dir = MakeTempDir();
   TestProcess worker;
-  ASSERT_TRUE(worker
-                  .Start(BinaryPath("services/worker/tessera-worker"),
-                         {"--model=" + model, "--listen=127.0.0.1:0",
-                          "--metrics_listen=127.0.0.1:0", "--port_file=" + dir + "/ports",
-                          "--drain_grace=100ms", "--tensor_parallel_size=2", "--cpu_threads=2",
-                          "--kv_cache_blocks=64"},
-                         dir + "/log")
-                  .ok());
+  ASSERT_TRUE(
+      worker
+          .Start(BinaryPath("services/worker/tessera-worker"),
+                 {"--model=" + model, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+                  "--port_file=" + dir + "/ports", "--drain_grace=100ms",
+                  "--tensor_parallel_size=2", "--cpu_threads=2", "--kv_cache_blocks=64"},
+                 dir + "/log")
+          .ok());
   auto ports = worker.WaitForPortFile(dir + "/ports", absl::Seconds(30));
   ASSERT_TRUE(ports.ok()) << ports.status();
   auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*ports)["grpc_port"]),

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 
-
 namespace tessera::parallel {
 
 class InProcessGroup::Rank final : public Collectives {
@@ -17,8 +16,8 @@ class InProcessGroup::Rank final : public Collectives {
   void AllReduceSum(const kernels::cpu::CpuContext& ctx, float* data, int64_t n) override {
     group_->AllReduceSum(rank_, ctx, data, n);
   }
-  void GatherColumnsToRoot(const float* local, int64_t rows, int64_t local_cols,
-                           int64_t col_offset, int64_t total_cols, float* root_out) override {
+  void GatherColumnsToRoot(const float* local, int64_t rows, int64_t local_cols, int64_t col_offset,
+                           int64_t total_cols, float* root_out) override {
     group_->GatherColumnsToRoot(rank_, local, rows, local_cols, col_offset, total_cols, root_out);
   }
 
@@ -61,8 +60,8 @@ void InProcessGroup::AllReduceSum(int rank, const kernels::cpu::CpuContext& ctx,
 }
 
 void InProcessGroup::GatherColumnsToRoot(int rank, const float* local, int64_t rows,
-                                         int64_t local_cols, int64_t col_offset,
-                                         int64_t total_cols, float* root_out) {
+                                         int64_t local_cols, int64_t col_offset, int64_t total_cols,
+                                         float* root_out) {
   if (size_ == 1) {
     if (local != root_out) {
       for (int64_t i = 0; i < rows; ++i) {

@@ -58,13 +58,15 @@ absl::Status CheckTensorParallel(const model::ModelConfig& c, int n) {
   }
   if (kv < n && n % kv != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        prefix, "the model has ", kv, " key/value heads, fewer than the ranks, so each must be "
-        "replicated on an equal number of ranks, which needs the size to be a multiple of ", kv));
+        prefix, "the model has ", kv,
+        " key/value heads, fewer than the ranks, so each must be "
+        "replicated on an equal number of ranks, which needs the size to be a multiple of ",
+        kv));
   }
   if (c.intermediate_size % n != 0) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, "the model's intermediate_size ",
-                                                   c.intermediate_size, " does not divide into ",
-                                                   n, " ranks"));
+                                                   c.intermediate_size, " does not divide into ", n,
+                                                   " ranks"));
   }
   if (c.vocab_size < n) {
     return absl::InvalidArgumentError(
@@ -76,8 +78,7 @@ absl::Status CheckTensorParallel(const model::ModelConfig& c, int n) {
 absl::StatusOr<ShardPlan> PlanShard(const model::ModelConfig& c, int rank, int size) {
   if (auto s = CheckTensorParallel(c, size); !s.ok()) return s;
   if (rank < 0 || rank >= size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", rank, " outside a group of ", size));
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside a group of ", size));
   }
   if (size == 1) return FullPlan(c);
   ShardPlan p;

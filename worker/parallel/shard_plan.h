@@ -50,8 +50,8 @@ struct Range {
 };
 
 struct ShardPlan {
-  int rank = 0;  // 0 .. size - 1
-  int size = 1;  // ranks in the group
+  int rank = 0;              // 0 .. size - 1
+  int size = 1;              // ranks in the group
   Range q_heads;             // query heads of this rank
   Range kv_heads;            // KV heads this rank holds (one, replicated, when KV < N)
   Range intermediate;        // rows of gate/up and columns of down_proj

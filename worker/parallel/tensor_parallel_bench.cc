@@ -49,7 +49,8 @@ double AllReduceMicros(int ranks, int64_t n, int iters) {
       for (int i = 0; i < iters; ++i) {
         auto start = Clock::now();
         group.rank(r)->AllReduceSum(ctx, bufs[r].data(), n);
-        if (r == 0) times[i] = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+        if (r == 0)
+          times[i] = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
       }
     });
   }
@@ -80,8 +81,8 @@ int main(int argc, char** argv) {
   for (int ranks : {2, 4}) {
     for (int64_t n : {int64_t{1024}, int64_t{8} * 1024, int64_t{64} * 1024, int64_t{1} << 20}) {
       const double us = AllReduceMicros(ranks, n, n >= (1 << 20) ? 50 : 500);
-      std::printf("all-reduce %d ranks, %8lld floats: %9.1f us\n", ranks,
-                  static_cast<long long>(n), us);
+      std::printf("all-reduce %d ranks, %8lld floats: %9.1f us\n", ranks, static_cast<long long>(n),
+                  us);
       ar.push_back({{"ranks", ranks}, {"floats", n}, {"median_us", us}});
     }
   }
@@ -104,9 +105,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
     return 1;
   }
-  result["model"] = {{"architecture", spec.architecture}, {"hidden", spec.hidden},
-                     {"layers", spec.layers},             {"heads", spec.heads},
-                     {"kv_heads", spec.kv_heads},         {"vocab", spec.vocab},
+  result["model"] = {{"architecture", spec.architecture},
+                     {"hidden", spec.hidden},
+                     {"layers", spec.layers},
+                     {"heads", spec.heads},
+                     {"kv_heads", spec.kv_heads},
+                     {"vocab", spec.vocab},
                      {"weights_dtype", "bf16"},
                      {"parameters", tessera::bench::ParameterCount(spec)}};
   const int steps = absl::GetFlag(FLAGS_steps);
@@ -169,10 +173,10 @@ int main(int argc, char** argv) {
       const int reduces = ranks == 1 ? 0 : 2 * spec.layers + 1;
       const double reduce_us =
           ranks == 1 ? 0 : reduces * AllReduceMicros(ranks, int64_t{batch} * spec.hidden, 300);
-      std::printf("decode batch %d, TP=%d (%d threads/rank): %.2f ms/step, %.1f tok/s, "
-                  "all-reduce ~%.0f us/step (%d calls), speed vs TP=1 %.2fx\n",
-                  batch, ranks, ro.num_threads, ms, batch * 1e3 / ms, reduce_us, reduces,
-                  tp1_ms / ms);
+      std::printf(
+          "decode batch %d, TP=%d (%d threads/rank): %.2f ms/step, %.1f tok/s, "
+          "all-reduce ~%.0f us/step (%d calls), speed vs TP=1 %.2fx\n",
+          batch, ranks, ro.num_threads, ms, batch * 1e3 / ms, reduce_us, reduces, tp1_ms / ms);
       decode.push_back({{"batch", batch},
                         {"tensor_parallel_size", ranks},
                         {"threads_per_rank", ro.num_threads},

@@ -89,8 +89,7 @@ absl::Status TensorParallelRunner::Forward(const runner::ForwardBatch& batch,
   if (!s.ok()) return s;
   for (int r = 1; r < size(); ++r) {
     if (!status_[r].ok()) {
-      return absl::Status(status_[r].code(),
-                          absl::StrCat("rank ", r, ": ", status_[r].message()));
+      return absl::Status(status_[r].code(), absl::StrCat("rank ", r, ": ", status_[r].message()));
     }
   }
   return absl::OkStatus();

@@ -185,15 +185,14 @@ int32_t Argmax(const float* row, int64_t vocab) {
 // greedy decode steps of both in one batch, feeding back each runner's own
 // choice. Returns the logits of every step and the generated tokens.
 struct Generation {
-  std::vector<std::vector<float>> logits;  // per step
+  std::vector<std::vector<float>> logits;    // per step
   std::vector<std::vector<int32_t>> tokens;  // per sequence
 };
 
 Generation Generate(runner::ModelRunner& r, int64_t vocab, int steps) {
   const int bs = r.block_size();
   const std::vector<int32_t> prompts[] = {
-      {1, 17, 42, 5, 99, 23, 7, 64, 3, 11, 200, 150, 8, 31, 77, 120, 2, 9},
-      {250, 4, 60, 33}};
+      {1, 17, 42, 5, 99, 23, 7, 64, 3, 11, 200, 150, 8, 31, 77, 120, 2, 9}, {250, 4, 60, 33}};
   std::vector<int32_t> tables[2];
   for (int s = 0; s < 2; ++s) {
     tables[s].resize(8);
@@ -274,24 +273,24 @@ TEST_P(TensorParallelParityTest, SameGreedyTokensAndCloseLogitsAsOneRank) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, TensorParallelParityTest,
-    ::testing::Values("tests/fixtures/models/llama3_tiny", "tests/fixtures/models/qwen2_tiny",
-                      "tests/fixtures/models/qwen3_tiny", "tests/fixtures/models/qwen3_tiny_bf16",
-                      "tests/fixtures/models/mistral_tiny", "models/target"),
-    [](const ::testing::TestParamInfo<std::string>& info) {
-      std::string name = info.param.substr(info.param.rfind('/') + 1);
-      for (char& ch : name) {
-        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-      }
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Models, TensorParallelParityTest,
+                         ::testing::Values("tests/fixtures/models/llama3_tiny",
+                                           "tests/fixtures/models/qwen2_tiny",
+                                           "tests/fixtures/models/qwen3_tiny",
+                                           "tests/fixtures/models/qwen3_tiny_bf16",
+                                           "tests/fixtures/models/mistral_tiny", "models/target"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param.substr(info.param.rfind('/') + 1);
+                           for (char& ch : name) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return name;
+                         });
 
 // A bf16 model whose vocabulary does not split evenly, with the reference
 // kernels (all_reduce from `cpu_reference`), over 4 ranks sharing 2 KV heads.
 TEST(TensorParallelTest, UnevenVocabularyBf16AndReferenceKernels) {
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/tp_uneven_", ::getpid());
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/tp_uneven_", ::getpid());
   std::filesystem::create_directories(dir);
   runner::TestModelSpec spec;
   spec.vocab = 259;

@@ -51,9 +51,9 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
     auto checked = parallel::PlanShard(model->config, options.shard->rank, options.shard->size);
     if (!checked.ok()) return checked.status();
     plan = *options.shard;
-    if (plan.sharded() && (options.collectives == nullptr ||
-                           options.collectives->size() != plan.size ||
-                           options.collectives->rank() != plan.rank)) {
+    if (plan.sharded() &&
+        (options.collectives == nullptr || options.collectives->size() != plan.size ||
+         options.collectives->rank() != plan.rank)) {
       return absl::InvalidArgumentError(
           absl::StrCat(plan.ToString(), ": needs the collectives of that rank"));
     }
@@ -139,7 +139,8 @@ absl::Status CpuModelRunner::PrepareWeights() {
     if (r.start == 0 && r.size == t.shape[1]) return matrix(t);
     auto dtype = KernelDType(t.dtype, t.name);
     if (!dtype.ok()) return dtype.status();
-    std::vector<std::byte> buf(static_cast<size_t>(t.shape[0] * r.size) * model::DTypeSize(t.dtype));
+    std::vector<std::byte> buf(static_cast<size_t>(t.shape[0] * r.size) *
+                               model::DTypeSize(t.dtype));
     if (auto s = model::ReadSlice(t, 1, r.start, r.size, absl::MakeSpan(buf)); !s.ok()) return s;
     owned_.push_back(std::move(buf));
     return kc::WeightMatrix{owned_.back().data(), *dtype, t.shape[0], r.size};
@@ -400,8 +401,7 @@ void CpuModelRunner::Embed(const ForwardBatch& batch, int64_t n) {
     local_embed_.resize(local_ids_.size() * H);
     (kernels_.embedding(ctx_, embed_, local_ids_, local_embed_.data())).IgnoreError();
     for (size_t j = 0; j < local_rows_.size(); ++j) {
-      std::memcpy(x_.data() + local_rows_[j] * H, local_embed_.data() + j * H,
-                  sizeof(float) * H);
+      std::memcpy(x_.data() + local_rows_[j] * H, local_embed_.data() + j * H, sizeof(float) * H);
     }
   }
   AllReduce(x_.data(), n * H);
