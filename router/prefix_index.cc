@@ -80,31 +80,52 @@ PrefixIndex::PrefixIndex(PrefixIndexOptions options, const Clock* clock)
     : options_(std::move(options)),
       clock_(clock),
       num_slots_((std::max(1, options_.max_workers) + 63) / 64 * 64),
-      shard_seed_(U64MapSeed() ^ 0x5851F42D4C957F2DULL),
-      slots_(new SlotState[num_slots_]),
-      shards_(new Shard[kShards]) {
-  for (int i = 0; i < kShards; ++i) {
-    absl::MutexLock lock(&shards_[i].mu);
-    shards_[i].exact.resize(num_slots_ / 64);
-    shards_[i].predicted.resize(num_slots_ / 64);
-  }
+      slots_(new SlotState[num_slots_]) {
+  absl::MutexLock lock(&masks_mu_);
+  exact_masks_.resize(num_slots_ / 64);
+  predicted_masks_.resize(num_slots_ / 64);
 }
 
+namespace {
+struct MaskOp {
+  uint64_t hash;
+  int32_t slot;
+  bool exact;
+  bool set;
+};
+// The calling thread's queued mask changes (empty between public calls).
+thread_local std::vector<MaskOp> t_mask_ops;
+}  // namespace
+
 void PrefixIndex::SetBit(bool exact, uint64_t hash, int slot) {
-  Shard& shard = ShardOf(hash);
-  absl::MutexLock lock(&shard.mu);
-  MaskMap& map = (exact ? shard.exact : shard.predicted)[slot / 64];
-  map.FindOrInsert(hash) |= uint64_t{1} << (slot & 63);
+  t_mask_ops.push_back(MaskOp{hash, slot, exact, true});
+  if (t_mask_ops.size() >= kMaxMaskOpsPerHold) FlushMaskOps();
 }
 
 void PrefixIndex::ClearBit(bool exact, uint64_t hash, int slot) {
-  Shard& shard = ShardOf(hash);
-  absl::MutexLock lock(&shard.mu);
-  MaskMap& map = (exact ? shard.exact : shard.predicted)[slot / 64];
-  uint64_t* mask = map.Find(hash);
-  if (mask == nullptr) return;
-  *mask &= ~(uint64_t{1} << (slot & 63));
-  if (*mask == 0) map.Erase(hash);
+  t_mask_ops.push_back(MaskOp{hash, slot, exact, false});
+  if (t_mask_ops.size() >= kMaxMaskOpsPerHold) FlushMaskOps();
+}
+
+void PrefixIndex::FlushMaskOps() {
+  std::vector<MaskOp>& ops = t_mask_ops;
+  if (ops.empty()) return;
+  {
+    absl::MutexLock lock(&masks_mu_);
+    for (const MaskOp& op : ops) {
+      MaskMap& map = (op.exact ? exact_masks_ : predicted_masks_)[op.slot / 64];
+      const uint64_t bit = uint64_t{1} << (op.slot & 63);
+      if (op.set) {
+        map.FindOrInsert(op.hash) |= bit;
+        continue;
+      }
+      uint64_t* mask = map.Find(op.hash);
+      if (mask == nullptr) continue;
+      *mask &= ~bit;
+      if (*mask == 0) map.Erase(op.hash);
+    }
+  }
+  ops.clear();
 }
 
 int64_t PrefixIndex::PredictedCapacityLocked(const SlotState& s) const {
@@ -119,7 +140,8 @@ absl::Duration PrefixIndex::PredictedTtlLocked(const SlotState& s) const {
 void PrefixIndex::UpdatePruneDueLocked(SlotState& s) {
   int64_t due = INT64_MAX;
   if (!s.predicted.empty()) {
-    const absl::Time t = s.predicted.oldest_time() + PredictedTtlLocked(s) + options_.prune_interval;
+    const absl::Time t =
+        s.predicted.oldest_time() + PredictedTtlLocked(s) + options_.prune_interval;
     if (t < absl::InfiniteFuture()) due = absl::ToUnixNanos(t);
   }
   s.prune_due_ns.store(due, std::memory_order_relaxed);
@@ -150,8 +172,10 @@ void PrefixIndex::DrainInChunks(int slot, uint64_t incarnation, bool exact) {
   SlotState& s = slots_[slot];
   while (true) {
     absl::MutexLock lock(&s.mu);
+    FlushOnExit flush{this};
     if (s.incarnation != incarnation) return;
-    const bool done = exact ? DrainExactLocked(s, slot, chunk) : DrainPredictedLocked(s, slot, chunk);
+    const bool done =
+        exact ? DrainExactLocked(s, slot, chunk) : DrainPredictedLocked(s, slot, chunk);
     if (done) return;
   }
 }
@@ -161,6 +185,7 @@ void PrefixIndex::ResetSlot(int slot, uint64_t incarnation) {
   {
     SlotState& s = slots_[slot];
     absl::MutexLock lock(&s.mu);
+    FlushOnExit flush{this};
     s.incarnation = incarnation;
     s.mode = IndexMode::kApproximate;
     s.approx_capacity = 0;
@@ -174,6 +199,7 @@ void PrefixIndex::SetCapacity(int slot, uint64_t incarnation, int64_t max_blocks
   if (slot < 0 || slot >= num_slots_) return;
   SlotState& s = slots_[slot];
   absl::MutexLock lock(&s.mu);
+  FlushOnExit flush{this};
   if (s.incarnation != incarnation) return;
   s.approx_capacity = std::max<int64_t>(0, max_blocks);
   const int64_t cap = PredictedCapacityLocked(s);
@@ -206,6 +232,7 @@ bool PrefixIndex::ApplyEvents(int slot, uint64_t incarnation, bool reset,
   bool drop_predictions = false;
   {
     absl::MutexLock lock(&s.mu);
+    FlushOnExit flush{this};
     if (s.incarnation != incarnation) return false;
     if (!reset && s.mode != IndexMode::kExact) return false;
     if (reset) {
@@ -225,6 +252,7 @@ bool PrefixIndex::ApplyEvents(int slot, uint64_t incarnation, bool reset,
   size_t h = 0;  // hash within the event
   while (e < events.size()) {
     absl::MutexLock lock(&s.mu);
+    FlushOnExit flush{this};
     if (s.incarnation != incarnation || s.mode != IndexMode::kExact) return false;
     for (int budget = chunk; budget > 0 && e < events.size();) {
       const BlockEvent& event = events[e];
@@ -247,6 +275,7 @@ void PrefixIndex::FallBackToApproximate(int slot, uint64_t incarnation) {
   {
     SlotState& s = slots_[slot];
     absl::MutexLock lock(&s.mu);
+    FlushOnExit flush{this};
     if (s.incarnation != incarnation) return;
     s.mode = IndexMode::kApproximate;
     UpdatePruneDueLocked(s);
@@ -275,6 +304,7 @@ void PrefixIndex::PrunePredictions(int slot, uint64_t incarnation) {
     return;
   }
   absl::MutexLock lock(&s.mu);
+  FlushOnExit flush{this};
   if (s.incarnation != incarnation) return;
   PruneLocked(s, slot, now);
 }
@@ -284,6 +314,7 @@ void PrefixIndex::RecordRouted(int slot, uint64_t incarnation, absl::Span<const 
   const absl::Time now = clock_->Now();
   SlotState& s = slots_[slot];
   absl::MutexLock lock(&s.mu);
+  FlushOnExit flush{this};
   if (s.incarnation != incarnation) return;
   PruneLocked(s, slot, now);
   // Deepest block first, so the first block ends most recent: eviction then
@@ -323,41 +354,33 @@ void PrefixIndex::Match(absl::Span<const uint64_t> hashes, const SlotSet& among,
       if (now_ns < s.prune_due_ns.load(std::memory_order_relaxed)) continue;
       if (!s.mu.TryLock()) continue;
       PruneLocked(s, slot, now);
+      FlushMaskOps();
       s.mu.Unlock();
     }
   }
 
-  // The candidates still matching, per group.
-  static thread_local std::vector<uint64_t> alive;
-  alive.assign(words.begin(), words.begin() + groups);
-  int live_groups = 0;
-  for (uint64_t a : alive) live_groups += a != 0;
   const int32_t n = static_cast<int32_t>(hashes.size());
-  int32_t i = 0;
-  for (; i < n && live_groups > 0; ++i) {
-    const uint64_t h = hashes[i];
-    const Shard& shard = ShardOf(h);
-    absl::ReaderMutexLock lock(&shard.mu);
-    for (int g = 0; g < groups; ++g) {
-      if (alive[g] == 0) continue;
+  absl::ReaderMutexLock lock(&masks_mu_);
+  for (int g = 0; g < groups; ++g) {
+    uint64_t alive = words[g];
+    if (alive == 0) continue;
+    const MaskMap& exact = exact_masks_[g];
+    const MaskMap& predicted = predicted_masks_[g];
+    int32_t i = 0;
+    for (; i < n && alive != 0; ++i) {
       uint64_t held = 0;
-      const MaskMap& exact = shard.exact[g];
       if (!exact.empty()) {
-        if (const uint64_t* m = exact.Find(h)) held = *m;
+        if (const uint64_t* m = exact.Find(hashes[i])) held = *m;
       }
-      const MaskMap& predicted = shard.predicted[g];
       if (!predicted.empty()) {
-        if (const uint64_t* m = predicted.Find(h)) held |= *m;
+        if (const uint64_t* m = predicted.Find(hashes[i])) held |= *m;
       }
-      for (uint64_t lost = alive[g] & ~held; lost != 0; lost &= lost - 1) {
+      for (uint64_t lost = alive & ~held; lost != 0; lost &= lost - 1) {
         out[g * 64 + __builtin_ctzll(lost)] = i;
       }
-      alive[g] &= held;
-      if (alive[g] == 0) --live_groups;
+      alive &= held;
     }
-  }
-  for (int g = 0; g < groups; ++g) {
-    for (uint64_t a = alive[g]; a != 0; a &= a - 1) out[g * 64 + __builtin_ctzll(a)] = n;
+    for (; alive != 0; alive &= alive - 1) out[g * 64 + __builtin_ctzll(alive)] = n;
   }
 }
 

@@ -27,15 +27,17 @@
 //
 // Locking, so that a query never waits long for a writer (and a writer that
 // is preempted holds up little):
-//   - The mask maps are split by block hash into kShards shards, each with
-//     its own mutex. A writer holds a shard's lock for one hash; Match takes
-//     each shard's lock shared for the one lookup of one block.
 //   - Each slot's own state (mode, exact copy counts, prediction LRU) has
 //     its own mutex, taken by that slot's writers (its feeder, the requests
 //     routed to it) and never by Match, except to prune (try-lock only).
+//     Writers do their bookkeeping under it and queue the mask changes.
+//   - The mask maps have one mutex. Match takes it shared, once, for its
+//     whole walk. A writer takes it exclusively only to apply its queued
+//     mask changes, at most kMaxMaskOpsPerHold at a time (a few
+//     microseconds), so a query waits little for a writer.
 //   - Large event batches (a snapshot of a whole cache) and resets are
 //     applied in chunks of `apply_chunk` hashes per slot-lock hold.
-// Lock order: a slot's mutex, then one shard's mutex.
+// Lock order: a slot's mutex, then the masks' mutex.
 //
 // Expired predictions are dropped by the slot's writers (RecordRouted and
 // PrunePredictions prune exactly at the TTL) and, when one is more than
@@ -210,31 +212,22 @@ class PrefixIndex {
 
   using MaskMap = U64Map<uint64_t>;
 
-  // Part of the slot masks: the hashes whose shard this is.
-  struct Shard {
-    mutable absl::Mutex mu;
-    std::vector<MaskMap> exact ABSL_GUARDED_BY(mu);      // per 64-slot group
-    std::vector<MaskMap> predicted ABSL_GUARDED_BY(mu);  // per 64-slot group
-  };
-  static constexpr int kShardBits = 6;
-  static constexpr int kShards = 1 << kShardBits;
-
-  // A full mix (SplitMix64's finalizer), not the U64Map's multiply: the
-  // shard must not be predictable from the bits a shard's tables probe by,
-  // or a shard's keys would crowd one part of each table.
-  Shard& ShardOf(uint64_t hash) const {
-    uint64_t z = hash ^ shard_seed_;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return shards_[(z ^ (z >> 31)) & (kShards - 1)];
-  }
+  static constexpr int kMaxMaskOpsPerHold = 64;
+  // Queue a change of a slot's bit in the exact or predicted masks (applied
+  // at the latest by FlushMaskOps, in order). Callers hold the slot's lock
+  // and flush before releasing it.
   void SetBit(bool exact, uint64_t hash, int slot);
   void ClearBit(bool exact, uint64_t hash, int slot);
+  void FlushMaskOps() ABSL_LOCKS_EXCLUDED(masks_mu_);
+  // Flushes when it goes out of scope (declare it after the slot's lock).
+  struct FlushOnExit {
+    PrefixIndex* index;
+    ~FlushOnExit() { index->FlushMaskOps(); }
+  };
   // Drops up to `budget` exact blocks of the slot; true when none is left.
   bool DrainExactLocked(SlotState& s, int slot, int budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // Drops up to `budget` predictions of the slot; true when none is left.
-  bool DrainPredictedLocked(SlotState& s, int slot, int budget)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  bool DrainPredictedLocked(SlotState& s, int slot, int budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void ApplyHashLocked(SlotState& s, int slot, BlockEvent::Kind kind, uint64_t hash)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void PruneLocked(SlotState& s, int slot, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
@@ -249,10 +242,11 @@ class PrefixIndex {
   const PrefixIndexOptions options_;
   const Clock* const clock_;
   const int num_slots_;
-  const uint64_t shard_seed_;
 
   std::unique_ptr<SlotState[]> slots_;
-  std::unique_ptr<Shard[]> shards_;
+  mutable absl::Mutex masks_mu_;
+  std::vector<MaskMap> exact_masks_ ABSL_GUARDED_BY(masks_mu_);      // per 64-slot group
+  std::vector<MaskMap> predicted_masks_ ABSL_GUARDED_BY(masks_mu_);  // per 64-slot group
 };
 
 }  // namespace tessera::router

@@ -201,8 +201,8 @@ void ReportDistribution(benchmark::State& state, std::vector<double>& ns) {
   state.counters["p999_us"] = benchmark::Counter(at(0.999), avg);
   state.counters["max_us"] = benchmark::Counter(ns.back() / 1000.0, avg);
   // The share the live histogram's 100 us bucket would hold.
-  const double le_100us = static_cast<double>(
-      std::upper_bound(ns.begin(), ns.end(), 100000.0) - ns.begin());
+  const double le_100us =
+      static_cast<double>(std::upper_bound(ns.begin(), ns.end(), 100000.0) - ns.begin());
   state.counters["le_100us_fraction"] =
       benchmark::Counter(le_100us / static_cast<double>(ns.size()), avg);
   state.counters["decisions"] = static_cast<double>(ns.size());
