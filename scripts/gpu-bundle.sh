@@ -23,6 +23,7 @@ bins=(
   kernels/cuda_selection_test
   kernels/cuda/cuda_ops_test
   kernels/cuda/cuda_gemm_test
+  kernels/cuda/cuda_gemv_test
   kernels/cuda/cuda_sampling_test
   kernels/cuda/paged_attention_test
   worker/runner/cuda_model_runner_test

@@ -6,8 +6,10 @@
 #
 #   OUT_DIR/doctor.txt               `tessera doctor` (devices, images, backend table, preflight)
 #   OUT_DIR/tests/<test>.json|.log   gtest results of the CUDA tests
-#   OUT_DIR/bench/*.json             kernel microbenchmarks, decode vs the roofline,
-#                                    and transformers' decode on the same shapes
+#   OUT_DIR/bench/*.json             kernel microbenchmarks, torch SDPA's prefill
+#                                    attention on the bench's shapes, decode vs the
+#                                    roofline (with GPU-only time per step), and
+#                                    transformers' decode on the same shapes
 #   OUT_DIR/summary.txt              one line per step
 #
 # Usage: bash scripts/gpu-run.sh OUT_DIR [--quick]   (--quick: tests only)
@@ -42,7 +44,8 @@ step_json() {  # step_json NAME TIMEOUT_S CMD...: stdout is the JSON result
 nvidia-smi --query-gpu=name,pci.bus_id,driver_version,memory.total --format=csv >"$OUT/nvidia-smi.txt" 2>&1
 step doctor 120 "$BIN/tessera" doctor
 cp "$OUT/doctor.log" "$OUT/doctor.txt"
-for t in arch_test cuda_selection_test cuda_ops_test cuda_gemm_test cuda_sampling_test paged_attention_test \
+for t in arch_test cuda_selection_test cuda_ops_test cuda_gemm_test cuda_gemv_test cuda_sampling_test \
+         paged_attention_test \
          cuda_model_runner_test; do
   step "tests/$t" 300 "$BIN/$t" --gtest_output="json:$OUT/tests/$t.json"
 done
@@ -51,6 +54,7 @@ step generate_parity 600 python3 tests/gpu/check_generate.py "$BIN/tessera" --de
 if [[ "$QUICK" != "--quick" ]]; then
   step_json bench/cuda_ops 120 "$BIN/cuda_ops_bench"
   step_json bench/paged_attention 120 "$BIN/paged_attention_bench"
+  step bench/sdpa_reference 180 python3 tests/gpu/sdpa_reference.py --out="$OUT/bench/sdpa_reference.json"
   step bench/gpu_decode 300 "$BIN/gpu_decode_bench" --out="$OUT/bench/gpu_decode.json"
   step bench/hf_decode_peer 400 python3 tests/gpu/hf_decode_peer.py --out="$OUT/bench/hf_decode_peer.json"
 fi

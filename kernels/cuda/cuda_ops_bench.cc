@@ -1,6 +1,7 @@
 // Microbenchmark of the CUDA kernels: bf16 GEMM throughput (TFLOP/s) for
-// Llama-3-8B shapes at m in {1, 8, 64, 4096}, with achieved bandwidth as a
-// fraction of the H200's 4.27 TB/s for m = 1, and bandwidth of rmsnorm,
+// Llama-3-8B shapes at m in {1..8, 64, 4096} (m <= 8 both through the GEMV
+// kernel and through cuBLASLt), with achieved bandwidth as a fraction of the
+// H200's 4.27 TB/s for m <= 8, and bandwidth of rmsnorm,
 // fused-add rmsnorm, silu_mul, plus the time of sampling / argmax over a
 // 128256-entry vocabulary. Prints one JSON document on stdout.
 //
@@ -24,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/logits.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/sampling.h"
@@ -99,7 +101,9 @@ void Run() {
                        {"gate_up", 28672, 4096},
                        {"down", 4096, 14336},
                        {"lm_head", 128256, 4096}};
-  const int64_t ms[] = {1, 8, 64, 4096};
+  // m <= 8 runs twice: through the GEMV kernel (GemmContext's default for
+  // those shapes) and through cuBLASLt (SetUseGemv(false)).
+  const int64_t ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 64, 4096};
   DeviceBuffer x = Filled(4096 * 14336 * 2, 0x3c);
   DeviceBuffer y = Filled(4096 * 128256 * 2, 0);
   for (const NK& sh : shapes) {
@@ -108,20 +112,37 @@ void Run() {
     std::vector<DeviceBuffer> ws;
     for (int c = 0; c < copies; ++c) ws.push_back(Filled(w_bytes, 0x3b));
     for (int64_t m : ms) {
-      const double sec = TimeIt(s, [&](int i) {
-        return gemm->Gemm(x.as<Bf16>(), m, sh.k, ws[i % copies].as<Bf16>(), sh.n, nullptr,
-                          y.as<Bf16>(), s);
-      });
-      const double flops = 2.0 * m * sh.n * sh.k;
-      const double bytes = static_cast<double>(w_bytes) + 2.0 * m * sh.k + 2.0 * m * sh.n;
-      std::string e = absl::StrCat("{\"op\": \"gemm_bf16\", \"shape\": \"", sh.name, "\", \"m\": ",
-                                   m, ", \"n\": ", sh.n, ", \"k\": ", sh.k,
-                                   ", \"us\": ", sec * 1e6, ", \"tflops\": ", flops / sec * 1e-12,
-                                   ", \"gb_per_s\": ", bytes / sec * 1e-9);
-      if (m == 1) absl::StrAppend(&e, ", \"fraction_of_hbm\": ", bytes / sec / kHbmBytesPerSecond);
-      entries.push_back(e + "}");
+      for (const bool use_gemv : {true, false}) {
+        if (!use_gemv && m > kGemvMaxRows) continue;
+        gemm->SetUseGemv(use_gemv);
+        const double sec = TimeIt(s, [&](int i) {
+          return gemm->Gemm(x.as<Bf16>(), m, sh.k, ws[i % copies].as<Bf16>(), sh.n, nullptr,
+                            y.as<Bf16>(), s);
+        });
+        const double flops = 2.0 * m * sh.n * sh.k;
+        const double bytes = static_cast<double>(w_bytes) + 2.0 * m * sh.k + 2.0 * m * sh.n;
+        const char* path = m > kGemvMaxRows ? "cublaslt" : (use_gemv ? "gemv" : "cublaslt");
+        std::string e = absl::StrCat(
+            "{\"op\": \"gemm_bf16\", \"shape\": \"", sh.name, "\", \"path\": \"", path,
+            "\", \"m\": ", m, ", \"n\": ", sh.n, ", \"k\": ", sh.k, ", \"us\": ", sec * 1e6,
+            ", \"tflops\": ", flops / sec * 1e-12, ", \"gb_per_s\": ", bytes / sec * 1e-9);
+        if (m <= kGemvMaxRows) {
+          absl::StrAppend(&e, ", \"fraction_of_hbm\": ", bytes / sec / kHbmBytesPerSecond);
+        }
+        if (use_gemv && m <= kGemvMaxRows) {
+          GemvWorkspace probe;  // the split count the context's workspace gives
+          probe.num_sms = prop.multiProcessorCount;
+          probe.partials = reinterpret_cast<float*>(16);
+          probe.partial_capacity = kGemvPartialFloats;
+          probe.counters = reinterpret_cast<uint32_t*>(16);
+          probe.counter_capacity = kGemvCounters;
+          absl::StrAppend(&e, ", \"splits\": ", GemvSplits(m, sh.n, sh.k, probe));
+        }
+        entries.push_back(e + "}");
+      }
     }
   }
+  gemm->SetUseGemv(true);
   y = DeviceBuffer();
 
   // ---- rmsnorm / fused add rmsnorm / silu_mul ----

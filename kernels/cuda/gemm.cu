@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
 
 namespace tessera::kernels::cuda {
 namespace {
@@ -85,6 +86,8 @@ struct GemmContext::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   void* scratch = nullptr;  // fp32 result of biased bf16 GEMMs (kScratchBytes)
+  GemvWorkspace gemv;       // split-K partials and counters of the m <= 8 kernel
+  bool use_gemv = true;
   std::mutex mu;
   std::map<Key, Plan> plans;
 
@@ -92,6 +95,8 @@ struct GemmContext::Impl {
     for (auto& [key, plan] : plans) Destroy(plan);
     if (workspace != nullptr) cudaFree(workspace);
     if (scratch != nullptr) cudaFree(scratch);
+    if (gemv.partials != nullptr) cudaFree(gemv.partials);
+    if (gemv.counters != nullptr) cudaFree(gemv.counters);
     if (handle != nullptr) cublasLtDestroy(handle);
   }
 
@@ -200,6 +205,13 @@ struct GemmContext::Impl {
       return absl::InvalidArgumentError("Gemm: null pointer");
     }
     std::lock_guard<std::mutex> lock(mu);
+    // Decode-sized GEMMs: the tensor-core GEMV streams W at close to the HBM
+    // rate, where cuBLASLt's m = 1 kernels leave a third of it unused on
+    // 4096-wide layers. Rule: m <= 8, k % 8 == 0, x and W 16-byte aligned.
+    if (use_gemv && GemvApplicable(x, m, k, w)) {
+      return f32_out ? GemvBf16(x, m, k, w, n, bias, static_cast<float*>(y), gemv, stream)
+                     : GemvBf16(x, m, k, w, n, bias, static_cast<Bf16*>(y), gemv, stream);
+    }
     if (f32_out || bias == nullptr) return RunLocked(x, m, k, w, n, bias, y, f32_out, stream);
     // bf16 output with an fp32 bias: cuBLASLt's bias epilogue wants a bias of
     // the output type, so compute in fp32 (bias fused there) into the fixed
@@ -275,7 +287,23 @@ absl::StatusOr<std::unique_ptr<GemmContext>> GemmContext::Create() {
   TESSERA_LT_RETURN_IF_ERROR(cublasLtCreate(&impl->handle));
   TESSERA_CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->workspace, kWorkspaceBytes));
   TESSERA_CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->scratch, kScratchBytes));
+  int device = 0;
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  TESSERA_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&impl->gemv.num_sms, cudaDevAttrMultiProcessorCount, device));
+  TESSERA_CUDA_RETURN_IF_ERROR(
+      cudaMalloc(&impl->gemv.partials, kGemvPartialFloats * sizeof(float)));
+  impl->gemv.partial_capacity = kGemvPartialFloats;
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->gemv.counters, kGemvCounters * sizeof(uint32_t)));
+  impl->gemv.counter_capacity = kGemvCounters;
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaMemset(impl->gemv.counters, 0, kGemvCounters * sizeof(uint32_t)));
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return std::unique_ptr<GemmContext>(new GemmContext(std::move(impl)));
+}
+
+void GemmContext::SetUseGemv(bool use) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->use_gemv = use;
 }
 
 absl::Status GemmContext::Gemm(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,

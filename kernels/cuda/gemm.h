@@ -13,6 +13,11 @@
 // with the bias epilogue into the scratch, in row chunks of up to
 // 8M / n rows, each rounded to bf16 by a small kernel (n <= 8M).
 //
+// Calls with m <= 8, k % 8 == 0 and 16-byte aligned x and W run the
+// tensor-core GEMV of gemv.h instead (bias fused, one rounding, split-K
+// partials in the context's own 4 MiB workspace); SetUseGemv(false) sends
+// them to cuBLASLt too (benchmarks compare the two).
+//
 // Thread-safety: a GemmContext may be used by one thread at a time on its
 // device (calls are serialized by an internal mutex, but the workspace is
 // shared, so calls on different streams must not overlap in time: use one
@@ -43,6 +48,9 @@ class GemmContext {
                     const float* bias, Bf16* y, CudaStream stream);
   absl::Status Gemm(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
                     const float* bias, float* y, CudaStream stream);
+
+  // Default true: m <= 8 GEMMs use the GEMV kernel when it applies.
+  void SetUseGemv(bool use);
 
   struct Impl;
 

@@ -1,0 +1,286 @@
+// Skinny bf16 GEMM on tensor cores (see gemv.h).
+//
+// Tile: a CTA of 4 warps owns 16 rows of W (16 output features) and one
+// split of k. k is walked in steps of 32 values; step t of a row is read
+// by the 4 lanes of a quad as four 16-byte chunks (lane q of the quad reads
+// values 32t + 8q .. 32t + 8q + 7). A lane with group id g (lane / 4) reads
+// W rows g and g + 8 of the tile and activation row g (zero for g >= m).
+//
+// The dot product does not care in which order k is summed, so the 8
+// values a lane holds are fed to two m16n8k16 MMAs under a fixed
+// permutation of k that is the same for A (W) and B (x): for MMA 0 the
+// logical k pair {2q, 2q+1} is physical chunk values {0, 1} and the pair
+// {2q+8, 2q+9} is values {2, 3}; MMA 1 takes values {4, 5} and {6, 7}. With
+// A = W rows (row g: registers 0 and 2; row g + 8: registers 1 and 3) and
+// B = x rows as the 8 columns, the 16-byte chunks go into the MMAs
+// without any shuffle. The accumulator element (row r, column c) is
+// output feature n0 + r of activation row c.
+//
+// Each warp takes 4 consecutive steps (4 KiB of W) per iteration and
+// issues the next iteration's loads before this one's MMAs; the 4 warps
+// cover 16 consecutive steps (512 values, 1 KiB per row), and the warps'
+// accumulators are summed in shared memory in warp order. With more than
+// one split, each CTA stores its 16 x m partial sums in the workspace,
+// and the CTA that arrives last at the tile's counter sums the splits in
+// split order, adds the bias, writes y and resets the counter.
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/gemv.h"
+
+namespace tessera::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kTileRows = 16;
+constexpr int kStepK = 32;
+constexpr int kUnroll = 4;
+constexpr int kStepsPerIter = kWarps * kUnroll;
+
+// Predicated 16-byte loads (zeros when !pred). Volatile so that ptxas
+// keeps every load of an iteration ahead of its MMAs. W is read exactly
+// once: bypass L1 and ask L2 for 256-byte fetches; x is shared by all CTAs
+// and stays in L1.
+__device__ __forceinline__ uint4 LoadStreaming(const uint16_t* p, bool pred) {
+  uint4 r;
+  asm volatile(
+      "{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %5, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  mov.b32 %1, 0;\n"
+      "  mov.b32 %2, 0;\n"
+      "  mov.b32 %3, 0;\n"
+      "  @p ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      "}\n"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p), "r"(static_cast<int>(pred)));
+  return r;
+}
+
+__device__ __forceinline__ uint4 LoadCached(const uint16_t* p, bool pred) {
+  uint4 r;
+  asm volatile(
+      "{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %5, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  mov.b32 %1, 0;\n"
+      "  mov.b32 %2, 0;\n"
+      "  mov.b32 %3, 0;\n"
+      "  @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      "}\n"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p), "r"(static_cast<int>(pred)));
+  return r;
+}
+
+__device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <bool kF32Out>
+__device__ __forceinline__ void StoreOut(void* y, int64_t i, float v) {
+  if constexpr (kF32Out) {
+    static_cast<float*>(y)[i] = v;
+  } else {
+    static_cast<uint16_t*>(y)[i] = FloatToBf16Bits(v);
+  }
+}
+
+template <bool kF32Out>
+__global__ void __launch_bounds__(kThreads) GemvKernel(
+    const uint16_t* __restrict__ x, int m, int k, const uint16_t* __restrict__ w, int n,
+    const float* __restrict__ bias, void* __restrict__ y, int steps_per_split, int splits,
+    float* __restrict__ partials, uint32_t* __restrict__ counters) {
+  __shared__ float red[kWarps][kTileRows][8];
+  __shared__ uint32_t is_last;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int g = lane >> 2;
+  const int q = lane & 3;
+  const int tile = blockIdx.x;
+  const int split = blockIdx.y;
+  const int n0 = tile * kTileRows;
+  const int total_steps = (k + kStepK - 1) / kStepK;
+  const int s_begin = split * steps_per_split;
+  const int s_end = min(total_steps, s_begin + steps_per_split);
+
+  const bool lo_ok = n0 + g < n;
+  const bool hi_ok = n0 + g + 8 < n;
+  const bool x_ok = g < m;
+  const uint16_t* w_lo = w + static_cast<int64_t>(lo_ok ? n0 + g : 0) * k + q * 8;
+  const uint16_t* w_hi = w + static_cast<int64_t>(hi_ok ? n0 + g + 8 : 0) * k + q * 8;
+  const uint16_t* xr = x + static_cast<int64_t>(x_ok ? g : 0) * k + q * 8;
+  const int k_lane = k - q * 8;  // chunk at step t is inside k iff 32 t < k_lane
+
+  // Loads the warp's 4 steps of the iteration starting at step `it`
+  // (zeros past the split, k, n or m).
+  auto load = [&](int it, uint4(&lo)[kUnroll], uint4(&hi)[kUnroll], uint4(&xb)[kUnroll]) {
+    const int base = it + warp * kUnroll;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int step = base + u;
+      const int kk = step * kStepK;
+      const bool ok = step < s_end && kk < k_lane;
+      lo[u] = LoadStreaming(w_lo + kk, ok && lo_ok);
+      hi[u] = LoadStreaming(w_hi + kk, ok && hi_ok);
+      xb[u] = LoadCached(xr + kk, ok && x_ok);
+    }
+  };
+
+  // Software pipeline: the next iteration's loads are issued before this
+  // iteration's MMAs, so up to 8 KiB of W per warp are in flight.
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  uint4 a_lo[kUnroll], a_hi[kUnroll], b[kUnroll];
+  load(s_begin, a_lo, a_hi, b);
+  for (int it = s_begin; it < s_end; it += kStepsPerIter) {
+    uint4 n_lo[kUnroll], n_hi[kUnroll], n_b[kUnroll];
+    load(it + kStepsPerIter, n_lo, n_hi, n_b);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      MmaBf16(acc, a_lo[u].x, a_hi[u].x, a_lo[u].y, a_hi[u].y, b[u].x, b[u].y);
+      MmaBf16(acc, a_lo[u].z, a_hi[u].z, a_lo[u].w, a_hi[u].w, b[u].z, b[u].w);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      a_lo[u] = n_lo[u];
+      a_hi[u] = n_hi[u];
+      b[u] = n_b[u];
+    }
+  }
+
+  red[warp][g][2 * q] = acc[0];
+  red[warp][g][2 * q + 1] = acc[1];
+  red[warp][g + 8][2 * q] = acc[2];
+  red[warp][g + 8][2 * q + 1] = acc[3];
+  __syncthreads();
+  const int row = threadIdx.x >> 3;  // 0..15
+  const int col = threadIdx.x & 7;   // activation row
+  float v = red[0][row][col];
+#pragma unroll
+  for (int i = 1; i < kWarps; ++i) v += red[i][row][col];
+  const int out_n = n0 + row;
+  const bool valid = col < m && out_n < n;
+  const int64_t out_i = static_cast<int64_t>(col) * n + out_n;
+  if (splits == 1) {
+    if (valid) StoreOut<kF32Out>(y, out_i, bias != nullptr ? v + bias[out_n] : v);
+    return;
+  }
+  if (valid) partials[static_cast<int64_t>(split) * m * n + out_i] = v;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t prev = atomicAdd(&counters[tile], 1u);
+    is_last = prev == static_cast<uint32_t>(splits - 1) ? 1u : 0u;
+  }
+  __syncthreads();
+  if (is_last == 0) return;
+  __threadfence();
+  if (valid) {
+    float sum = __ldcg(&partials[out_i]);
+    for (int s = 1; s < splits; ++s) sum += __ldcg(&partials[static_cast<int64_t>(s) * m * n + out_i]);
+    StoreOut<kF32Out>(y, out_i, bias != nullptr ? sum + bias[out_n] : sum);
+  }
+  if (threadIdx.x == 0) counters[tile] = 0;
+}
+
+struct SplitPlan {
+  int splits = 1;
+  int steps_per_split = 1;
+};
+
+SplitPlan PlanSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, int force_splits) {
+  const int64_t total_steps = (k + kStepK - 1) / kStepK;
+  const int64_t tiles = (n + kTileRows - 1) / kTileRows;
+  int64_t splits = 1;
+  if (force_splits > 0) {
+    splits = force_splits;
+  } else {
+    // About 4 CTAs (16 warps, 64 KiB of loads in flight) per SM.
+    const int64_t target = 4 * static_cast<int64_t>(ws.num_sms > 0 ? ws.num_sms : 132);
+    if (tiles < target) splits = (target + tiles - 1) / tiles;
+  }
+  splits = std::min<int64_t>({splits, total_steps, 65535});
+  if (splits > 1) {
+    if (ws.partials == nullptr || ws.counters == nullptr || tiles > ws.counter_capacity) {
+      splits = 1;
+    } else {
+      splits = std::min<int64_t>(splits, ws.partial_capacity / (m * n));
+    }
+  }
+  SplitPlan plan;
+  if (splits <= 1) {
+    plan.splits = 1;
+    plan.steps_per_split = static_cast<int>(total_steps);
+    return plan;
+  }
+  int64_t sps = (total_steps + splits - 1) / splits;
+  // Whole CTA iterations per split, so no warp of a split idles.
+  if (force_splits <= 0) sps = (sps + kStepsPerIter - 1) / kStepsPerIter * kStepsPerIter;
+  plan.steps_per_split = static_cast<int>(sps);
+  plan.splits = static_cast<int>((total_steps + sps - 1) / sps);
+  return plan;
+}
+
+absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                    const float* bias, void* y, bool f32_out, const GemvWorkspace& ws,
+                    CudaStream stream, int force_splits) {
+  if (!GemvApplicable(x, m, k, w)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GemvBf16: needs 1 <= m <= ", kGemvMaxRows, ", k % 8 == 0 and 16-byte aligned x and W (m=",
+        m, " k=", k, ")"));
+  }
+  if (n <= 0 || n > INT32_MAX || k > (INT32_MAX >> 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("GemvBf16: bad shape n=", n, " k=", k));
+  }
+  if (y == nullptr) return absl::InvalidArgumentError("GemvBf16: null output");
+  const SplitPlan plan = PlanSplits(m, n, k, ws, force_splits);
+  const dim3 grid(static_cast<unsigned>((n + kTileRows - 1) / kTileRows),
+                  static_cast<unsigned>(plan.splits));
+  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  if (f32_out) {
+    GemvKernel<true><<<grid, kThreads, 0, AsCuda(stream)>>>(x, mi, ki, w, ni, bias, y,
+                                                             plan.steps_per_split, plan.splits,
+                                                             ws.partials, ws.counters);
+  } else {
+    GemvKernel<false><<<grid, kThreads, 0, AsCuda(stream)>>>(x, mi, ki, w, ni, bias, y,
+                                                              plan.steps_per_split, plan.splits,
+                                                              ws.partials, ws.counters);
+  }
+  return CheckLastLaunch("GemvBf16");
+}
+
+}  // namespace
+
+bool GemvApplicable(const Bf16* x, int64_t m, int64_t k, const Bf16* w) {
+  return m >= 1 && m <= kGemvMaxRows && k > 0 && k % 8 == 0 && x != nullptr && w != nullptr &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
+int GemvSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, int force_splits) {
+  if (m <= 0 || n <= 0 || k <= 0) return 1;
+  return PlanSplits(m, n, k, ws, force_splits).splits;
+}
+
+absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                      const float* bias, Bf16* y, const GemvWorkspace& ws, CudaStream stream,
+                      int force_splits) {
+  return Launch(x, m, k, w, n, bias, y, /*f32_out=*/false, ws, stream, force_splits);
+}
+
+absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                      const float* bias, float* y, const GemvWorkspace& ws, CudaStream stream,
+                      int force_splits) {
+  return Launch(x, m, k, w, n, bias, y, /*f32_out=*/true, ws, stream, force_splits);
+}
+
+}  // namespace tessera::kernels::cuda

@@ -1,0 +1,63 @@
+// Skinny bf16 GEMM for decode (m <= 8 rows of activations): y[m, n] =
+// x[m, k] . W[n, k]^T (+ bias[n]), fp32 accumulation, bf16 or fp32 output.
+// The same layouts as GemmContext::Gemm (x and W bf16 row-major, W in HF
+// [out, in] layout, bias fp32 [n] or null, all device pointers).
+//
+// The kernel streams W once from HBM with 16-byte non-allocating loads and
+// multiplies on the bf16 tensor cores (the m <= 8 activation rows are the
+// n = 8 side of an m16n8k16 tile), so its cost is the weight bytes. The k
+// dimension is split across the four warps of a CTA and, when the 16-row
+// tiles of W alone would not fill the GPU, across CTAs ("splits"); split
+// partials go to a GemvWorkspace and the last CTA of each tile sums them in
+// split order (a per-tile arrival counter that the last CTA resets), so the
+// result is bitwise deterministic, no second launch is needed, and a call
+// never synchronizes or allocates: it can be captured in a CUDA graph.
+//
+// Requirements (GemvApplicable): 1 <= m <= 8, k % 8 == 0, x and W 16-byte
+// aligned. Other shapes go to cuBLASLt (GemmContext does that).
+//
+// Thread-safety: a GemvWorkspace may be used by one stream at a time
+// (concurrent calls sharing one would mix their partials).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/cuda_types.h"
+
+namespace tessera::kernels::cuda {
+
+inline constexpr int64_t kGemvMaxRows = 8;
+
+// Device scratch of the split-K path. `counters` must be zero before the
+// first call (kernels leave them zero).
+struct GemvWorkspace {
+  float* partials = nullptr;  // partial_capacity floats
+  int64_t partial_capacity = 0;
+  uint32_t* counters = nullptr;  // counter_capacity entries
+  int64_t counter_capacity = 0;
+  int num_sms = 0;  // the device's SM count (sizes the splits)
+};
+
+// Bytes of partials and counters GemmContext reserves for the GEMV.
+inline constexpr int64_t kGemvPartialFloats = 1 << 20;  // 4 MiB
+inline constexpr int64_t kGemvCounters = 1 << 14;
+
+// True when GemvBf16 accepts the problem.
+bool GemvApplicable(const Bf16* x, int64_t m, int64_t k, const Bf16* w);
+
+// Number of k splits the kernel uses for the shape (1: no workspace use).
+// `force_splits` > 0 asks for that many (capped by the k steps and the
+// workspace); tests use it to exercise the split path on small shapes.
+int GemvSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, int force_splits = 0);
+
+// INVALID_ARGUMENT when !GemvApplicable, n <= 0, null y, or a shape above
+// int32 range; INTERNAL on a launch error.
+absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                      const float* bias, Bf16* y, const GemvWorkspace& ws, CudaStream stream,
+                      int force_splits = 0);
+absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                      const float* bias, float* y, const GemvWorkspace& ws, CudaStream stream,
+                      int force_splits = 0);
+
+}  // namespace tessera::kernels::cuda

@@ -1,0 +1,277 @@
+// Parity tests of the skinny bf16 GEMM (gemv.h) against the CPU reference
+// GEMM: m = 1..8 on odd and Llama-3-8B shapes, with and without bias, bf16
+// and fp32 output, through GemmContext (which routes m <= 8 here) and
+// directly with forced k splits (the split-K path on small shapes). Also:
+// results are bitwise repeatable, the tile counters are left at zero, a
+// captured CUDA graph replays to the same bytes, shapes the kernel does not
+// take are refused (direct call) or go to cuBLASLt (GemmContext). Skipped
+// without a CUDA device.
+//
+// Tolerance as cuda_gemm_test: |y - ref| <= 1e-4 * sum_k |x w| (+ 2^-8 |ref|
+// for bf16 output). Wide shapes are checked on a sample of columns.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/reference_ops.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
+
+namespace tessera::kernels::cuda {
+namespace {
+
+using cuda_testing::Download;
+using cuda_testing::FromBf16;
+using cuda_testing::kBf16Eps;
+using cuda_testing::RandomFloats;
+using cuda_testing::Upload;
+using cuda_testing::Zeros;
+namespace ref = ::tessera::kernels::cpu::reference;
+
+std::vector<Bf16> FastRandomBf16(size_t n, uint64_t seed) {
+  std::vector<Bf16> out(n);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < n; ++i) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    const float f = static_cast<float>(static_cast<int32_t>(s >> 40) - (1 << 23)) / (1 << 23);
+    out[i] = FloatToBf16(f);
+  }
+  return out;
+}
+
+// Device-side GEMV workspace for direct calls.
+struct TestWorkspace {
+  DeviceBuffer partials, counters;
+  GemvWorkspace ws;
+  TestWorkspace() {
+    partials = Zeros(kGemvPartialFloats * sizeof(float));
+    counters = Zeros(kGemvCounters * sizeof(uint32_t));
+    ws.partials = partials.as<float>();
+    ws.partial_capacity = kGemvPartialFloats;
+    ws.counters = counters.as<uint32_t>();
+    ws.counter_capacity = kGemvCounters;
+    ws.num_sms = 132;
+  }
+  bool CountersZero() {
+    const std::vector<uint32_t> c = Download<uint32_t>(counters, kGemvCounters);
+    for (uint32_t v : c) {
+      if (v != 0) return false;
+    }
+    return true;
+  }
+};
+
+struct Problem {
+  int64_t m, n, k;
+  bool bias, f32_out;
+  std::vector<Bf16> x, w;
+  std::vector<float> b;
+  DeviceBuffer d_x, d_w, d_b, d_y;
+  Problem(int64_t m_, int64_t n_, int64_t k_, bool bias_, bool f32_)
+      : m(m_), n(n_), k(k_), bias(bias_), f32_out(f32_) {
+    x = FastRandomBf16(m * k, 11 + m * 7 + k);
+    w = FastRandomBf16(n * k, 13 + n);
+    b = RandomFloats(n, 17, -2.f, 2.f);
+    d_x = Upload(x);
+    d_w = Upload(w);
+    d_b = Upload(b);
+    d_y = Zeros(m * n * (f32_out ? 4 : 2));
+  }
+  const float* bias_ptr() const { return bias ? d_b.as<float>() : nullptr; }
+  std::vector<uint8_t> OutputBytes() const {
+    return Download<uint8_t>(d_y, m * n * (f32_out ? 4 : 2));
+  }
+};
+
+absl::Status RunGemv(Problem& p, const GemvWorkspace& ws, int force_splits, CudaStream s) {
+  return p.f32_out ? GemvBf16(p.d_x.as<Bf16>(), p.m, p.k, p.d_w.as<Bf16>(), p.n, p.bias_ptr(),
+                              p.d_y.as<float>(), ws, s, force_splits)
+                   : GemvBf16(p.d_x.as<Bf16>(), p.m, p.k, p.d_w.as<Bf16>(), p.n, p.bias_ptr(),
+                              p.d_y.as<Bf16>(), ws, s, force_splits);
+}
+
+absl::Status RunContext(Problem& p, GemmContext& ctx, CudaStream s) {
+  return p.f32_out ? ctx.Gemm(p.d_x.as<Bf16>(), p.m, p.k, p.d_w.as<Bf16>(), p.n, p.bias_ptr(),
+                              p.d_y.as<float>(), s)
+                   : ctx.Gemm(p.d_x.as<Bf16>(), p.m, p.k, p.d_w.as<Bf16>(), p.n, p.bias_ptr(),
+                              p.d_y.as<Bf16>(), s);
+}
+
+// Compares p's device output with the reference on (sampled) columns.
+void CheckAgainstReference(const Problem& p) {
+  SCOPED_TRACE(::testing::Message() << "m " << p.m << " n " << p.n << " k " << p.k << " bias "
+                                  << p.bias << " f32 " << p.f32_out);
+  std::vector<float> y;
+  if (p.f32_out) {
+    y = Download<float>(p.d_y, p.m * p.n);
+  } else {
+    y = FromBf16(Download<Bf16>(p.d_y, p.m * p.n));
+  }
+  std::vector<int64_t> cols;
+  if (p.n <= 600) {
+    for (int64_t j = 0; j < p.n; ++j) cols.push_back(j);
+  } else {
+    std::mt19937 rng(5);
+    for (int i = 0; i < 80; ++i) cols.push_back(rng() % p.n);
+    for (int64_t j = 0; j < 20; ++j) cols.push_back(j);  // first tiles
+    cols.push_back(p.n - 1);
+  }
+  std::vector<Bf16> w_sub(cols.size() * p.k);
+  std::vector<float> b_sub(cols.size());
+  for (size_t c = 0; c < cols.size(); ++c) {
+    for (int64_t i = 0; i < p.k; ++i) w_sub[c * p.k + i] = p.w[cols[c] * p.k + i];
+    b_sub[c] = p.b[cols[c]];
+  }
+  const std::vector<float> xf = FromBf16(p.x);
+  const std::vector<float> wf = FromBf16(w_sub);
+  std::vector<float> want(p.m * cols.size());
+  cpu::WeightMatrix wm{w_sub.data(), cpu::DType::kBF16, static_cast<int64_t>(cols.size()), p.k};
+  ref::Gemm(xf.data(), p.m, wm, p.bias ? b_sub.data() : nullptr, want.data());
+  for (int64_t r = 0; r < p.m; ++r) {
+    for (size_t c = 0; c < cols.size(); ++c) {
+      double mag = 0;
+      for (int64_t i = 0; i < p.k; ++i) mag += std::fabs(double{xf[r * p.k + i]} * wf[c * p.k + i]);
+      const double want_v = want[r * cols.size() + c];
+      const double tol = 1e-4 * mag + (p.f32_out ? 1e-6 : kBf16Eps * std::fabs(want_v) + 1e-6);
+      ASSERT_NEAR(y[r * p.n + cols[c]], want_v, tol) << "row " << r << " col " << cols[c];
+    }
+  }
+}
+
+TEST(CudaGemvTest, ContextRoutesSkinnyShapesAndMatchesReference) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  absl::StatusOr<std::unique_ptr<GemmContext>> ctx = GemmContext::Create();
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  struct NK {
+    int64_t n, k;
+  };
+  const NK odd[] = {{1, 8}, {17, 24}, {97, 200}, {1001, 136}, {513, 1032}, {4099, 520}};
+  for (int64_t m = 1; m <= kGemvMaxRows; ++m) {
+    for (const NK& s : odd) {
+      for (int variant = 0; variant < 3; ++variant) {
+        Problem p(m, s.n, s.k, /*bias=*/variant >= 1, /*f32=*/variant == 2);
+        ASSERT_TRUE(RunContext(p, **ctx, nullptr).ok());
+        CheckAgainstReference(p);
+      }
+    }
+  }
+  // Decode shapes of Llama-3-8B (o_proj, qkv, down) and an fp32 lm_head.
+  const NK big[] = {{4096, 4096}, {6144, 4096}, {4096, 14336}};
+  for (int64_t m : {1, 3, 8}) {
+    for (const NK& s : big) {
+      Problem p(m, s.n, s.k, /*bias=*/m == 3, /*f32=*/false);
+      ASSERT_TRUE(RunContext(p, **ctx, nullptr).ok());
+      CheckAgainstReference(p);
+    }
+  }
+  Problem logits(2, 32000, 4096, false, true);
+  ASSERT_TRUE(RunContext(logits, **ctx, nullptr).ok());
+  CheckAgainstReference(logits);
+}
+
+TEST(CudaGemvTest, ForcedSplitsMatchReferenceAndLeaveCountersZero) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  TestWorkspace tw;
+  for (int64_t m : {1, 2, 5, 8}) {
+    for (int splits : {2, 3, 7}) {
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{97, 1000}, {33, 2056}, {300, 264}}) {
+        Problem p(m, n, k, /*bias=*/splits != 2, /*f32=*/splits == 7);
+        EXPECT_GT(GemvSplits(m, n, k, tw.ws, splits), 1);
+        ASSERT_TRUE(RunGemv(p, tw.ws, splits, nullptr).ok());
+        CheckAgainstReference(p);
+      }
+    }
+  }
+  EXPECT_TRUE(tw.CountersZero());
+}
+
+TEST(CudaGemvTest, SplitPlanFillsTheGpuAndRespectsTheWorkspace) {
+  GemvWorkspace ws;
+  ws.num_sms = 132;
+  // Without a workspace there is never a split.
+  EXPECT_EQ(GemvSplits(1, 4096, 4096, ws), 1);
+  std::vector<float> fake_partials(1);
+  std::vector<uint32_t> fake_counters(1);
+  ws.partials = fake_partials.data();  // only the pointers' presence matters here
+  ws.counters = fake_counters.data();
+  ws.partial_capacity = kGemvPartialFloats;
+  ws.counter_capacity = kGemvCounters;
+  EXPECT_GT(GemvSplits(1, 4096, 4096, ws), 1);
+  EXPECT_GT(GemvSplits(1, 6144, 4096, ws), 1);
+  EXPECT_GT(GemvSplits(1, 4096, 14336, ws), 1);
+  EXPECT_EQ(GemvSplits(1, 28672, 4096, ws), 1);  // 1792 tiles fill 132 SMs
+  EXPECT_EQ(GemvSplits(1, 128256, 4096, ws), 1);
+  EXPECT_EQ(GemvSplits(8, 16, 32, ws), 1);  // a single k step cannot split
+  ws.partial_capacity = 4096;               // one split's worth of m * n
+  EXPECT_EQ(GemvSplits(1, 4096, 4096, ws), 1);
+}
+
+TEST(CudaGemvTest, RepeatableAndGraphReplayGivesTheSameBytes) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  absl::StatusOr<std::unique_ptr<GemmContext>> ctx = GemmContext::Create();
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  absl::StatusOr<Stream> stream = Stream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  CudaStream s = stream->get();
+  Problem p(1, 4096, 4096, /*bias=*/true, /*f32=*/false);  // split-K on any GPU with > 64 SMs
+  ASSERT_TRUE(RunContext(p, **ctx, s).ok());
+  ASSERT_TRUE(Synchronize(s).ok());
+  const std::vector<uint8_t> first = p.OutputBytes();
+  CheckAgainstReference(p);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(MemsetDevice(p.d_y.data(), 0, p.d_y.size(), s).ok());
+    ASSERT_TRUE(RunContext(p, **ctx, s).ok());
+    ASSERT_TRUE(Synchronize(s).ok());
+    EXPECT_EQ(p.OutputBytes(), first) << "direct call " << i;
+  }
+  CudaGraph graph;
+  ASSERT_TRUE(graph.BeginCapture(s).ok());
+  const absl::Status captured = RunContext(p, **ctx, s);
+  const absl::Status ended = graph.EndCapture();
+  ASSERT_TRUE(captured.ok()) << captured;
+  ASSERT_TRUE(ended.ok()) << ended;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(MemsetDevice(p.d_y.data(), 0, p.d_y.size(), s).ok());
+    ASSERT_TRUE(graph.Launch(s).ok());
+    ASSERT_TRUE(Synchronize(s).ok());
+    EXPECT_EQ(p.OutputBytes(), first) << "replay " << i;
+  }
+  // The cuBLASLt path agrees within tolerance.
+  (*ctx)->SetUseGemv(false);
+  ASSERT_TRUE(RunContext(p, **ctx, s).ok());
+  ASSERT_TRUE(Synchronize(s).ok());
+  CheckAgainstReference(p);
+}
+
+TEST(CudaGemvTest, RefusesWhatItCannotTakeAndContextFallsBack) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  TestWorkspace tw;
+  Problem p(9, 64, 64, false, false);
+  EXPECT_FALSE(GemvApplicable(p.d_x.as<Bf16>(), 9, 64, p.d_w.as<Bf16>()));
+  EXPECT_EQ(RunGemv(p, tw.ws, 0, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  // k % 8 != 0 and a misaligned x row pointer.
+  Problem q(2, 64, 60, false, false);
+  EXPECT_EQ(RunGemv(q, tw.ws, 0, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(GemvApplicable(q.d_x.as<Bf16>() + 1, 1, 64, q.d_w.as<Bf16>()));
+  EXPECT_EQ(GemvBf16(q.d_x.as<Bf16>(), 2, 56, q.d_w.as<Bf16>(), 64, nullptr,
+                     static_cast<Bf16*>(nullptr), tw.ws, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // GemmContext sends those shapes to cuBLASLt and still matches.
+  absl::StatusOr<std::unique_ptr<GemmContext>> ctx = GemmContext::Create();
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  ASSERT_TRUE(RunContext(p, **ctx, nullptr).ok());
+  CheckAgainstReference(p);
+  Problem r(3, 77, 60, true, false);
+  ASSERT_TRUE(RunContext(r, **ctx, nullptr).ok());
+  CheckAgainstReference(r);
+}
+
+}  // namespace
+}  // namespace tessera::kernels::cuda
