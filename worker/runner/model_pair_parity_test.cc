@@ -110,9 +110,9 @@ std::vector<FixtureCase> LoadCases(const std::string& model) {
 
 // Outcome of comparing a continuation with the fixture's.
 struct GreedyComparison {
-  int compared = 0;          // steps compared (== kSteps when all matched)
-  bool near_tie = false;     // stopped at an accepted near tie
-  std::string failure;       // non-empty: an unexplained difference
+  int compared = 0;       // steps compared (== kSteps when all matched)
+  bool near_tie = false;  // stopped at an accepted near tie
+  std::string failure;    // non-empty: an unexplained difference
 };
 
 // Compares `got` with `want` step by step. `tie_ok(step)` says whether
@@ -135,10 +135,10 @@ GreedyComparison CompareGreedy(const FixtureCase& fc, const std::vector<int32_t>
       r.near_tie = true;
       return r;
     }
-    r.failure = absl::StrCat("step ", step, ": got token ", got[step], ", expected ",
-                             fc.greedy[step], " (fixture margin ", fc.margins[step],
-                             ")\n  got:  ", absl::StrJoin(got, ","),
-                             "\n  want: ", absl::StrJoin(fc.greedy, ","));
+    r.failure =
+        absl::StrCat("step ", step, ": got token ", got[step], ", expected ", fc.greedy[step],
+                     " (fixture margin ", fc.margins[step], ")\n  got:  ", absl::StrJoin(got, ","),
+                     "\n  want: ", absl::StrJoin(fc.greedy, ","));
     return r;
   }
   return r;
@@ -256,13 +256,13 @@ TEST_P(ModelPairParityTest, RunnerLogitsAndGreedyMatchTransformers) {
         return l[got[step]] - l[fc.greedy[step]] < kNearTieMargin;
       });
       EXPECT_TRUE(cmp.failure.empty()) << cmp.failure;
-      RecordProperty(absl::StrCat(backend, "_prompt", p, "_greedy_steps_compared"),
-                     cmp.compared);
-      std::printf("%s %s prompt %zu: logits max abs error %.3g (scale %.1f); greedy %d/%d steps "
-                  "equal%s (prefill and check %.0f ms, total %.0f ms)\n",
-                  GetParam().c_str(), backend, p, err, scale, cmp.compared, kSteps,
-                  cmp.near_tie ? ", then a near tie" : "", absl::ToDoubleMilliseconds(prefill_time),
-                  absl::ToDoubleMilliseconds(absl::Now() - start));
+      RecordProperty(absl::StrCat(backend, "_prompt", p, "_greedy_steps_compared"), cmp.compared);
+      std::printf(
+          "%s %s prompt %zu: logits max abs error %.3g (scale %.1f); greedy %d/%d steps "
+          "equal%s (prefill and check %.0f ms, total %.0f ms)\n",
+          GetParam().c_str(), backend, p, err, scale, cmp.compared, kSteps,
+          cmp.near_tie ? ", then a near tie" : "", absl::ToDoubleMilliseconds(prefill_time),
+          absl::ToDoubleMilliseconds(absl::Now() - start));
     }
   }
 }
