@@ -10,6 +10,15 @@
 //                              (mean context over the steps)
 //   roofline_tokens_per_second = B * hbm_bytes_per_second / bytes_per_step
 //   roofline_fraction        = measured / roofline
+//   gpu_ms_per_step          = device time of one step: the last step's
+//                              graph (+ its argmax) replayed --decode_steps
+//                              times back to back, timed by events (the last
+//                              step has the longest context, so this is at
+//                              most a little above the mean step's)
+//   host_overhead_fraction   = 1 - gpu_ms_per_step / decode_ms_per_step: the
+//                              share of a step's wall time the GPU waits
+//                              for the host (staging, launches, the copy of
+//                              the token ids back, the next batch)
 // Usage: gpu_decode_bench [--batch_sizes=1,8,64] [--prompt_len=128]
 //        [--decode_steps=128] [--hbm_tbps=4.27] [--out=result.json]
 #include <chrono>
@@ -131,6 +140,15 @@ int Run() {
       }
     }
     const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double gpu_ms_per_step = -1;
+    if (options.cuda_graphs) {
+      absl::StatusOr<double> gpu_ms = (*runner)->ReplayLastDecodeGraphMs(steps, batch);
+      if (!gpu_ms.ok()) {
+        std::fprintf(stderr, "graph replay: %s\n", gpu_ms.status().ToString().c_str());
+        return 1;
+      }
+      gpu_ms_per_step = *gpu_ms;
+    }
     const double mean_ctx = prompt_len + 1 + (steps + 1) / 2.0;
     const double bytes_per_step =
         static_cast<double>((*runner)->weight_bytes()) + batch * mean_ctx * kv_bytes_per_token;
@@ -148,6 +166,14 @@ int Run() {
         {"roofline_tokens_per_second", roofline},
         {"roofline_fraction", tps / roofline},
     };
+    if (gpu_ms_per_step > 0) {
+      const double wall_ms = 1e3 * decode_s / steps;
+      r["gpu_ms_per_step"] = gpu_ms_per_step;
+      r["host_ms_per_step"] = wall_ms - gpu_ms_per_step;
+      r["host_overhead_fraction"] = 1.0 - gpu_ms_per_step / wall_ms;
+      r["gpu_only_tokens_per_second"] = batch / (gpu_ms_per_step * 1e-3);
+      r["gpu_only_roofline_fraction"] = batch / (gpu_ms_per_step * 1e-3) / roofline;
+    }
     std::fprintf(stderr, "%s\n", r.dump().c_str());
     results.push_back(r);
   }

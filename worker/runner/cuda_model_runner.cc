@@ -635,7 +635,40 @@ absl::Status CudaModelRunner::Execute(const ForwardBatch& batch, int64_t* num_lo
     if (!end.ok()) return end;
     it = graphs_.emplace(key, std::move(g)).first;
   }
+  last_graph_ = key;
   return it->second->graph.Launch(m.stream.get());
+}
+
+absl::StatusOr<double> CudaModelRunner::ReplayLastDecodeGraphMs(int replays,
+                                                                int64_t argmax_rows) {
+  Impl& m = *impl_;
+  auto it = graphs_.find(last_graph_);
+  if (it == graphs_.end()) {
+    return absl::FailedPreconditionError("no decode step has run as a CUDA graph yet");
+  }
+  if (replays < 1 || argmax_rows < 0 || argmax_rows > m.max_logits_rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReplayLastDecodeGraphMs: replays ", replays, ", argmax rows ", argmax_rows));
+  }
+  kcu::CudaStream st = m.stream.get();
+  absl::StatusOr<kcu::Event> start = kcu::Event::Create();
+  if (!start.ok()) return start.status();
+  absl::StatusOr<kcu::Event> stop = kcu::Event::Create();
+  if (!stop.ok()) return stop.status();
+  RETURN_IF_ERROR(kcu::Synchronize(st));
+  RETURN_IF_ERROR(start->Record(st));
+  for (int i = 0; i < replays; ++i) {
+    RETURN_IF_ERROR(it->second->graph.Launch(st));
+    if (argmax_rows > 0) {
+      RETURN_IF_ERROR(kcu::ArgmaxRows(m.logits.as<float>(), argmax_rows, config_.vocab_size,
+                                      m.argmax.as<int32_t>(), st));
+    }
+  }
+  RETURN_IF_ERROR(stop->Record(st));
+  RETURN_IF_ERROR(stop->Synchronize());
+  absl::StatusOr<float> ms = kcu::Event::ElapsedMs(*start, *stop);
+  if (!ms.ok()) return ms.status();
+  return static_cast<double>(*ms) / replays;
 }
 
 absl::Status CudaModelRunner::Forward(const ForwardBatch& batch, std::vector<float>* logits) {

@@ -82,6 +82,14 @@ class CudaModelRunner final : public ModelRunner {
   // Decode graphs captured so far.
   int graphs_captured() const { return static_cast<int>(graphs_.size()); }
 
+  // Benchmarks: replays the decode graph of the last graph-run step
+  // `replays` times back to back (each followed by an argmax over
+  // `argmax_rows` logits rows when > 0, as ForwardGreedy does) and returns
+  // the GPU milliseconds per replay between two events: the step's device
+  // time without the host's work. The replays rewrite the same KV slots
+  // with the same values. FAILED_PRECONDITION when no step ran as a graph.
+  absl::StatusOr<double> ReplayLastDecodeGraphMs(int replays, int64_t argmax_rows);
+
  private:
   struct Impl;
   struct Graph;
@@ -103,6 +111,7 @@ class CudaModelRunner final : public ModelRunner {
   int64_t weight_bytes_ = 0;
   std::unique_ptr<Impl> impl_;
   std::map<std::pair<int, int>, std::unique_ptr<Graph>> graphs_;  // (batch, context) buckets
+  std::pair<int, int> last_graph_{-1, -1};                         // key of the last launch
 };
 
 }  // namespace tessera::runner
