@@ -4,6 +4,10 @@
 // cache sized → engine created. Used by tessera-worker and `tessera
 // generate`, so both start the same way.
 //
+// Tensor parallelism: with tensor_parallel_size N > 1 on the CPU the model
+// is split over N rank threads (worker/parallel/tensor_parallel_runner.h);
+// the model's shapes are checked against N before any weight is read.
+//
 // Simulation: with LocalEngineOptions::simulate set, no model is loaded. The
 // kernel backends are still selected (and the overrides validated) so the
 // report reads as on a real worker, but nothing is preflighted, since no
