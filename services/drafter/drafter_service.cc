@@ -87,7 +87,37 @@ grpc::Status DrafterService::Speculate(
   });
 
   absl::flat_hash_map<spec::SeqKey, int> max_tokens;  // open sequences
+  // Run-ahead (sources whose proposals stay in their state): after sending
+  // a proposal, the next one is drafted at once, assuming every token is
+  // accepted and the worker's bonus token is the draft's own next token.
+  // A commit of exactly those tokens is answered with it immediately.
+  struct Ahead {
+    int64_t commit_base = 0;
+    std::vector<spec::TokenId> expect;  // the sent proposal + the guessed bonus
+    spec::Draft proposal;
+  };
+  absl::flat_hash_map<spec::SeqKey, Ahead> ahead;
+  absl::flat_hash_map<spec::SeqKey, spec::Draft> ready;  // to send this round
+  const bool run_ahead = source.runs_ahead();
   std::vector<spec::SeqKey> changed;
+  int64_t proposals = 0, run_ahead_hits = 0;
+  auto write = [&](spec::SeqKey seq, const spec::Draft& d) {
+    DraftProposal p;
+    p.set_seq(seq);
+    p.set_base_len(d.base_len);
+    for (spec::TokenId t : d.tokens) p.add_tokens(t);
+    for (int32_t parent : d.parents) p.add_parents(parent);
+    for (const spec::DraftDistribution& q : d.q) {
+      tessera::v1::DraftDistribution* out = p.add_q();
+      for (spec::TokenId t : q.tokens) out->add_token_ids(t);
+      for (float prob : q.probs) out->add_probs(prob);
+    }
+    return stream->Write(p);
+  };
+  auto limit = [&](spec::SeqKey seq) {
+    auto it = max_tokens.find(seq);
+    return it == max_tokens.end() ? 0 : std::clamp(it->second, 0, options_.max_draft_tokens);
+  };
   grpc::Status result = grpc::Status::OK;
   while (true) {
     if (context->IsCancelled()) {
@@ -108,6 +138,8 @@ grpc::Status DrafterService::Speculate(
       switch (c.kind_case()) {
         case DraftControl::kOpen: {
           seq = c.open().seq();
+          ahead.erase(seq);
+          ready.erase(seq);
           source.Close(seq);  // a re-open replaces the sequence
           std::vector<spec::TokenId> tokens(c.open().prompt_ids().begin(),
                                             c.open().prompt_ids().end());
@@ -118,13 +150,27 @@ grpc::Status DrafterService::Speculate(
         case DraftControl::kCommit: {
           seq = c.commit().seq();
           std::vector<spec::TokenId> tokens(c.commit().tokens().begin(), c.commit().tokens().end());
-          s = source.Update(seq, c.commit().base_len(), tokens);
           if (c.commit().max_draft_tokens() > 0 && max_tokens.contains(seq)) {
             max_tokens[seq] = c.commit().max_draft_tokens();
           }
+          ready.erase(seq);
+          if (auto a = ahead.find(seq); a != ahead.end()) {
+            const bool hit =
+                a->second.commit_base == c.commit().base_len() && a->second.expect == tokens;
+            if (hit) {  // the source already holds these tokens and the next draft
+              ++run_ahead_hits;
+              ready[seq] = std::move(a->second.proposal);
+              ahead.erase(a);
+              continue;
+            }
+            ahead.erase(a);
+          }
+          s = source.Update(seq, c.commit().base_len(), tokens);
           break;
         }
         case DraftControl::kClose:
+          ahead.erase(c.close().seq());
+          ready.erase(c.close().seq());
           source.Close(c.close().seq());
           max_tokens.erase(c.close().seq());
           continue;
@@ -139,39 +185,57 @@ grpc::Status DrafterService::Speculate(
       }
       changed.push_back(seq);
     }
-    if (changed.empty()) continue;
+    if (changed.empty() && ready.empty()) continue;
     std::sort(changed.begin(), changed.end());
     changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
     std::vector<spec::DraftQuery> queries;
     for (spec::SeqKey seq : changed) {
-      auto it = max_tokens.find(seq);
-      if (it == max_tokens.end()) continue;
-      queries.push_back({seq, std::clamp(it->second, 0, options_.max_draft_tokens)});
+      if (max_tokens.contains(seq)) queries.push_back({seq, limit(seq)});
     }
     std::vector<spec::Draft> drafts = source.Propose(queries);
     if (options_.inject_delay > absl::ZeroDuration()) absl::SleepFor(options_.inject_delay);
     bool write_failed = false;
-    for (size_t i = 0; i < drafts.size(); ++i) {
-      if (drafts[i].tokens.empty()) continue;
-      DraftProposal p;
-      p.set_seq(queries[i].seq);
-      p.set_base_len(drafts[i].base_len);
-      for (spec::TokenId t : drafts[i].tokens) p.add_tokens(t);
-      for (int32_t parent : drafts[i].parents) p.add_parents(parent);
-      for (const spec::DraftDistribution& q : drafts[i].q) {
-        tessera::v1::DraftDistribution* out = p.add_q();
-        for (spec::TokenId t : q.tokens) out->add_token_ids(t);
-        for (float prob : q.probs) out->add_probs(prob);
-      }
-      if (!stream->Write(p)) {
+    std::vector<std::pair<spec::SeqKey, const spec::Draft*>> sent;
+    for (const auto& [seq, d] : ready) sent.push_back({seq, &d});
+    for (size_t i = 0; i < drafts.size(); ++i) sent.push_back({queries[i].seq, &drafts[i]});
+    for (const auto& [seq, d] : sent) {
+      if (d->tokens.empty()) continue;
+      if (!write(seq, *d)) {
         write_failed = true;
         break;
       }
+      ++proposals;
     }
+    if (run_ahead && !write_failed) {
+      // Draft the next proposal now: one guessed bonus token, then k more.
+      std::vector<spec::DraftQuery> next;
+      for (const auto& [seq, d] : sent) {
+        if (!d->tokens.empty()) next.push_back({seq, limit(seq) + 1});
+      }
+      std::vector<spec::Draft> more = source.Propose(next);
+      size_t j = 0;
+      for (const auto& [seq, d] : sent) {
+        if (d->tokens.empty()) continue;
+        spec::Draft& m = more[j++];
+        if (m.tokens.size() < 2) continue;
+        Ahead a;
+        a.commit_base = d->base_len;
+        a.expect = d->tokens;
+        a.expect.push_back(m.tokens[0]);
+        a.proposal.base_len = m.base_len + 1;
+        a.proposal.tokens.assign(m.tokens.begin() + 1, m.tokens.end());
+        if (!m.q.empty()) a.proposal.q.assign(m.q.begin() + 1, m.q.end());
+        ahead[seq] = std::move(a);
+      }
+    }
+    ready.clear();
     if (write_failed) break;
   }
   context->TryCancel();  // unblocks the reader
   reader.join();
+  LogInfo(
+      "speculation stream ended",
+      {{"source", source.name()}, {"proposals", proposals}, {"run_ahead_hits", run_ahead_hits}});
   return result;
 }
 

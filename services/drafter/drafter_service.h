@@ -6,11 +6,16 @@
 // shared through the factory). A reader thread queues the worker's
 // Open/Commit/Close messages; the handler thread applies everything queued,
 // then proposes for every sequence that changed, in one batched Propose, and
-// writes the proposals. Draft sources keep proposed tokens as if accepted
-// (run-ahead), so a Commit that agrees costs only its new tokens and one
-// that disagrees truncates to the common prefix. Commits that pile up while
-// a proposal is computed are folded into one Update, so no proposal is
-// computed for a prefix the worker has already passed.
+// writes the proposals. Commits that pile up while a proposal is computed
+// are folded into one Update, so no proposal is computed for a prefix the
+// worker has already passed.
+//
+// Run-ahead (sources that keep proposed tokens, i.e. the draft model):
+// right after sending a proposal the session drafts the next one as if
+// every token were accepted and the worker's bonus token were the draft's
+// own next token, while the worker verifies. A Commit of exactly those
+// tokens is answered at once with that proposal; any other Commit
+// truncates the source to the common prefix and drafts afresh.
 //
 // Errors in one sequence's messages (a base_len the drafter never had, an
 // unknown id) drop that sequence and never end the stream; the worker then

@@ -75,6 +75,9 @@ class DraftSource {
   // Tokens the source holds for `seq` (committed plus run-ahead); -1 when
   // unknown.
   virtual int64_t Length(SeqKey seq) const = 0;
+  // True when Propose keeps the proposed tokens (the next Propose continues
+  // after them); false when proposals leave the sequence unchanged.
+  virtual bool runs_ahead() const { return false; }
 };
 
 // Options of the model-free sources.

@@ -25,6 +25,7 @@ class ModelSource final : public DraftSource {
   ~ModelSource() override { runner_.reset(); }
 
   std::string name() const override { return "model"; }
+  bool runs_ahead() const override { return true; }
 
   absl::Status Open(SeqKey seq, absl::Span<const TokenId> tokens,
                     const sampling::SamplingParams& params) override {
