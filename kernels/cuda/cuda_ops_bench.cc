@@ -132,6 +132,7 @@ void Run() {
         if (use_gemv && m <= kGemvMaxRows) {
           GemvWorkspace probe;  // the split count the context's workspace gives
           probe.num_sms = prop.multiProcessorCount;
+          BENCH_CHECK(GemvResidentCtasPerSm(&probe.ctas_per_sm));
           probe.partials = reinterpret_cast<float*>(16);
           probe.partial_capacity = kGemvPartialFloats;
           probe.counters = reinterpret_cast<uint32_t*>(16);
@@ -143,6 +144,39 @@ void Run() {
     }
   }
   gemm->SetUseGemv(true);
+
+  // ---- GEMV split sweep (m = 1): data for the split rule ----
+  {
+    DeviceBuffer partials = Filled(kGemvPartialFloats * sizeof(float), 0);
+    DeviceBuffer counters = Filled(kGemvCounters * sizeof(uint32_t), 0);
+    GemvWorkspace gws;
+    gws.partials = partials.as<float>();
+    gws.partial_capacity = kGemvPartialFloats;
+    gws.counters = counters.as<uint32_t>();
+    gws.counter_capacity = kGemvCounters;
+    gws.num_sms = prop.multiProcessorCount;
+    BENCH_CHECK(GemvResidentCtasPerSm(&gws.ctas_per_sm));
+    for (const NK& sh : shapes) {
+      if (sh.n > 8192) continue;
+      const size_t w_bytes = static_cast<size_t>(sh.n * sh.k * 2);
+      const int copies = static_cast<int>(((256u << 20) + w_bytes - 1) / w_bytes);
+      std::vector<DeviceBuffer> ws;
+      for (int c = 0; c < copies; ++c) ws.push_back(Filled(w_bytes, 0x3b));
+      for (int splits : {1, 2, 3, 4, 6, 8}) {
+        const double sec = TimeIt(s, [&](int i) {
+          return GemvBf16(x.as<Bf16>(), 1, sh.k, ws[i % copies].as<Bf16>(), sh.n, nullptr,
+                          y.as<Bf16>(), gws, s, splits);
+        });
+        const double bytes = static_cast<double>(w_bytes) + 2.0 * sh.k + 2.0 * sh.n;
+        entries.push_back(absl::StrCat(
+            "{\"op\": \"gemv_split_sweep\", \"shape\": \"", sh.name, "\", \"m\": 1, \"n\": ",
+            sh.n, ", \"k\": ", sh.k, ", \"splits\": ", GemvSplits(1, sh.n, sh.k, gws, splits),
+            ", \"auto_splits\": ", GemvSplits(1, sh.n, sh.k, gws), ", \"ctas_per_sm\": ",
+            gws.ctas_per_sm, ", \"us\": ", sec * 1e6, ", \"fraction_of_hbm\": ",
+            bytes / sec / kHbmBytesPerSecond, "}"));
+      }
+    }
+  }
   y = DeviceBuffer();
 
   // ---- rmsnorm / fused add rmsnorm / silu_mul ----

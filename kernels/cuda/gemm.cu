@@ -294,6 +294,7 @@ absl::StatusOr<std::unique_ptr<GemmContext>> GemmContext::Create() {
   TESSERA_CUDA_RETURN_IF_ERROR(
       cudaMalloc(&impl->gemv.partials, kGemvPartialFloats * sizeof(float)));
   impl->gemv.partial_capacity = kGemvPartialFloats;
+  if (absl::Status st = GemvResidentCtasPerSm(&impl->gemv.ctas_per_sm); !st.ok()) return st;
   TESSERA_CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->gemv.counters, kGemvCounters * sizeof(uint32_t)));
   impl->gemv.counter_capacity = kGemvCounters;
   TESSERA_CUDA_RETURN_IF_ERROR(cudaMemset(impl->gemv.counters, 0, kGemvCounters * sizeof(uint32_t)));

@@ -205,9 +205,11 @@ SplitPlan PlanSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, i
   if (force_splits > 0) {
     splits = force_splits;
   } else {
-    // About 4 CTAs (16 warps, 64 KiB of loads in flight) per SM.
-    const int64_t target = 4 * static_cast<int64_t>(ws.num_sms > 0 ? ws.num_sms : 132);
-    if (tiles < target) splits = (target + tiles - 1) / tiles;
+    // Fill the resident slots in one wave: a second, partial wave of equal
+    // CTAs would run the tail at a fraction of the bandwidth.
+    const int64_t slots = static_cast<int64_t>(ws.num_sms > 0 ? ws.num_sms : 132) *
+                          (ws.ctas_per_sm > 0 ? ws.ctas_per_sm : 4);
+    if (tiles < slots) splits = std::max<int64_t>(1, slots / tiles);
   }
   splits = std::min<int64_t>({splits, total_steps, 65535});
   if (splits > 1) {
@@ -260,6 +262,12 @@ absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t 
 }
 
 }  // namespace
+
+absl::Status GemvResidentCtasPerSm(int* ctas) {
+  TESSERA_CUDA_RETURN_IF_ERROR(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, GemvKernel<false>, kThreads, 0));
+  return absl::OkStatus();
+}
 
 bool GemvApplicable(const Bf16* x, int64_t m, int64_t k, const Bf16* w) {
   return m >= 1 && m <= kGemvMaxRows && k > 0 && k % 8 == 0 && x != nullptr && w != nullptr &&

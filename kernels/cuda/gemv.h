@@ -36,8 +36,13 @@ struct GemvWorkspace {
   int64_t partial_capacity = 0;
   uint32_t* counters = nullptr;  // counter_capacity entries
   int64_t counter_capacity = 0;
-  int num_sms = 0;  // the device's SM count (sizes the splits)
+  int num_sms = 0;      // the device's SM count (sizes the splits)
+  int ctas_per_sm = 0;  // resident GEMV CTAs per SM (GemvResidentCtasPerSm); 0: 4
 };
+
+// CTAs of the GEMV kernel one SM holds at once (the occupancy calculator's
+// answer for the current device), or an error from the runtime.
+absl::Status GemvResidentCtasPerSm(int* ctas);
 
 // Bytes of partials and counters GemmContext reserves for the GEMV.
 inline constexpr int64_t kGemvPartialFloats = 1 << 20;  // 4 MiB
@@ -47,6 +52,9 @@ inline constexpr int64_t kGemvCounters = 1 << 14;
 bool GemvApplicable(const Bf16* x, int64_t m, int64_t k, const Bf16* w);
 
 // Number of k splits the kernel uses for the shape (1: no workspace use).
+// Rule: with S = num_sms * ctas_per_sm resident slots and T = ceil(n / 16)
+// row tiles, T >= S runs unsplit; otherwise floor(S / T) splits (one wave
+// of CTAs, each a whole number of 512-value iterations of k).
 // `force_splits` > 0 asks for that many (capped by the k steps and the
 // workspace); tests use it to exercise the split path on small shapes.
 int GemvSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, int force_splits = 0);

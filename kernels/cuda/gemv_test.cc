@@ -57,6 +57,7 @@ struct TestWorkspace {
     ws.counters = counters.as<uint32_t>();
     ws.counter_capacity = kGemvCounters;
     ws.num_sms = 132;
+    ws.ctas_per_sm = 4;
   }
   bool CountersZero() {
     const std::vector<uint32_t> c = Download<uint32_t>(counters, kGemvCounters);
@@ -202,9 +203,12 @@ TEST(CudaGemvTest, SplitPlanFillsTheGpuAndRespectsTheWorkspace) {
   ws.counters = fake_counters.data();
   ws.partial_capacity = kGemvPartialFloats;
   ws.counter_capacity = kGemvCounters;
-  EXPECT_GT(GemvSplits(1, 4096, 4096, ws), 1);
-  EXPECT_GT(GemvSplits(1, 6144, 4096, ws), 1);
-  EXPECT_GT(GemvSplits(1, 4096, 14336, ws), 1);
+  ws.ctas_per_sm = 5;  // 660 slots
+  EXPECT_EQ(GemvSplits(1, 4096, 4096, ws), 2);   // 256 tiles
+  EXPECT_EQ(GemvSplits(1, 6144, 4096, ws), 1);   // 384 tiles: no whole second split
+  EXPECT_EQ(GemvSplits(1, 4096, 14336, ws), 2);
+  EXPECT_EQ(GemvSplits(1, 1024, 4096, ws), 8);   // 64 tiles, 128 steps: 8 x 16
+  EXPECT_EQ(GemvSplits(1, 1024, 1024, ws), 2);   // 32 steps: whole iterations only
   EXPECT_EQ(GemvSplits(1, 28672, 4096, ws), 1);  // 1792 tiles fill 132 SMs
   EXPECT_EQ(GemvSplits(1, 128256, 4096, ws), 1);
   EXPECT_EQ(GemvSplits(8, 16, 32, ws), 1);  // a single k step cannot split
@@ -219,7 +223,7 @@ TEST(CudaGemvTest, RepeatableAndGraphReplayGivesTheSameBytes) {
   absl::StatusOr<Stream> stream = Stream::Create();
   ASSERT_TRUE(stream.ok()) << stream.status();
   CudaStream s = stream->get();
-  Problem p(1, 4096, 4096, /*bias=*/true, /*f32=*/false);  // split-K on any GPU with > 64 SMs
+  Problem p(1, 4096, 4096, /*bias=*/true, /*f32=*/false);  // split-K on an H200 (132 SMs)
   ASSERT_TRUE(RunContext(p, **ctx, s).ok());
   ASSERT_TRUE(Synchronize(s).ok());
   const std::vector<uint8_t> first = p.OutputBytes();
