@@ -118,13 +118,23 @@ void AddCudaCandidates(Registry* registry) {
                                     }});
         break;
       case Op::kAllReduce:
+        (void)registry->Add(Candidate{
+            S(kNcclBackend), op,
+            [](const DeviceDescription& d) -> std::optional<std::string> {
+              if (auto reason = CommonWhyNot(d)) return reason;
+              if (d.tensor_parallel_size < 2) return std::string("one rank: nothing to reduce");
+              return std::nullopt;
+            },
+            [](const DeviceDescription& d) {
+              return absl::StrCat("NCCL all-reduce over ", d.tensor_parallel_size, " GPUs");
+            }});
         s = registry->Add(Candidate{
             S(kSingleRankBackend), op,
             [](const DeviceDescription& d) -> std::optional<std::string> {
               if (auto reason = CommonWhyNot(d)) return reason;
               if (d.tensor_parallel_size > 1) {
                 return absl::StrCat("a tensor-parallel group of ", d.tensor_parallel_size,
-                                    " ranks needs a real collective");
+                                    " ranks needs a real collective (nccl)");
               }
               return std::nullopt;
             },

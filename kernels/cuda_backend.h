@@ -6,7 +6,8 @@
 // Candidates (ahead of the CPU ones):
 //   gemm                      cublas   cuBLASLt bf16 GEMM, fp32 accumulate
 //   every other op            cuda     Tessera's portable CUDA kernels (SM 8.0+)
-//   all_reduce                single_rank  a tensor-parallel group of one rank
+//   all_reduce                nccl     NCCL between the GPUs of a tensor-parallel group
+//                             single_rank  a group of one rank (nothing to reduce)
 //
 // A candidate runs on a device only when: the device is a CUDA device; this
 // binary was built with CUDA; the arch is at least SM 8.0; the driver can run
@@ -32,6 +33,7 @@ namespace tessera::kernels {
 inline constexpr std::string_view kCudaBackend = "cuda";
 inline constexpr std::string_view kCublasBackend = "cublas";
 inline constexpr std::string_view kSingleRankBackend = "single_rank";
+inline constexpr std::string_view kNcclBackend = "nccl";
 
 // Adds the CUDA candidates (see above) to `registry`.
 void AddCudaCandidates(Registry* registry);

@@ -1,8 +1,11 @@
 #include "kernels/cuda_devices.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #if TESSERA_HAVE_CUDA
 #include "kernels/cuda/device_query.h"
 #endif
@@ -82,6 +85,54 @@ absl::StatusOr<DeviceDescription> ResolveDevice(std::string_view selector) {
   }
   return absl::NotFoundError(
       absl::StrCat("--device=", std::string(selector), ": no such GPU; ", visible));
+}
+
+absl::StatusOr<std::vector<DeviceDescription>> ResolveDevices(std::string_view selector, int n) {
+  if (n < 1) return absl::InvalidArgumentError("a tensor-parallel group needs at least 1 rank");
+  std::vector<DeviceDescription> out;
+  if (selector == "cpu" || n == 1) {
+    absl::StatusOr<DeviceDescription> d = ResolveDevice(selector);
+    if (!d.ok()) return d.status();
+    d->tensor_parallel_size = n;
+    out.assign(n, *d);
+    return out;
+  }
+  if (selector == "cuda") {
+    DetectedCudaDevices found = DetectCudaDevices();
+    std::sort(found.devices.begin(), found.devices.end(),
+              [](const DeviceDescription& a, const DeviceDescription& b) {
+                return NormalizeBusId(a.gpu->pci_bus_id) < NormalizeBusId(b.gpu->pci_bus_id);
+              });
+    if (static_cast<int>(found.devices.size()) < n) {
+      std::vector<std::string> listed;
+      for (const DeviceDescription& d : found.devices) listed.push_back(d.Summary());
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tensor_parallel_size=", n, " needs ", n, " GPUs; ", found.devices.size(),
+          " visible", listed.empty() ? "" : absl::StrCat(": ", absl::StrJoin(listed, "; ")),
+          found.note.empty() ? "" : absl::StrCat(" (", found.note, ")")));
+    }
+    found.devices.resize(n);
+    for (DeviceDescription& d : found.devices) d.tensor_parallel_size = n;
+    return found.devices;
+  }
+  if (selector.substr(0, 5) != "cuda:") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device=", std::string(selector), ": expected cpu, cuda or cuda:<bus id>,<bus id>,..."));
+  }
+  const std::vector<std::string> ids =
+      absl::StrSplit(std::string(selector.substr(5)), ',', absl::SkipEmpty());
+  if (static_cast<int>(ids.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("--device=", std::string(selector), " names ",
+                                                   ids.size(), " GPUs but --tensor_parallel_size=",
+                                                   n));
+  }
+  for (const std::string& id : ids) {
+    absl::StatusOr<DeviceDescription> d = ResolveDevice(absl::StrCat("cuda:", id));
+    if (!d.ok()) return d.status();
+    d->tensor_parallel_size = n;
+    out.push_back(*d);
+  }
+  return out;
 }
 
 }  // namespace tessera::kernels

@@ -34,4 +34,11 @@ DetectedCudaDevices DetectCudaDevices();
 // NOT_FOUND (listing the visible devices) when no device matches.
 absl::StatusOr<DeviceDescription> ResolveDevice(std::string_view selector);
 
+// The devices of a tensor-parallel group of `n` ranks, rank r on element r:
+// "cuda" takes the first n visible GPUs in PCI bus id order (an error when
+// fewer are visible); "cuda:<id>,<id>,..." names exactly n by bus id. Every
+// description has tensor_parallel_size = n. "cpu" (CPU ranks) gives the
+// host CPU n times.
+absl::StatusOr<std::vector<DeviceDescription>> ResolveDevices(std::string_view selector, int n);
+
 }  // namespace tessera::kernels

@@ -189,8 +189,16 @@ TEST(CudaSelectionTest, TensorParallelGroupNeedsARealCollective) {
   DeviceDescription gpu = FakeGpu({9, 0}, Build(kDefaultArchs));
   gpu.tensor_parallel_size = 2;
   absl::StatusOr<SelectionReport> report = BuiltinRegistry().SelectAll(gpu);
-  ASSERT_FALSE(report.ok());
-  EXPECT_THAT(report.status().message(), HasSubstr("group of 2 ranks needs a real collective"));
+  ASSERT_TRUE(report.ok()) << report.status();
+  const Selection* all_reduce = report->Find(Op::kAllReduce);
+  EXPECT_EQ(all_reduce->chosen, "nccl");
+  EXPECT_THAT(all_reduce->why, HasSubstr("NCCL all-reduce over 2 GPUs"));
+  // One rank: nothing to reduce, and NCCL says so.
+  gpu.tensor_parallel_size = 1;
+  report = BuiltinRegistry().SelectAll(gpu);
+  ASSERT_TRUE(report.ok());
+  EXPECT_EQ(report->Find(Op::kAllReduce)->chosen, "single_rank");
+  EXPECT_EQ(report->Find(Op::kAllReduce)->rejected[0].reason, "one rank: nothing to reduce");
 }
 
 // Arch-specific kernels: a registry like the built-in one with an sm_100a-only

@@ -76,8 +76,8 @@ int main(int argc, char** argv) {
   } else if (lo.model_dir.empty()) {
     return ts::StartupError(absl::InvalidArgumentError("--model is required (a model directory)"));
   }
-  // CPU ranks are threads of this process (worker/parallel); CUDA devices
-  // take 1 in this build (BuildLocalEngine says so).
+  // Ranks are threads of this process (worker/parallel): CPU ranks share the
+  // host; CUDA ranks take one GPU each, meeting through NCCL.
   lo.tensor_parallel_size = absl::GetFlag(FLAGS_tensor_parallel_size);
   if (lo.tensor_parallel_size < 1) {
     return ts::StartupError(absl::InvalidArgumentError(

@@ -20,6 +20,7 @@
 #include "kernels/cuda_devices.h"
 #if TESSERA_HAVE_CUDA
 #include "worker/runner/cuda_model_runner.h"
+#include "worker/parallel/cuda_tensor_parallel_runner.h"
 #include "worker/runner/cuda_preflight.h"
 #endif
 
@@ -124,20 +125,14 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineO
     return absl::InvalidArgumentError(
         absl::StrCat("--tensor_parallel_size=", tp, ": must be >= 1"));
   }
-  if (tp > 1 && absl::StartsWith(o.device, "cuda")) {
-    return absl::UnimplementedError(absl::StrCat(
-        "--tensor_parallel_size=", tp, " with --device=", o.device,
-        ": tensor parallelism on CUDA devices is not in this build yet; use "
-        "--tensor_parallel_size=1, or --device=cpu for CPU ranks"));
-  }
   if (tp > 1 && o.simulate) {
     return absl::InvalidArgumentError(
         "--simulate loads no model to shard; use it with --tensor_parallel_size=1");
   }
-  auto device = kernels::ResolveDevice(o.device);
-  if (!device.ok()) return device.status();
-  local->device = *device;
-  local->device.tensor_parallel_size = tp;
+  // One device per rank (CPU ranks share the host CPU).
+  auto devices = kernels::ResolveDevices(o.device, tp);
+  if (!devices.ok()) return devices.status();
+  local->device = devices->front();
   for (const auto& [flag, value] : o.backends) {
     if (auto s = kernels::ValidateBackendOverride(flag, value); !s.ok()) return s;
   }
@@ -156,7 +151,9 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineO
   std::unique_ptr<runner::ModelRunner> model_runner;
   if (cuda) {
 #if TESSERA_HAVE_CUDA
-    if (auto s = runner::PreflightCudaKernels(local->device, *report); !s.ok()) return s;
+    for (const kernels::DeviceDescription& d : *devices) {
+      if (auto s = runner::PreflightCudaKernels(d, *report); !s.ok()) return s;
+    }
     auto model = model::LoadModel(o.model_dir);
     if (!model.ok()) return model.status();
     local->model = std::move(*model);
@@ -168,10 +165,18 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineO
     // Room for speculative tokens on top of the scheduler's token budget.
     ro.max_num_tokens = o.max_num_batched_tokens + 8 * o.max_num_seqs;
     ro.cuda_graphs = o.cuda_graphs;
-    auto runner = runner::CudaModelRunner::Create(local->model.get(), local->device, ro);
-    if (!runner.ok()) return runner.status();
-    local->kv_cache_blocks = (*runner)->num_kv_blocks();
-    model_runner = std::move(*runner);
+    if (tp > 1) {
+      auto runner = parallel::CudaTensorParallelRunner::Create(
+          local->model.get(), local->model->config, *devices, ro);
+      if (!runner.ok()) return runner.status();
+      local->kv_cache_blocks = (*runner)->num_kv_blocks();
+      model_runner = std::move(*runner);
+    } else {
+      auto runner = runner::CudaModelRunner::Create(local->model.get(), local->device, ro);
+      if (!runner.ok()) return runner.status();
+      local->kv_cache_blocks = (*runner)->num_kv_blocks();
+      model_runner = std::move(*runner);
+    }
 #else
     return absl::FailedPreconditionError("this binary was built without the CUDA backend");
 #endif

@@ -13,11 +13,13 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kv_cache_write.h"
 #include "kernels/cuda/logits.h"
+#include "kernels/cuda/nccl_group.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/silu_mul.h"
+#include "kernels/cuda/top_one.h"
 #include "worker/model/rope.h"
 
 namespace tessera::runner {
@@ -62,6 +64,41 @@ absl::StatusOr<std::vector<Bf16>> ToBf16(const model::TensorView& t) {
   return out;
 }
 
+// Rows [start, start + n) of a 2-D tensor (a view into the same bytes).
+model::TensorView RowSlice(const model::TensorView& t, int64_t start, int64_t n) {
+  model::TensorView v = t;
+  const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
+  const size_t elem = t.size_bytes / static_cast<size_t>(std::max<int64_t>(1, t.num_elements()));
+  v.data = t.data + static_cast<size_t>(start * cols) * elem;
+  v.shape[0] = n;
+  v.size_bytes = static_cast<size_t>(n * cols) * elem;
+  return v;
+}
+
+// Columns [start, start + n) of a 2-D tensor, as bf16 (strided copy).
+absl::StatusOr<std::vector<Bf16>> ColumnSliceBf16(const model::TensorView& t, int64_t start,
+                                                  int64_t n) {
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  std::vector<Bf16> out(static_cast<size_t>(rows * n));
+  for (int64_t r = 0; r < rows; ++r) {
+    absl::StatusOr<std::vector<Bf16>> row = ToBf16(RowSlice(t, r, 1));
+    if (!row.ok()) return row.status();
+    std::memcpy(out.data() + r * n, row->data() + start, static_cast<size_t>(n) * sizeof(Bf16));
+  }
+  (void)cols;
+  return out;
+}
+
+// A 1-D tensor's elements [start, start + n).
+model::TensorView VectorSlice(const model::TensorView& t, int64_t start, int64_t n) {
+  model::TensorView v = t;
+  const size_t elem = t.size_bytes / static_cast<size_t>(std::max<int64_t>(1, t.num_elements()));
+  v.data = t.data + static_cast<size_t>(start) * elem;
+  v.shape[0] = n;
+  v.size_bytes = static_cast<size_t>(n) * elem;
+  return v;
+}
+
 }  // namespace
 
 struct CudaModelRunner::Graph {
@@ -75,6 +112,11 @@ struct CudaModelRunner::Impl {
     DeviceBuffer input_norm, post_norm, q_norm, k_norm;
   };
   int ordinal = 0;
+  // This rank's sizes (the whole model without a shard).
+  int64_t heads = 0, kv_heads = 0, inter = 0, vocab = 0, vocab_start = 0;
+  bool add_row_bias = true;
+  int rank = 0;
+  kcu::NcclGroup* nccl = nullptr;  // null: one rank
   kcu::Stream stream;
   std::unique_ptr<kcu::GemmContext> gemm;
   DeviceBuffer embed, lm_head_own, final_norm, inv_freq;
@@ -91,7 +133,7 @@ struct CudaModelRunner::Impl {
   int64_t table_stride = 0;  // block-table stride of the staged batch
 
   // Activations.
-  DeviceBuffer residual, xb, qkv, attn, delta, gate_up, act, rows, logits, argmax;
+  DeviceBuffer residual, xb, qkv, attn, delta, gate_up, act, rows, logits, argmax, top_values;
   DeviceBuffer attn_workspace;
   int64_t max_logits_rows = 0;
 
@@ -123,6 +165,19 @@ absl::Status CudaModelRunner::Init(const kernels::DeviceDescription& device) {
         config_.head_dim, " (run it with --device=cpu)"));
   }
   impl_->ordinal = device.ordinal;
+  Impl& m = *impl_;
+  const parallel::ShardPlan plan = options_.shard ? *options_.shard : parallel::FullPlan(config_);
+  if (plan.sharded() && options_.nccl == nullptr) {
+    return absl::InvalidArgumentError("a sharded CUDA runner needs an NCCL group");
+  }
+  m.heads = plan.q_heads.size;
+  m.kv_heads = plan.kv_heads.size;
+  m.inter = plan.intermediate.size;
+  m.vocab = plan.vocab.size;
+  m.vocab_start = plan.vocab.start;
+  m.add_row_bias = plan.add_row_bias;
+  m.rank = plan.rank;
+  m.nccl = plan.sharded() ? options_.nccl : nullptr;
   RETURN_IF_ERROR(kcu::SetDevice(device.ordinal));
   absl::StatusOr<kcu::Stream> stream = kcu::Stream::Create();
   if (!stream.ok()) return stream.status();
@@ -173,11 +228,16 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     return absl::OkStatus();
   };
 
-  RETURN_IF_ERROR(upload_bf16({&w.embed_tokens}, &m.embed, "embed_tokens"));
+  const parallel::ShardPlan plan =
+      r->options_.shard ? *r->options_.shard : parallel::FullPlan(r->config_);
+  const int64_t D = r->config_.head_dim;
+  const model::TensorView embed = RowSlice(w.embed_tokens, plan.vocab.start, plan.vocab.size);
+  RETURN_IF_ERROR(upload_bf16({&embed}, &m.embed, "embed_tokens"));
   if (w.lm_head_tied) {
     m.lm_head = m.embed.as<Bf16>();
   } else {
-    RETURN_IF_ERROR(upload_bf16({&w.lm_head}, &m.lm_head_own, "lm_head"));
+    const model::TensorView head = RowSlice(w.lm_head, plan.vocab.start, plan.vocab.size);
+    RETURN_IF_ERROR(upload_bf16({&head}, &m.lm_head_own, "lm_head"));
     m.lm_head = m.lm_head_own.as<Bf16>();
   }
   RETURN_IF_ERROR(upload_f32({&w.norm}, &m.final_norm, "norm"));
@@ -189,26 +249,60 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
                                     inv_freq->size() * sizeof(float)));
   m.inv_freq = std::move(*freq);
 
+  // A column slice uploaded as bf16 (row-parallel o_proj / down_proj).
+  auto upload_columns = [&](const model::TensorView& t, parallel::Range cols, DeviceBuffer* out,
+                            std::string_view what) -> absl::Status {
+    absl::StatusOr<std::vector<Bf16>> host = ColumnSliceBf16(t, cols.start, cols.size);
+    if (!host.ok()) return host.status();
+    absl::StatusOr<DeviceBuffer> buf = Alloc(host->size() * sizeof(Bf16), what);
+    if (!buf.ok()) return buf.status();
+    RETURN_IF_ERROR(kcu::CopyToDevice(buf->data(), host->data(), host->size() * sizeof(Bf16)));
+    r->weight_bytes_ += static_cast<int64_t>(host->size() * sizeof(Bf16));
+    *out = std::move(*buf);
+    return absl::OkStatus();
+  };
+  const parallel::Range q_rows{plan.q_heads.start * D, plan.q_heads.size * D};
+  const parallel::Range kv_rows{plan.kv_heads.start * D, plan.kv_heads.size * D};
   for (int64_t i = 0; i < r->config_.num_hidden_layers; ++i) {
     const model::LayerWeights& lw = w.layers[i];
     Impl::Layer& l = m.layers[i];
     const std::string name = absl::StrCat("layer ", i);
-    RETURN_IF_ERROR(upload_bf16({&lw.q_proj, &lw.k_proj, &lw.v_proj}, &l.qkv_w, name));
-    RETURN_IF_ERROR(upload_bf16({&lw.o_proj}, &l.o_w, name));
-    RETURN_IF_ERROR(upload_bf16({&lw.gate_proj, &lw.up_proj}, &l.gate_up_w, name));
-    RETURN_IF_ERROR(upload_bf16({&lw.down_proj}, &l.down_w, name));
+    const model::TensorView q = RowSlice(lw.q_proj, q_rows.start, q_rows.size);
+    const model::TensorView k = RowSlice(lw.k_proj, kv_rows.start, kv_rows.size);
+    const model::TensorView v = RowSlice(lw.v_proj, kv_rows.start, kv_rows.size);
+    RETURN_IF_ERROR(upload_bf16({&q, &k, &v}, &l.qkv_w, name));
+    if (plan.sharded()) {
+      RETURN_IF_ERROR(upload_columns(lw.o_proj, q_rows, &l.o_w, name));
+    } else {
+      RETURN_IF_ERROR(upload_bf16({&lw.o_proj}, &l.o_w, name));
+    }
+    const model::TensorView gate = RowSlice(lw.gate_proj, plan.intermediate.start, plan.intermediate.size);
+    const model::TensorView up = RowSlice(lw.up_proj, plan.intermediate.start, plan.intermediate.size);
+    RETURN_IF_ERROR(upload_bf16({&gate, &up}, &l.gate_up_w, name));
+    if (plan.sharded()) {
+      RETURN_IF_ERROR(upload_columns(lw.down_proj, plan.intermediate, &l.down_w, name));
+    } else {
+      RETURN_IF_ERROR(upload_bf16({&lw.down_proj}, &l.down_w, name));
+    }
     RETURN_IF_ERROR(upload_f32({&lw.input_layernorm}, &l.input_norm, name));
     RETURN_IF_ERROR(upload_f32({&lw.post_attention_layernorm}, &l.post_norm, name));
     if (lw.q_norm) RETURN_IF_ERROR(upload_f32({&*lw.q_norm}, &l.q_norm, name));
     if (lw.k_norm) RETURN_IF_ERROR(upload_f32({&*lw.k_norm}, &l.k_norm, name));
     if (lw.q_bias) {
-      RETURN_IF_ERROR(upload_f32({&*lw.q_bias, &*lw.k_bias, &*lw.v_bias}, &l.qkv_b, name));
+      const model::TensorView qb = VectorSlice(*lw.q_bias, q_rows.start, q_rows.size);
+      const model::TensorView kb = VectorSlice(*lw.k_bias, kv_rows.start, kv_rows.size);
+      const model::TensorView vb = VectorSlice(*lw.v_bias, kv_rows.start, kv_rows.size);
+      RETURN_IF_ERROR(upload_f32({&qb, &kb, &vb}, &l.qkv_b, name));
     }
-    if (lw.o_bias) RETURN_IF_ERROR(upload_f32({&*lw.o_bias}, &l.o_b, name));
+    if (lw.o_bias && plan.add_row_bias) RETURN_IF_ERROR(upload_f32({&*lw.o_bias}, &l.o_b, name));
     if (lw.gate_bias) {
-      RETURN_IF_ERROR(upload_f32({&*lw.gate_bias, &*lw.up_bias}, &l.gate_up_b, name));
+      const model::TensorView gb = VectorSlice(*lw.gate_bias, plan.intermediate.start, plan.intermediate.size);
+      const model::TensorView ub = VectorSlice(*lw.up_bias, plan.intermediate.start, plan.intermediate.size);
+      RETURN_IF_ERROR(upload_f32({&gb, &ub}, &l.gate_up_b, name));
     }
-    if (lw.down_bias) RETURN_IF_ERROR(upload_f32({&*lw.down_bias}, &l.down_b, name));
+    if (lw.down_bias && plan.add_row_bias) {
+      RETURN_IF_ERROR(upload_f32({&*lw.down_bias}, &l.down_b, name));
+    }
   }
   RETURN_IF_ERROR(r->AllocateCacheAndWorkspace());
   return r;
@@ -238,12 +332,13 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::CreateWithRand
     *out = std::move(*buf);
     return absl::OkStatus();
   };
-  const int64_t H = c.hidden_size, Q = c.q_size(), K = c.kv_size(), I = c.intermediate_size;
-  RETURN_IF_ERROR(random(c.vocab_size * H, &m.embed, "embed_tokens"));
+  const int64_t H = c.hidden_size, Q = m.heads * c.head_dim, K = m.kv_heads * c.head_dim,
+                I = m.inter;
+  RETURN_IF_ERROR(random(m.vocab * H, &m.embed, "embed_tokens"));
   if (c.tie_word_embeddings) {
     m.lm_head = m.embed.as<Bf16>();
   } else {
-    RETURN_IF_ERROR(random(c.vocab_size * H, &m.lm_head_own, "lm_head"));
+    RETURN_IF_ERROR(random(m.vocab * H, &m.lm_head_own, "lm_head"));
     m.lm_head = m.lm_head_own.as<Bf16>();
   }
   RETURN_IF_ERROR(ones(H, &m.final_norm));
@@ -275,7 +370,8 @@ absl::Status CudaModelRunner::AllocateCacheAndWorkspace() {
   Impl& m = *impl_;
   const model::ModelConfig& c = config_;
   const int64_t T = options_.max_num_tokens, S = options_.max_num_seqs;
-  const int64_t H = c.hidden_size, Q = c.q_size(), K = c.kv_size(), I = c.intermediate_size;
+  const int64_t H = c.hidden_size, Q = m.heads * c.head_dim, K = m.kv_heads * c.head_dim,
+                I = m.inter;
   m.max_blocks_per_seq = (c.max_position_embeddings + options_.block_size - 1) / options_.block_size;
   // Rows that want logits: one per sequence, more with speculative tokens.
   m.max_logits_rows = std::min<int64_t>(T, std::max<int64_t>(256, 8 * S));
@@ -314,8 +410,9 @@ absl::Status CudaModelRunner::AllocateCacheAndWorkspace() {
       {&m.gate_up, T * 2 * I * sizeof(Bf16), "gate_up"},
       {&m.act, T * I * sizeof(Bf16), "mlp activations"},
       {&m.rows, m.max_logits_rows * H * sizeof(Bf16), "logits rows"},
-      {&m.logits, m.max_logits_rows * c.vocab_size * sizeof(float), "logits"},
+      {&m.logits, m.max_logits_rows * m.vocab * sizeof(float), "logits"},
       {&m.argmax, m.max_logits_rows * sizeof(int32_t), "argmax"},
+      {&m.top_values, m.max_logits_rows * sizeof(float), "argmax values"},
   };
   for (const Want& want : wants) {
     absl::StatusOr<DeviceBuffer> b = Alloc(want.bytes, want.what);
@@ -325,7 +422,7 @@ absl::Status CudaModelRunner::AllocateCacheAndWorkspace() {
   // Decode workspace for the largest graph bucket at a moderate context;
   // Execute() grows it (dropping captured graphs) when a step needs more.
   const size_t ws = kcu::PagedAttentionDecodeWorkspaceBytes(
-      static_cast<int>(S), static_cast<int>(c.num_attention_heads), static_cast<int>(c.head_dim),
+      static_cast<int>(S), static_cast<int>(m.heads), static_cast<int>(c.head_dim),
       static_cast<int>(std::min<int64_t>(c.max_position_embeddings, 8192)));
   absl::StatusOr<DeviceBuffer> wsb = Alloc(std::max<size_t>(ws, 256), "attention workspace");
   if (!wsb.ok()) return wsb.status();
@@ -479,6 +576,11 @@ absl::Status CudaModelRunner::Stage(const ForwardBatch& b, int64_t padded_tokens
   int32_t* qsl = reinterpret_cast<int32_t*>(base + m.off_qsl);
   int32_t* seq_lens = reinterpret_cast<int32_t*>(base + m.off_seq_lens);
   int32_t* logits_idx = reinterpret_cast<int32_t*>(base + m.off_logits_idx);
+  if (m.vocab_start != 0) {
+    // Vocabulary-parallel embedding: ids outside this rank's slice become
+    // out-of-range rows, which the kernel writes as zeros.
+    for (int t = 0; t < n; ++t) tokens[t] -= static_cast<int32_t>(m.vocab_start);
+  }
   for (int64_t t = n; t < padded_tokens; ++t) {
     tokens[t] = 0;
     positions[t] = 0;
@@ -502,10 +604,15 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
   Impl& m = *impl_;
   const model::ModelConfig& c = config_;
   kcu::CudaStream st = m.stream.get();
-  const int64_t H = c.hidden_size, Q = c.q_size(), K = c.kv_size(), I = c.intermediate_size;
-  const int64_t QKV = Q + 2 * K, D = c.head_dim, V = c.vocab_size;
-  const int heads = static_cast<int>(c.num_attention_heads);
-  const int kv_heads = static_cast<int>(c.num_key_value_heads);
+  const int64_t D = c.head_dim, H = c.hidden_size, Q = m.heads * D, K = m.kv_heads * D;
+  const int64_t I = m.inter, QKV = Q + 2 * K, V = m.vocab;
+  const int heads = static_cast<int>(m.heads);
+  const int kv_heads = static_cast<int>(m.kv_heads);
+  // Sum of the ranks' partial results, in place (no-op on one rank).
+  auto all_reduce = [&](void* data, int64_t count, kcu::NcclGroup::DType dtype) {
+    return m.nccl == nullptr ? absl::OkStatus()
+                             : m.nccl->AllReduceSum(m.rank, data, count, dtype, st);
+  };
   const float eps = static_cast<float>(c.rms_norm_eps);
   const int64_t slots = num_kv_blocks_ * options_.block_size;
   const int64_t layer_elems = slots * K;
@@ -517,6 +624,7 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
   float* residual = m.residual.as<float>();
   RETURN_IF_ERROR(kcu::Embedding(m.embed.as<Bf16>(), V, H, m.MetaPtr<int32_t>(m.off_tokens), T,
                                  residual, st));
+  RETURN_IF_ERROR(all_reduce(residual, T * H, kcu::NcclGroup::DType::kF32));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const Impl::Layer& l = m.layers[i];
     if (i == 0) {
@@ -557,6 +665,7 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
     p.workspace_bytes = m.attn_workspace.size();
     RETURN_IF_ERROR(decode ? kcu::PagedAttentionDecode(p, st) : kcu::PagedAttentionPrefill(p, st));
     RETURN_IF_ERROR(m.gemm->Gemm(m.attn.as<Bf16>(), T, Q, l.o_w.as<Bf16>(), H, f32(l.o_b), delta, st));
+    RETURN_IF_ERROR(all_reduce(delta, T * H, kcu::NcclGroup::DType::kBf16));
     RETURN_IF_ERROR(
         kcu::FusedAddRmsNorm(delta, residual, T, H, l.post_norm.as<float>(), eps, xb, st));
     RETURN_IF_ERROR(m.gemm->Gemm(xb, T, H, l.gate_up_w.as<Bf16>(), 2 * I, f32(l.gate_up_b),
@@ -564,6 +673,7 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
     RETURN_IF_ERROR(kcu::SiluMul(m.gate_up.as<Bf16>(), T, I, m.act.as<Bf16>(), st));
     RETURN_IF_ERROR(
         m.gemm->Gemm(m.act.as<Bf16>(), T, I, l.down_w.as<Bf16>(), H, f32(l.down_b), delta, st));
+    RETURN_IF_ERROR(all_reduce(delta, T * H, kcu::NcclGroup::DType::kBf16));
   }
   RETURN_IF_ERROR(kcu::FusedAddRmsNorm(delta, residual, T, H, m.final_norm.as<float>(), eps, xb, st));
   if (num_logits == 0) return absl::OkStatus();
@@ -607,8 +717,7 @@ absl::Status CudaModelRunner::Execute(const ForwardBatch& batch, int64_t* num_lo
   const int ws_ctx = graph_ok ? ctx_bucket : max_seq_len;
   if (decode) {
     const size_t need = kcu::PagedAttentionDecodeWorkspaceBytes(
-        ws_seqs, static_cast<int>(config_.num_attention_heads), static_cast<int>(config_.head_dim),
-        ws_ctx);
+        ws_seqs, static_cast<int>(m.heads), static_cast<int>(config_.head_dim), ws_ctx);
     if (need > m.attn_workspace.size()) {
       // Captured graphs hold the old pointer.
       RETURN_IF_ERROR(kcu::Synchronize(m.stream.get()));
@@ -675,7 +784,7 @@ absl::Status CudaModelRunner::Forward(const ForwardBatch& batch, std::vector<flo
   int64_t rows = 0;
   RETURN_IF_ERROR(Execute(batch, &rows));
   const int64_t r = static_cast<int64_t>(batch.logits_indices.size());
-  logits->resize(static_cast<size_t>(r * config_.vocab_size));
+  logits->resize(static_cast<size_t>(r * impl_->vocab));
   if (r > 0) {
     RETURN_IF_ERROR(kcu::CopyToHost(logits->data(), impl_->logits.data(),
                                     logits->size() * sizeof(float), impl_->stream.get()));
@@ -685,6 +794,9 @@ absl::Status CudaModelRunner::Forward(const ForwardBatch& batch, std::vector<flo
 
 absl::Status CudaModelRunner::ForwardGreedy(const ForwardBatch& batch,
                                             std::vector<int32_t>* tokens) {
+  if (impl_->nccl != nullptr) {
+    return absl::FailedPreconditionError("ForwardGreedy needs the whole vocabulary on one rank");
+  }
   int64_t rows = 0;
   RETURN_IF_ERROR(Execute(batch, &rows));
   const int64_t r = static_cast<int64_t>(batch.logits_indices.size());
@@ -696,6 +808,26 @@ absl::Status CudaModelRunner::ForwardGreedy(const ForwardBatch& batch,
                                     impl_->stream.get()));
   }
   return kcu::Synchronize(impl_->stream.get());
+}
+
+absl::Status CudaModelRunner::ForwardTopOne(const ForwardBatch& batch, std::vector<int32_t>* ids,
+                                            std::vector<float>* values) {
+  int64_t rows = 0;
+  RETURN_IF_ERROR(Execute(batch, &rows));
+  Impl& m = *impl_;
+  const int64_t r = static_cast<int64_t>(batch.logits_indices.size());
+  ids->resize(static_cast<size_t>(r));
+  values->resize(static_cast<size_t>(r));
+  if (r > 0) {
+    RETURN_IF_ERROR(kcu::TopOneRows(m.logits.as<float>(), r, m.vocab, m.vocab_start,
+                                    m.argmax.as<int32_t>(), m.top_values.as<float>(),
+                                    m.stream.get()));
+    RETURN_IF_ERROR(kcu::CopyToHost(ids->data(), m.argmax.data(), r * sizeof(int32_t),
+                                    m.stream.get()));
+    RETURN_IF_ERROR(kcu::CopyToHost(values->data(), m.top_values.data(), r * sizeof(float),
+                                    m.stream.get()));
+  }
+  return kcu::Synchronize(m.stream.get());
 }
 
 }  // namespace tessera::runner

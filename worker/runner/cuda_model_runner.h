@@ -17,6 +17,10 @@
 // (batch-size bucket, context-length bucket): inputs are copied into
 // fixed buffers, padded rows write no KV (slot -1) and are ignored.
 //
+// With a shard (CudaRunnerOptions::shard) the runner is one tensor-parallel
+// rank (Megatron-style, as worker/parallel/README.md describes for CPU
+// ranks), meeting the other ranks through NCCL all-reduces.
+//
 // Weights are copied to the device once (fp32/fp16 checkpoints converted to
 // bf16; q/k/v and gate/up fused). The KV cache takes `num_kv_blocks`, or,
 // when 0, `gpu_memory_fraction` of the memory left after weights and
@@ -33,10 +37,17 @@
 #include <utility>
 #include <vector>
 
+#include <optional>
+
 #include "absl/status/statusor.h"
 #include "kernels/device.h"
+#include "worker/parallel/shard_plan.h"
 #include "worker/model/weights.h"
 #include "worker/runner/model_runner.h"
+
+namespace tessera::kernels::cuda {
+class NcclGroup;
+}
 
 namespace tessera::runner {
 
@@ -48,6 +59,15 @@ struct CudaRunnerOptions {
   int max_num_seqs = 256;            // sequences per Forward
   bool cuda_graphs = true;           // decode steps as CUDA graphs
   int max_graph_batch = 128;         // decode batches above this run eagerly
+  // Tensor parallelism: this runner is rank shard->rank of a group
+  // (worker/parallel/shard_plan.h). It holds that rank's slices (q/KV heads,
+  // intermediate rows, vocabulary rows), all-reduces through `nccl` after the
+  // embedding, o_proj and down_proj, and Forward() returns the logits of its
+  // vocabulary slice only ([rows, shard->vocab.size]); the caller
+  // (worker/parallel/cuda_tensor_parallel_runner.h) assembles them. Every
+  // rank must run the same batches in lockstep.
+  std::optional<parallel::ShardPlan> shard;
+  kernels::cuda::NcclGroup* nccl = nullptr;
 };
 
 class CudaModelRunner final : public ModelRunner {
@@ -74,8 +94,13 @@ class CudaModelRunner final : public ModelRunner {
   absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
 
   // Forward, then the argmax of each logits row on the device; only the
-  // token ids come back to the host.
+  // token ids come back to the host. One rank (no shard) only.
   absl::Status ForwardGreedy(const ForwardBatch& batch, std::vector<int32_t>* tokens);
+
+  // Forward, then each logits row's maximum over this runner's vocabulary
+  // (its slice when sharded) and the token id holding it (ties: lowest id).
+  absl::Status ForwardTopOne(const ForwardBatch& batch, std::vector<int32_t>* ids,
+                             std::vector<float>* values);
 
   // Bytes of weights on the device.
   int64_t weight_bytes() const { return weight_bytes_; }

@@ -1,0 +1,217 @@
+// gpu_tp_bench: tensor-parallel decode on the GPUs of one host — Llama-3-8B
+// shapes, random bf16 weights — at TP=1 and TP=2 (and more when the host has
+// the GPUs) in one run, with the cost of the all-reduces.
+//
+// Per TP size and batch: B prompts of --prompt_len random tokens prefilled,
+// then --decode_steps greedy steps (CUDA graphs; the ranks' argmax combined on
+// the host). Reported: decode tok/s, speedup over TP=1, and the NCCL
+// all-reduce of one decode step's activation (hidden x batch bf16) timed
+// alone, eager and inside a CUDA graph, times the all-reduces per step
+// (2 per layer + 1 for the embedding).
+// Usage: gpu_tp_bench [--tp_sizes=1,2] [--batch_sizes=1,64] [--out=f.json]
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/synchronization/barrier.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/nccl_group.h"
+#include "kernels/cuda_devices.h"
+#include "nlohmann/json.hpp"
+#include "worker/model/config.h"
+#include "worker/parallel/cuda_tensor_parallel_runner.h"
+
+ABSL_FLAG(std::vector<std::string>, tp_sizes, std::vector<std::string>({"1", "2"}), "TP sizes");
+ABSL_FLAG(std::vector<std::string>, batch_sizes, std::vector<std::string>({"1", "64"}),
+          "decode batch sizes");
+ABSL_FLAG(int, prompt_len, 128, "prompt tokens per sequence");
+ABSL_FLAG(int, decode_steps, 64, "decode steps timed");
+ABSL_FLAG(std::string, out, "", "write the JSON here too");
+
+namespace tessera {
+namespace {
+
+namespace kcu = ::tessera::kernels::cuda;
+
+constexpr char kLlama3_8B[] = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+  "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+  "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+  "bos_token_id": 128000, "eos_token_id": 128001
+})";
+
+#define CHECK_OR_DIE(expr)                                                  \
+  do {                                                                      \
+    absl::Status s_ = (expr);                                               \
+    if (!s_.ok()) {                                                         \
+      std::fprintf(stderr, "%s: %s\n", #expr, s_.ToString().c_str());       \
+      std::exit(1);                                                         \
+    }                                                                       \
+  } while (0)
+
+// Microseconds per all-reduce of `count` bf16 values over the devices:
+// {eager, in a CUDA graph}.
+std::pair<double, double> TimeAllReduce(const std::vector<kernels::DeviceDescription>& devices,
+                                        int64_t count) {
+  const int n = static_cast<int>(devices.size());
+  std::vector<int> ordinals;
+  for (const auto& d : devices) ordinals.push_back(d.ordinal);
+  auto group = kcu::NcclGroup::Create(ordinals);
+  CHECK_OR_DIE(group.status());
+  constexpr int kEager = 500, kPerGraph = 64, kGraphs = 20;
+  double eager_us = 0, graph_us = 0;
+  absl::Barrier* start = new absl::Barrier(n);
+  absl::Barrier* mid = new absl::Barrier(n);
+  absl::Barrier* end = new absl::Barrier(n);
+  auto rank_fn = [&](int r) {
+    CHECK_OR_DIE(kcu::SetDevice(ordinals[r]));
+    auto stream = kcu::Stream::Create();
+    CHECK_OR_DIE(stream.status());
+    auto buf = kcu::DeviceBuffer::Allocate(count * 2);
+    CHECK_OR_DIE(buf.status());
+    CHECK_OR_DIE(kcu::MemsetDevice(buf->data(), 0, count * 2));
+    for (int i = 0; i < 20; ++i) {  // warm-up (connection set-up)
+      CHECK_OR_DIE((*group)->AllReduceSum(r, buf->data(), count, kcu::NcclGroup::DType::kBf16,
+                                          stream->get()));
+    }
+    CHECK_OR_DIE(kcu::Synchronize(stream->get()));
+    kcu::CudaGraph graph;
+    CHECK_OR_DIE(graph.BeginCapture(stream->get()));
+    for (int i = 0; i < kPerGraph; ++i) {
+      CHECK_OR_DIE((*group)->AllReduceSum(r, buf->data(), count, kcu::NcclGroup::DType::kBf16,
+                                          stream->get()));
+    }
+    CHECK_OR_DIE(graph.EndCapture());
+    if (start->Block()) delete start;
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kEager; ++i) {
+      CHECK_OR_DIE((*group)->AllReduceSum(r, buf->data(), count, kcu::NcclGroup::DType::kBf16,
+                                          stream->get()));
+    }
+    CHECK_OR_DIE(kcu::Synchronize(stream->get()));
+    auto t1 = std::chrono::steady_clock::now();
+    if (mid->Block()) delete mid;
+    auto t2 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kGraphs; ++i) CHECK_OR_DIE(graph.Launch(stream->get()));
+    CHECK_OR_DIE(kcu::Synchronize(stream->get()));
+    auto t3 = std::chrono::steady_clock::now();
+    if (r == 0) {
+      eager_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / kEager;
+      graph_us = std::chrono::duration<double, std::micro>(t3 - t2).count() / (kGraphs * kPerGraph);
+    }
+    if (end->Block()) delete end;
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back(rank_fn, r);
+  for (auto& t : threads) t.join();
+  return {eager_us, graph_us};
+}
+
+int Run() {
+  auto config = model::ParseModelConfig(kLlama3_8B, "llama3_8b");
+  CHECK_OR_DIE(config.status());
+  kernels::DetectedCudaDevices found = kernels::DetectCudaDevices();
+  const int prompt_len = absl::GetFlag(FLAGS_prompt_len);
+  const int steps = absl::GetFlag(FLAGS_decode_steps);
+  std::vector<int> batches;
+  for (const auto& b : absl::GetFlag(FLAGS_batch_sizes)) batches.push_back(std::stoi(b));
+  int max_batch = 1;
+  for (int b : batches) max_batch = std::max(max_batch, b);
+  const int block = 16;
+  const int blocks_per_seq = (prompt_len + steps + 1 + block - 1) / block;
+  nlohmann::json results = nlohmann::json::array();
+  std::map<int, double> tp1;  // batch -> tok/s at TP=1
+  for (const auto& tp_text : absl::GetFlag(FLAGS_tp_sizes)) {
+    const int tp = std::stoi(tp_text);
+    if (tp > static_cast<int>(found.devices.size())) {
+      std::fprintf(stderr, "TP=%d skipped: %zu GPUs visible\n", tp, found.devices.size());
+      continue;
+    }
+    std::vector<kernels::DeviceDescription> devices(found.devices.begin(),
+                                                    found.devices.begin() + tp);
+    runner::CudaRunnerOptions o;
+    o.block_size = block;
+    o.num_kv_blocks = int64_t{max_batch} * blocks_per_seq + 16;
+    o.max_num_seqs = max_batch;
+    o.max_num_tokens = std::max(max_batch * prompt_len, 256);
+    auto runner = parallel::CudaTensorParallelRunner::Create(nullptr, *config, devices, o, 99);
+    CHECK_OR_DIE(runner.status());
+    std::mt19937 rng(5);
+    for (int batch : batches) {
+      runner::ForwardBatch prefill;
+      prefill.block_table_stride = blocks_per_seq;
+      std::vector<std::vector<int32_t>> tables(batch);
+      for (int s = 0; s < batch; ++s) {
+        for (int j = 0; j < blocks_per_seq; ++j) tables[s].push_back(s * blocks_per_seq + j);
+        std::vector<int32_t> prompt(prompt_len);
+        for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % config->vocab_size);
+        prefill.AddSequence(prompt, 0, tables[s], block, true);
+      }
+      std::vector<int32_t> next;
+      CHECK_OR_DIE((*runner)->ForwardGreedy(prefill, &next));
+      auto step = [&](int pos) {
+        runner::ForwardBatch d;
+        d.block_table_stride = blocks_per_seq;
+        for (int s = 0; s < batch; ++s) d.AddSequence({next[s]}, pos, tables[s], block, true);
+        CHECK_OR_DIE((*runner)->ForwardGreedy(d, &next));
+      };
+      const std::vector<int32_t> first = next;
+      for (int pos : {prompt_len + steps, prompt_len}) {  // capture both context buckets
+        next = first;
+        step(pos);
+      }
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 1; i <= steps; ++i) step(prompt_len + i);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double tps = batch * steps / s;
+      if (tp == 1) tp1[batch] = tps;
+      const auto [eager_us, graph_us] =
+          tp > 1 ? TimeAllReduce(devices, int64_t{batch} * config->hidden_size)
+                 : std::pair<double, double>{0, 0};
+      const int reduces_per_step = 2 * static_cast<int>(config->num_hidden_layers) + 1;
+      nlohmann::json r = {
+          {"tp", tp},
+          {"batch", batch},
+          {"decode_ms_per_step", 1e3 * s / steps},
+          {"decode_tokens_per_second", tps},
+          {"speedup_vs_tp1", tp1.count(batch) ? tps / tp1[batch] : 0.0},
+          {"all_reduce_bytes", int64_t{batch} * config->hidden_size * 2},
+          {"all_reduce_us_eager", eager_us},
+          {"all_reduce_us_in_graph", graph_us},
+          {"all_reduces_per_step", tp > 1 ? reduces_per_step : 0},
+          {"all_reduce_ms_per_step_in_graph", tp > 1 ? reduces_per_step * graph_us / 1e3 : 0.0},
+      };
+      std::fprintf(stderr, "%s\n", r.dump().c_str());
+      results.push_back(r);
+    }
+  }
+  nlohmann::json out = {{"benchmark", "gpu_tp_bench"},
+                        {"model", "Llama-3-8B shapes, random bf16 weights"},
+                        {"nccl", kcu::NcclGroup::Version()},
+                        {"gpus", found.devices.size()},
+                        {"device", found.devices.empty() ? "" : found.devices[0].Summary()},
+                        {"prompt_len", prompt_len},
+                        {"decode_steps", steps},
+                        {"results", results}};
+  std::printf("%s\n", out.dump(2).c_str());
+  if (!absl::GetFlag(FLAGS_out).empty()) std::ofstream(absl::GetFlag(FLAGS_out)) << out.dump(2);
+  return 0;
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return tessera::Run();
+}

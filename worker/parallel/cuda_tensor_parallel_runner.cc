@@ -1,0 +1,167 @@
+#include "worker/parallel/cuda_tensor_parallel_runner.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/nccl_group.h"
+
+namespace tessera::parallel {
+
+absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunner::Create(
+    const model::LoadedModel* model, const model::ModelConfig& config,
+    const std::vector<kernels::DeviceDescription>& devices, runner::CudaRunnerOptions options,
+    uint64_t random_seed) {
+  const int n = static_cast<int>(devices.size());
+  if (auto s = CheckTensorParallel(config, n); !s.ok()) return s;
+  std::vector<int> ordinals;
+  for (const kernels::DeviceDescription& d : devices) {
+    if (d.kind != kernels::DeviceKind::kCuda) {
+      return absl::InvalidArgumentError("every tensor-parallel rank needs a CUDA device");
+    }
+    if (std::find(ordinals.begin(), ordinals.end(), d.ordinal) != ordinals.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device ", d.Summary(), " is named twice; each rank needs its own GPU"));
+    }
+    ordinals.push_back(d.ordinal);
+  }
+  std::unique_ptr<CudaTensorParallelRunner> tp(new CudaTensorParallelRunner());
+  if (n > 1) {
+    auto nccl = kernels::cuda::NcclGroup::Create(ordinals);
+    if (!nccl.ok()) return nccl.status();
+    tp->nccl_ = std::move(*nccl);
+  }
+  for (int r = 0; r < n; ++r) {
+    auto plan = PlanShard(config, r, n);
+    if (!plan.ok()) return plan.status();
+    runner::CudaRunnerOptions ro = options;
+    ro.shard = *plan;
+    ro.nccl = tp->nccl_.get();
+    auto rank = model != nullptr
+                    ? runner::CudaModelRunner::Create(model, devices[r], ro)
+                    : runner::CudaModelRunner::CreateWithRandomWeights(config, devices[r], ro,
+                                                                       random_seed + 7919 * r);
+    if (!rank.ok()) {
+      return absl::Status(rank.status().code(),
+                          absl::StrCat(plan->ToString(), " on ", devices[r].Summary(), ": ",
+                                       rank.status().message()));
+    }
+    tp->ranks_.push_back(std::move(*rank));
+    tp->plans_.push_back(*plan);
+  }
+  tp->local_logits_.resize(n);
+  {
+    absl::MutexLock lock(&tp->mu_);
+    tp->status_.assign(n, absl::OkStatus());
+  }
+  for (int r = 1; r < n; ++r) tp->threads_.emplace_back([p = tp.get(), r] { p->RankLoop(r); });
+  return tp;
+}
+
+CudaTensorParallelRunner::~CudaTensorParallelRunner() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    cv_.SignalAll();
+  }
+  for (std::thread& t : threads_) t.join();
+  ranks_.clear();  // before the communicators go
+}
+
+int64_t CudaTensorParallelRunner::num_kv_blocks() const {
+  int64_t blocks = ranks_[0]->num_kv_blocks();
+  for (const auto& r : ranks_) blocks = std::min(blocks, r->num_kv_blocks());
+  return blocks;
+}
+
+absl::Status CudaTensorParallelRunner::RunRank(int r, const runner::ForwardBatch& batch) {
+  if (greedy_) return ranks_[r]->ForwardTopOne(batch, &top_ids_[r], &top_values_[r]);
+  std::vector<float>& local = local_logits_[r];
+  if (absl::Status s = ranks_[r]->Forward(batch, &local); !s.ok()) return s;
+  // Scatter this rank's vocabulary columns into the shared result (ranks
+  // write disjoint columns).
+  const int64_t rows = static_cast<int64_t>(batch.logits_indices.size());
+  const int64_t vocab = config().vocab_size;
+  const Range cols = plans_[r].vocab;
+  for (int64_t i = 0; i < rows; ++i) {
+    std::memcpy(out_->data() + i * vocab + cols.start, local.data() + i * cols.size,
+                static_cast<size_t>(cols.size) * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+void CudaTensorParallelRunner::RankLoop(int rank) {
+  int64_t seen = 0;
+  for (;;) {
+    const runner::ForwardBatch* batch;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!stop_ && step_ == seen) cv_.Wait(&mu_);
+      if (stop_) return;
+      seen = step_;
+      batch = batch_;
+    }
+    absl::Status s = RunRank(rank, *batch);
+    absl::MutexLock lock(&mu_);
+    status_[rank] = std::move(s);
+    if (--pending_ == 0) cv_.SignalAll();
+  }
+}
+
+absl::Status CudaTensorParallelRunner::Forward(const runner::ForwardBatch& batch,
+                                               std::vector<float>* logits) {
+  logits->assign(batch.logits_indices.size() * static_cast<size_t>(config().vocab_size), 0.0f);
+  out_ = logits;
+  greedy_ = false;
+  absl::Status s = RunAll(batch);
+  out_ = nullptr;
+  return s;
+}
+
+absl::Status CudaTensorParallelRunner::ForwardGreedy(const runner::ForwardBatch& batch,
+                                                     std::vector<int32_t>* tokens) {
+  greedy_ = true;
+  top_ids_.resize(size());
+  top_values_.resize(size());
+  absl::Status s = RunAll(batch);
+  greedy_ = false;
+  if (!s.ok()) return s;
+  const size_t rows = batch.logits_indices.size();
+  tokens->assign(rows, -1);
+  for (size_t i = 0; i < rows; ++i) {
+    float best = 0;
+    for (int r = 0; r < size(); ++r) {
+      const int32_t id = top_ids_[r][i];
+      if (id < 0) continue;
+      if ((*tokens)[i] < 0 || top_values_[r][i] > best) {  // ranks in id order: ties keep the lower
+        best = top_values_[r][i];
+        (*tokens)[i] = id;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaTensorParallelRunner::RunAll(const runner::ForwardBatch& batch) {
+  {
+    absl::MutexLock lock(&mu_);
+    batch_ = &batch;
+    pending_ = size() - 1;
+    ++step_;
+    cv_.SignalAll();
+  }
+  absl::Status s = RunRank(0, batch);
+  absl::MutexLock lock(&mu_);
+  while (pending_ > 0) cv_.Wait(&mu_);
+  batch_ = nullptr;
+  if (!s.ok()) return s;
+  for (int r = 1; r < size(); ++r) {
+    if (!status_[r].ok()) {
+      return absl::Status(status_[r].code(), absl::StrCat("rank ", r, ": ", status_[r].message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tessera::parallel

@@ -1,0 +1,86 @@
+// CudaTensorParallelRunner: one model as N tensor-parallel shards on N GPUs
+// of this host, one thread per rank, in lockstep (the CUDA counterpart of
+// TensorParallelRunner; the shard plan is the same, worker/parallel/README.md).
+//
+// Each rank is a CudaModelRunner holding its ShardPlan's slices on its own
+// device and stream; the ranks meet in NCCL all-reduces (an NcclGroup made
+// with ncclCommInitAll over the devices) after the embedding, every o_proj
+// and every down_proj, inside the ranks' CUDA graphs for decode steps. The
+// LM head is vocabulary-parallel: each rank copies its slice of the logits
+// to the host, into its columns of the result.
+//
+// Thread-safety: as ModelRunner (one engine loop owns it); rank threads are
+// internal and live as long as the runner.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/device.h"
+#include "worker/model/weights.h"
+#include "worker/runner/cuda_model_runner.h"
+#include "worker/runner/model_runner.h"
+
+namespace tessera::kernels::cuda {
+class NcclGroup;
+}
+
+namespace tessera::parallel {
+
+class CudaTensorParallelRunner final : public runner::ModelRunner {
+ public:
+  // `devices`: one CUDA device per rank (rank r on devices[r]). With
+  // `model` null, random weights for `config` (benchmarks); else `model`
+  // must outlive the runner. `options.shard`/`nccl` are set per rank.
+  static absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> Create(
+      const model::LoadedModel* model, const model::ModelConfig& config,
+      const std::vector<kernels::DeviceDescription>& devices, runner::CudaRunnerOptions options,
+      uint64_t random_seed = 0);
+  ~CudaTensorParallelRunner() override;
+
+  const model::ModelConfig& config() const override { return ranks_[0]->config(); }
+  int block_size() const override { return ranks_[0]->block_size(); }
+  int64_t num_kv_blocks() const override;
+  absl::Status Forward(const runner::ForwardBatch& batch, std::vector<float>* logits) override;
+
+  // Greedy tokens of the logits rows without moving logits to the host:
+  // each rank finds its slice's best (value, id), the host keeps the
+  // largest (ties: the lower id).
+  absl::Status ForwardGreedy(const runner::ForwardBatch& batch, std::vector<int32_t>* tokens);
+
+  int size() const { return static_cast<int>(ranks_.size()); }
+  const runner::CudaModelRunner& rank(int r) const { return *ranks_[r]; }
+
+ private:
+  CudaTensorParallelRunner() = default;
+  void RankLoop(int rank);
+  // Runs rank `r` on the current batch and scatters its logits slice.
+  absl::Status RunRank(int r, const runner::ForwardBatch& batch);
+  // Hands the batch to every rank and waits for all.
+  absl::Status RunAll(const runner::ForwardBatch& batch);
+
+  std::unique_ptr<kernels::cuda::NcclGroup> nccl_;
+  std::vector<std::unique_ptr<runner::CudaModelRunner>> ranks_;
+  std::vector<ShardPlan> plans_;
+  std::vector<std::vector<float>> local_logits_;  // per rank
+  std::vector<float>* out_ = nullptr;             // the step's result (logits mode)
+  bool greedy_ = false;                           // this step: ForwardGreedy
+  std::vector<std::vector<int32_t>> top_ids_;     // per rank (greedy mode)
+  std::vector<std::vector<float>> top_values_;
+  std::vector<std::thread> threads_;              // ranks 1..N-1
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  const runner::ForwardBatch* batch_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::vector<absl::Status> status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera::parallel

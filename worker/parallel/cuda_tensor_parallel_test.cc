@@ -1,0 +1,108 @@
+// Tensor parallelism on CUDA ranks (skipped without two GPUs): TP=2 over
+// NCCL reproduces TP=1's logits within the bf16 tolerance and transformers'
+// greedy continuations of the trained model pair, eager and with CUDA
+// graphs; and a rank per GPU is enforced.
+//
+// Tolerance: as worker/runner/cuda_model_runner_test.cc — logits max error
+// <= 0.04 x max(1, max |reference|) against TP=1; greedy tokens compared up
+// to the first fixture step whose top-1/top-2 margin is below 0.25.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/reference_ops.h"
+#include "kernels/cuda_devices.h"
+#include "nlohmann/json.hpp"
+#include "worker/parallel/cuda_tensor_parallel_runner.h"
+
+namespace tessera::parallel {
+namespace {
+
+std::string SourcePath(const std::string& rel) {
+  const char* src = std::getenv("TESSERA_SOURCE_DIR");
+  return absl::StrCat(src ? src : ".", "/", rel);
+}
+
+runner::CudaRunnerOptions Options(bool graphs) {
+  runner::CudaRunnerOptions o;
+  o.num_kv_blocks = 64;
+  o.max_num_tokens = 512;
+  o.max_num_seqs = 8;
+  o.cuda_graphs = graphs;
+  return o;
+}
+
+TEST(CudaTensorParallelTest, TwoRanksMatchOneRankAndTransformers) {
+  kernels::DetectedCudaDevices found = kernels::DetectCudaDevices();
+  if (found.devices.size() < 2) GTEST_SKIP() << "needs two CUDA devices; " << found.devices.size();
+  auto model = model::LoadModel(SourcePath("models/target"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::ifstream in(SourcePath("models/fixtures/target_expected.json"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const nlohmann::json expected = nlohmann::json::parse(ss.str());
+  const int64_t vocab = (*model)->config.vocab_size;
+  for (bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "graphs" : "eager");
+    auto one = CudaTensorParallelRunner::Create(model->get(), (*model)->config,
+                                                {found.devices[0]}, Options(graphs));
+    ASSERT_TRUE(one.ok()) << one.status();
+    auto two = CudaTensorParallelRunner::Create(model->get(), (*model)->config,
+                                                {found.devices[0], found.devices[1]},
+                                                Options(graphs));
+    ASSERT_TRUE(two.ok()) << two.status();
+    std::vector<int32_t> blocks(16);
+    std::iota(blocks.begin(), blocks.end(), 0);
+    size_t compared = 0;
+    for (const nlohmann::json& c : expected["cases"]) {
+      const std::vector<int32_t> prompt = c["prompt_ids"].get<std::vector<int32_t>>();
+      runner::ForwardBatch batch;
+      batch.block_table_stride = 16;
+      batch.AddSequence(prompt, 0, blocks, 16, true);
+      std::vector<float> a, b;
+      ASSERT_TRUE((*one)->Forward(batch, &a).ok());
+      ASSERT_TRUE((*two)->Forward(batch, &b).ok());
+      ASSERT_EQ(a.size(), b.size());
+      float scale = 1, err = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        scale = std::max(scale, std::abs(a[i]));
+        err = std::max(err, std::abs(a[i] - b[i]));
+      }
+      EXPECT_LE(err, 0.04f * scale) << "TP=2 vs TP=1 max abs error " << err;
+      const std::vector<int32_t> want = c["greedy_ids"].get<std::vector<int32_t>>();
+      const std::vector<float> margins = c["greedy_top2_margins"].get<std::vector<float>>();
+      int32_t pos = static_cast<int32_t>(prompt.size());
+      for (size_t step = 0; step < want.size() && margins[step] >= 0.25f; ++step) {
+        int32_t next = 0;
+        kernels::cpu::reference::Argmax(b.data(), 1, vocab, &next);
+        ASSERT_EQ(next, want[step]) << "step " << step;
+        ++compared;
+        runner::ForwardBatch d;
+        d.block_table_stride = 16;
+        d.AddSequence({want[step]}, pos++, blocks, 16, true);
+        ASSERT_TRUE((*two)->Forward(d, &b).ok());
+      }
+    }
+    EXPECT_GE(compared, 3u);
+  }
+}
+
+TEST(CudaTensorParallelTest, EachRankNeedsItsOwnGpu) {
+  kernels::DetectedCudaDevices found = kernels::DetectCudaDevices();
+  if (found.devices.empty()) GTEST_SKIP() << "no CUDA device: " << found.note;
+  auto model = model::LoadModel(SourcePath("models/draft"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto tp = CudaTensorParallelRunner::Create(model->get(), (*model)->config,
+                                             {found.devices[0], found.devices[0]}, Options(false));
+  ASSERT_FALSE(tp.ok());
+  EXPECT_EQ(tp.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(tp.status().message().find("named twice"), absl::string_view::npos) << tp.status();
+}
+
+}  // namespace
+}  // namespace tessera::parallel
