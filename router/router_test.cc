@@ -501,5 +501,81 @@ TEST_F(RouterTest, ConcurrentRoutingFeedingAndReconciling) {
   for (const WorkerReport& w : r.Report()) EXPECT_EQ(w.status.in_flight, 0) << w.status.id;
 }
 
+// Feeders storing and removing blocks while requests are routed to the same
+// workers (whose predictions change the same index tables): once the feeders
+// stop on a known state, the index holds exactly that state.
+TEST_F(RouterTest, IndexEndsInTheFeedersStateAfterConcurrentChurn) {
+  RouterOptions o = Options();
+  o.registry.load_staleness = absl::InfiniteDuration();
+  o.index.apply_chunk = 3;  // many lock holds per report
+  Router r(o, SystemClock::Get());
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    ids.push_back("w" + std::to_string(i));
+    AddWorker(r, ids.back());
+  }
+  const std::vector<TokenId> shared = Tokens(256, 1);
+  std::atomic<int> routed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 1000; ++i) {
+        std::vector<TokenId> prompt = Concat(shared, Tokens(48, 100000 * (t + 1) + 64 * i));
+        RouteRequest req;
+        req.token_ids = prompt;
+        absl::StatusOr<RouteDecision> d = r.RouteAndAssign(req);
+        if (!d.ok()) continue;
+        routed.fetch_add(1);
+        r.OnFinished(*d);
+      }
+    });
+  }
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      const std::string id = ids[w];
+      uint64_t seq = 1;
+      StoredEvent e = CacheOf(shared, HashScheme{16, 0});
+      std::vector<BlockEvent> stored = {e.View()};
+      BlockEvent rm_event = e.View();
+      rm_event.kind = BlockEvent::Kind::kRemoved;
+      std::vector<BlockEvent> removed = {rm_event};
+      // Store, remove, ..., store: every worker ends holding the prefix once.
+      for (int i = 0; i <= 600; ++i) {
+        LoadReportView v;
+        v.sequence = ++seq;
+        v.events = i % 2 == 0 ? absl::MakeConstSpan(stored) : absl::MakeConstSpan(removed);
+        ASSERT_TRUE(r.ApplyLoadReport(id, v).ok());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(routed.load(), 2000);
+  for (const WorkerReport& w : r.Report()) {
+    EXPECT_EQ(w.status.in_flight, 0) << w.status.id;
+    EXPECT_EQ(w.index.mode, IndexMode::kExact) << w.status.id;
+    EXPECT_EQ(w.index.exact_blocks, 16) << w.status.id;
+  }
+  // Every worker matches the whole prefix (up to its last block, which the
+  // worker recomputes) and nothing beyond it.
+  absl::StatusOr<RouteDecision> d = r.Route(Request(shared));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->cached_tokens, 240);
+  for (const std::string& id : ids) {
+    const std::vector<std::string> others = [&] {
+      std::vector<std::string> v;
+      for (const std::string& x : ids) {
+        if (x != id) v.push_back(x);
+      }
+      return v;
+    }();
+    RouteRequest req = Request(shared);
+    req.exclude = others;
+    absl::StatusOr<RouteDecision> one = r.Route(req);
+    ASSERT_TRUE(one.ok()) << one.status();
+    EXPECT_EQ(one->worker_id, id);
+    EXPECT_EQ(one->cached_tokens, 240) << id;
+  }
+}
+
 }  // namespace
 }  // namespace tessera::router

@@ -93,14 +93,14 @@ ln -s "$(abs "$TESSERA_ROUTER")" "$bin_dir/tessera-router"
 ln -s "$(abs "$TESSERA_WORKER")" "$bin_dir/tessera-worker"
 ln -s "$(abs "$TESSERA_DRAFTER")" "$bin_dir/tessera-drafter"
 
-# Starts a cluster: run_dir workers sim kv_blocks policy. Sets $up_pid,
-# $router and $metrics_port.
+# Starts a cluster: run_dir workers sim kv_blocks max_num_seqs policy. Sets
+# $up_pid, $router and $metrics_port.
 start_cluster() {
-  local run=$1 workers=$2 sim=$3 kv=$4 policy=$5
+  local run=$1 workers=$2 sim=$3 kv=$4 seqs=$5 policy=$6
   mkdir -p "$run"
   : >"$run/up.out"
   "$TESSERA" up --bin_dir="$bin_dir" --workers="$workers" --up_simulate="$sim" --run_dir="$run" \
-    --worker_args="--kv_cache_blocks=$kv,--max_num_seqs=1024,--max_waiting=4096" \
+    --worker_args="--kv_cache_blocks=$kv,--max_num_seqs=$seqs,--max_waiting=4096" \
     --router_args="--policy=$policy,--max_in_flight=4096" >"$run/up.out" 2>&1 &
   up_pid=$!
   for _ in $(seq 600); do grep -q '^router=' "$run/up.out" && break; sleep 0.2; done
@@ -119,7 +119,7 @@ stop_cluster() {
 run_policy() {  # policy
   local policy=$1
   local run="$out_dir/$policy"
-  start_cluster "$run" "$WORKERS" "$SIM" "$KV_BLOCKS" "$policy"
+  start_cluster "$run" "$WORKERS" "$SIM" "$KV_BLOCKS" 256 "$policy"
   "$TESSERA" bench --target="$router" --requests="$REQUESTS" --concurrency="$CONCURRENCY" \
     --tenants="$TENANTS" --system_prompt_tokens="$SYSTEM" --prompt_len=32:128 --output_len=32 \
     --vocab=32000 --seed=7 --channels=8 --out="$run/bench.json" >"$run/bench.log" 2>&1
@@ -127,11 +127,15 @@ run_policy() {  # policy
   echo "$run"
 }
 
+loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+
 if [[ " $PARTS " == *" policies "* ]]; then
+  LOAD_START=$(loadavg)
   cost=$(run_policy cost)
   rr=$(run_policy round_robin)
   ll=$(run_policy least_loaded)
-  WORKERS=$WORKERS KV_BLOCKS=$KV_BLOCKS SIM=$SIM COMMAND="$0 $*" \
+  WORKERS=$WORKERS KV_BLOCKS=$KV_BLOCKS SIM=$SIM COMMAND="$0 $*" LOAD_START=$LOAD_START \
+  LOAD_END=$(loadavg) \
   python3 - "$cost" "$rr" "$ll" >"$RESULTS_DIR/router_prefix_vs_round_robin.json" <<'PY'
 import json, os, sys
 cost, rr, ll = sys.argv[1:4]
@@ -149,6 +153,7 @@ print(json.dumps({
   "what": "prefix-aware (cost) routing vs round-robin and least-loaded, shared-prefix multi-tenant "
           "workload on simulated workers; fresh cluster per policy",
   "machine": os.environ["MACHINE"],
+  "load_average_1_5_15m": {"start": os.environ["LOAD_START"], "end": os.environ["LOAD_END"]},
   "command": os.environ["COMMAND"],
   "workload": load(cost)["config"],
   "cluster": {"workers": int(os.environ["WORKERS"]), "kv_cache_blocks_per_worker": int(os.environ["KV_BLOCKS"]),
@@ -167,9 +172,10 @@ if [[ " $PARTS " == *" latency "* ]]; then
   # A sampler scrapes the router's metrics every 0.25 s; the decisions taken
   # while at least LAT_MIN_IN_FLIGHT requests were in flight are the
   # difference of two scrapes.
+  LOAD_START=$(loadavg)
   run="$out_dir/latency"
   lat_sim="vocab=32000,context=16384,prefill_us_per_token=5,decode_step_us=$LAT_DECODE_US,decode_us_per_seq=0"
-  start_cluster "$run" "$LAT_WORKERS" "$lat_sim" 65536 cost
+  start_cluster "$run" "$LAT_WORKERS" "$lat_sim" 65536 1024 cost
   python3 - "http://127.0.0.1:$metrics_port/metrics" "$run/samples.jsonl" <<'PY' &
 import json, re, sys, time, urllib.request
 url, path = sys.argv[1:3]
@@ -209,7 +215,7 @@ PY
   "$ROUTE_BENCH" --benchmark_filter='route_and_assign/cost/feeder:1' \
     --benchmark_out="$run/route_bench.json" --benchmark_out_format=json >"$run/route_bench.log" 2>&1
   LAT_RATE=$LAT_RATE LAT_DECODE_US=$LAT_DECODE_US LAT_WORKERS=$LAT_WORKERS SIM="$lat_sim" \
-  LAT_MIN_IN_FLIGHT=$LAT_MIN_IN_FLIGHT COMMAND="$0 $*" \
+  LAT_MIN_IN_FLIGHT=$LAT_MIN_IN_FLIGHT COMMAND="$0 $*" LOAD_START=$LOAD_START LOAD_END=$(loadavg) \
   python3 - "$run" >"$RESULTS_DIR/router_route_decision_live.json" <<'PY'
 import json, os, sys
 run = sys.argv[1]
@@ -255,6 +261,7 @@ print(json.dumps({
           "on the live router with simulated workers, and the routing core in process "
           "(router_route_bench) on the same machine",
   "machine": os.environ["MACHINE"],
+  "load_average_1_5_15m": {"start": os.environ["LOAD_START"], "end": os.environ["LOAD_END"]},
   "command": os.environ["COMMAND"],
   "live": {
     "cluster": {"workers": int(os.environ["LAT_WORKERS"]), "simulated_worker": os.environ["SIM"],
