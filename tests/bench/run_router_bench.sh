@@ -209,7 +209,8 @@ PY
   kill "$sampler_pid" 2>/dev/null || true
   wait "$sampler_pid" 2>/dev/null || true
   sampler_pid=""
-  curl -fsS "http://127.0.0.1:$metrics_port/metrics" >"$run/router.metrics"
+  python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
+    "http://127.0.0.1:$metrics_port/metrics" >"$run/router.metrics" || true
   stop_cluster
   # In process: the routing core alone, same machine, same build.
   "$ROUTE_BENCH" --benchmark_filter='route_and_assign/cost/feeder:1' \
