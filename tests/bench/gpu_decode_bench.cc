@@ -20,7 +20,8 @@
 //                              for the host (staging, launches, the copy of
 //                              the token ids back, the next batch)
 // Usage: gpu_decode_bench [--batch_sizes=1,8,64] [--prompt_len=128]
-//        [--decode_steps=128] [--hbm_tbps=4.27] [--out=result.json]
+//        [--decode_steps=128] [--hbm_tbps=4.27] [--gemv=true|false]
+//        [--out=result.json]
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -42,6 +43,8 @@ ABSL_FLAG(int, prompt_len, 128, "prompt tokens per sequence");
 ABSL_FLAG(int, decode_steps, 128, "decode steps timed per batch size");
 ABSL_FLAG(double, hbm_tbps, 4.27, "measured HBM bandwidth (TB/s), the roofline's ceiling");
 ABSL_FLAG(bool, cuda_graphs, true, "run decode steps as CUDA graphs");
+ABSL_FLAG(bool, gemv, true,
+          "GEMMs of m <= 8 rows through the GEMV kernel (false: cuBLASLt, for comparison)");
 ABSL_FLAG(std::string, device, "cuda", "device selector (cuda or cuda:<PCI bus id>)");
 ABSL_FLAG(std::string, out, "", "write the JSON here too");
 
@@ -90,6 +93,10 @@ int Run() {
   auto runner = runner::CudaModelRunner::CreateWithRandomWeights(*config, *device, options, 1234);
   if (!runner.ok()) {
     std::fprintf(stderr, "runner: %s\n", runner.status().ToString().c_str());
+    return 1;
+  }
+  if (auto s = (*runner)->SetUseGemv(absl::GetFlag(FLAGS_gemv)); !s.ok()) {
+    std::fprintf(stderr, "SetUseGemv: %s\n", s.ToString().c_str());
     return 1;
   }
   const model::ModelConfig& c = (*runner)->config();
@@ -184,6 +191,7 @@ int Run() {
       {"weight_bytes", (*runner)->weight_bytes()},
       {"hbm_bytes_per_second", hbm},
       {"cuda_graphs", options.cuda_graphs},
+      {"skinny_gemm", absl::GetFlag(FLAGS_gemv) ? "gemv" : "cublaslt"},
       {"results", results},
   };
   std::printf("%s\n", out.dump(2).c_str());

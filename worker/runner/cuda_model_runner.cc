@@ -769,7 +769,7 @@ absl::StatusOr<double> CudaModelRunner::ReplayLastDecodeGraphMs(int replays,
   for (int i = 0; i < replays; ++i) {
     RETURN_IF_ERROR(it->second->graph.Launch(st));
     if (argmax_rows > 0) {
-      RETURN_IF_ERROR(kcu::ArgmaxRows(m.logits.as<float>(), argmax_rows, config_.vocab_size,
+      RETURN_IF_ERROR(kcu::ArgmaxRows(m.logits.as<float>(), argmax_rows, m.vocab,
                                       m.argmax.as<int32_t>(), st));
     }
   }
@@ -778,6 +778,14 @@ absl::StatusOr<double> CudaModelRunner::ReplayLastDecodeGraphMs(int replays,
   absl::StatusOr<float> ms = kcu::Event::ElapsedMs(*start, *stop);
   if (!ms.ok()) return ms.status();
   return static_cast<double>(*ms) / replays;
+}
+
+absl::Status CudaModelRunner::SetUseGemv(bool use) {
+  RETURN_IF_ERROR(kcu::Synchronize(impl_->stream.get()));
+  impl_->gemm->SetUseGemv(use);
+  graphs_.clear();
+  last_graph_ = {-1, -1};
+  return absl::OkStatus();
 }
 
 absl::Status CudaModelRunner::Forward(const ForwardBatch& batch, std::vector<float>* logits) {

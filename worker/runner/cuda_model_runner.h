@@ -114,6 +114,10 @@ class CudaModelRunner final : public ModelRunner {
   // time without the host's work. The replays rewrite the same KV slots
   // with the same values. FAILED_PRECONDITION when no step ran as a graph.
   absl::StatusOr<double> ReplayLastDecodeGraphMs(int replays, int64_t argmax_rows);
+  // Benchmarks: whether GEMMs of m <= 8 rows use the GEMV kernel (the
+  // default) or cuBLASLt (GemmContext::SetUseGemv). Drops the captured
+  // decode graphs, which hold the earlier choice.
+  absl::Status SetUseGemv(bool use);
 
  private:
   struct Impl;
