@@ -30,6 +30,9 @@ bins=(
   kernels/cuda/cuda_ops_bench
   kernels/cuda/paged_attention_bench
   tests/bench/gpu_decode_bench
+  worker/parallel/cuda_tensor_parallel_test
+  tests/bench/gpu_tp_bench
+  router/router_route_bench
 )
 targets=()
 for b in "${bins[@]}"; do targets+=("$(basename "$b")"); done

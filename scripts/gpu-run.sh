@@ -46,17 +46,28 @@ step doctor 120 "$BIN/tessera" doctor
 cp "$OUT/doctor.log" "$OUT/doctor.txt"
 for t in arch_test cuda_selection_test cuda_ops_test cuda_gemm_test cuda_gemv_test cuda_sampling_test \
          paged_attention_test \
-         cuda_model_runner_test; do
+         cuda_model_runner_test cuda_tensor_parallel_test; do
   step "tests/$t" 300 "$BIN/$t" --gtest_output="json:$OUT/tests/$t.json"
 done
-step generate_parity 600 python3 tests/gpu/check_generate.py "$BIN/tessera" --device=cuda \
+# The first GPU by PCI bus id ("--device=cuda" is ambiguous on a multi-GPU host).
+DEV="cuda:$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | sort | head -1)"
+step generate_parity 600 python3 tests/gpu/check_generate.py "$BIN/tessera" --device="$DEV" \
   --out="$OUT/tests/generate_parity.json"
+GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [[ "$GPUS" -ge 2 ]]; then
+  step bench/gpu_tp 400 "$BIN/gpu_tp_bench" --out="$OUT/bench/gpu_tp.json"
+fi
+if [[ "${ROUTER_BENCH:-1}" == 1 ]]; then
+  # Route-decision latency at ~1,000 in flight on this many-core host.
+  step bench/router_latency 300 env PARTS=latency RESULTS_DIR="$OUT/bench" TESSERA_BIN_DIR="$BIN" \
+    bash tests/bench/run_router_bench.sh
+fi
 if [[ "$QUICK" != "--quick" ]]; then
   step_json bench/cuda_ops 120 "$BIN/cuda_ops_bench"
   step_json bench/paged_attention 120 "$BIN/paged_attention_bench"
   step bench/sdpa_reference 180 python3 tests/gpu/sdpa_reference.py --out="$OUT/bench/sdpa_reference.json"
-  step bench/gpu_decode 300 "$BIN/gpu_decode_bench" --out="$OUT/bench/gpu_decode.json"
-  step bench/gpu_decode_cublaslt 200 "$BIN/gpu_decode_bench" --gemv=false --batch_sizes=1,8 \
+  step bench/gpu_decode 300 "$BIN/gpu_decode_bench" --device="$DEV" --out="$OUT/bench/gpu_decode.json"
+  step bench/gpu_decode_cublaslt 200 "$BIN/gpu_decode_bench" --device="$DEV" --gemv=false --batch_sizes=1,8 \
     --out="$OUT/bench/gpu_decode_cublaslt.json"
   step bench/hf_decode_peer 400 python3 tests/gpu/hf_decode_peer.py --out="$OUT/bench/hf_decode_peer.json"
 fi

@@ -205,10 +205,13 @@ struct GemmContext::Impl {
       return absl::InvalidArgumentError("Gemm: null pointer");
     }
     std::lock_guard<std::mutex> lock(mu);
-    // Decode-sized GEMMs: the tensor-core GEMV streams W at close to the HBM
-    // rate, where cuBLASLt's m = 1 kernels leave a third of it unused on
-    // 4096-wide layers. Rule: m <= 8, k % 8 == 0, x and W 16-byte aligned.
-    if (use_gemv && GemvApplicable(x, m, k, w)) {
+    // Decode-sized GEMMs: the tensor-core GEMV beats cuBLASLt's m <= 8
+    // kernels on the smaller weights (H200, tests/bench/results/
+    // cuda_ops_h200.json: 6144x4096 75% vs 67% of HBM, 4096x4096 63% vs 59%)
+    // and loses on the large ones (28672x4096 90% vs 95%, 4096x14336 82% vs
+    // 85%). Rule: m <= 8, k % 8 == 0, x and W 16-byte aligned, and W at most
+    // 2^25 elements (64 MiB of bf16).
+    if (use_gemv && n * k <= (int64_t{1} << 25) && GemvApplicable(x, m, k, w)) {
       return f32_out ? GemvBf16(x, m, k, w, n, bias, static_cast<float*>(y), gemv, stream)
                      : GemvBf16(x, m, k, w, n, bias, static_cast<Bf16*>(y), gemv, stream);
     }
