@@ -5,6 +5,7 @@
 // reason, when a device it checks cannot run (no usable backend for an op,
 // or a preflight failure).
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "services/cli/commands.h"
 #include "services/common/version.h"
 #if TESSERA_HAVE_CUDA
+#include "kernels/cuda/nccl_group.h"
 #include "worker/runner/cuda_preflight.h"
 #endif
 
@@ -26,6 +28,10 @@ ABSL_FLAG(std::string, device, "",
           "doctor: check only this device (cpu, cuda, cuda:<PCI bus id>); default: every device. "
           "generate: where the model runs (default cpu)");
 ABSL_FLAG(bool, preflight, true, "doctor: run each device's kernel preflight");
+ABSL_FLAG(int, tensor_parallel_size, 1,
+          "doctor: check a tensor-parallel group of this many ranks on --device (default cuda "
+          "when GPUs are visible): the ranks' devices by PCI bus id, the model-independent "
+          "backend table for the group and the NCCL version");
 
 namespace tessera::cli {
 namespace {
@@ -131,8 +137,32 @@ int RunDoctor(const std::vector<char*>&) {
   }
 
   const std::string only = absl::GetFlag(FLAGS_device);
+  const int tp = absl::GetFlag(FLAGS_tensor_parallel_size);
   std::vector<kernels::DeviceDescription> devices;
-  if (only.empty()) {
+  if (tp != 1) {
+    const std::string selector =
+        !only.empty() ? only : (gpus.devices.empty() ? std::string("cpu") : std::string("cuda"));
+    absl::StatusOr<std::vector<kernels::DeviceDescription>> group =
+        kernels::ResolveDevices(selector, tp);
+    if (!group.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(group.status().message()).c_str());
+      return 1;
+    }
+    std::printf("\ntensor-parallel group: %d ranks on %s\n", tp, selector.c_str());
+    for (int r = 0; r < tp; ++r) {
+      std::printf("  rank %d: %s\n", r, (*group)[r].Summary().c_str());
+    }
+#if TESSERA_HAVE_CUDA
+    if ((*group)[0].kind == kernels::DeviceKind::kCuda) {
+      std::printf("  nccl: %s (NVLink multicast off: NCCL_NVLS_ENABLE=%s)\n",
+                  kernels::cuda::NcclGroup::Version().c_str(),
+                  std::getenv("NCCL_NVLS_ENABLE") ? std::getenv("NCCL_NVLS_ENABLE") : "unset, set to 0 at start-up");
+    }
+#endif
+    // Every rank's device, each with the group size (all_reduce needs it).
+    devices = *group;
+    if (devices[0].kind == kernels::DeviceKind::kCpu) devices.resize(1);
+  } else if (only.empty()) {
     devices.push_back(kernels::HostCpuDevice());
     devices.insert(devices.end(), gpus.devices.begin(), gpus.devices.end());
   } else {
