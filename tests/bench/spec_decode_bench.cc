@@ -9,6 +9,9 @@
 // target with tied embeddings and, as its draft, the target's first layer
 // (same seed, so the two agree often). The result names which was used.
 //
+// --device runs the target elsewhere (e.g. cuda); the draft model source
+// always runs on the CPU kernels.
+//
 // Usage: spec_decode_bench [--requests=8] [--generate=128] [--batch=8] [--k=4] [--repeats=2]
 //                          [--out=FILE]
 #include <sys/stat.h>
@@ -36,6 +39,8 @@ ABSL_FLAG(int, prompt, 64, "prompt tokens per request");
 ABSL_FLAG(int, generate, 128, "generated tokens per request");
 ABSL_FLAG(int, batch, 8, "requests at once in the batched runs");
 ABSL_FLAG(int, k, 4, "most draft tokens per step (adaptive)");
+ABSL_FLAG(std::string, device, "cpu",
+          "device of the target (cpu, cuda, cuda:<bus id>); the draft model runs on the CPU");
 ABSL_FLAG(int, repeats, 2, "fresh engines per configuration; the fastest run counts");
 ABSL_FLAG(std::string, out, "tests/bench/results/spec_decode_cpu.json", "result JSON");
 
@@ -178,6 +183,7 @@ int main(int argc, char** argv) {
       for (int repeat = 0; repeat < absl::GetFlag(FLAGS_repeats); ++repeat) {
         tessera::engine::LocalEngineOptions lo;
         lo.model_dir = target;
+        lo.device = absl::GetFlag(FLAGS_device);
         lo.kv_cache_memory_mb = 512;
         lo.max_num_seqs = 64;
         lo.enable_prefix_caching = false;
@@ -253,6 +259,7 @@ int main(int argc, char** argv) {
       {"max_draft_tokens", absl::GetFlag(FLAGS_k)},
       {"adaptive", true},
       {"repeats_best_of", absl::GetFlag(FLAGS_repeats)},
+      {"device", absl::GetFlag(FLAGS_device)},
       {"machine_note",
        "shared 2-core machine; other jobs ran at the same time, so absolute "
        "speeds vary run to run"},
