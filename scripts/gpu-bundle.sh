@@ -33,6 +33,7 @@ bins=(
   worker/parallel/cuda_tensor_parallel_test
   tests/bench/gpu_tp_bench
   router/router_route_bench
+  tests/bench/spec_decode_bench
 )
 targets=()
 for b in "${bins[@]}"; do targets+=("$(basename "$b")"); done

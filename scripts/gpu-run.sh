@@ -59,10 +59,15 @@ if [[ "$GPUS" -ge 2 ]]; then
 fi
 if [[ "${ROUTER_BENCH:-1}" == 1 ]]; then
   # Route-decision latency at ~1,000 in flight on this many-core host.
+  mkdir -p "$OUT/router_logs"  # the script's logs and raw results land here (TMPDIR)
   step bench/router_latency 300 env PARTS=latency RESULTS_DIR="$OUT/bench" TESSERA_BIN_DIR="$BIN" \
+    TMPDIR="$OUT/router_logs" \
     bash tests/bench/run_router_bench.sh
 fi
 if [[ "$QUICK" != "--quick" ]]; then
+  # Speculative decoding with the trained pair: target on the GPU, batch 1 and 16.
+  step bench/spec_decode 400 "$BIN/spec_decode_bench" --device="$DEV" --batch=16 --requests=16 \
+    --out="$OUT/bench/spec_decode_h200.json"
   step_json bench/cuda_ops 120 "$BIN/cuda_ops_bench"
   step_json bench/paged_attention 120 "$BIN/paged_attention_bench"
   step bench/sdpa_reference 180 python3 tests/gpu/sdpa_reference.py --out="$OUT/bench/sdpa_reference.json"
