@@ -10,6 +10,8 @@
 # of a Python prompt. Environment overrides:
 #   MODEL       model directory the workers serve (default models/target)
 #   TOKENIZER   tokenizer directory for the router (default: $MODEL)
+#   DRAFT_MODEL draft model the drafter runs for speculative decoding
+#               (default models/draft; empty = no speculation)
 #   PROMPT      prompt text (default: the start of a Python fibonacci function)
 #   MAX_TOKENS  tokens to generate (default 64)
 #   BUILD_DIR   build directory (default build)
@@ -35,12 +37,14 @@ up_args=(--workers=2 --up_model="$MODEL" --run_dir="$run_dir"
 if [ -f "$TOKENIZER/tokenizer.json" ]; then
   up_args+=(--up_tokenizer="$TOKENIZER")
 fi
-# Speculative decoding (not wired yet): the drafter that `tessera up` starts
-# runs without a draft model. Once services/drafter serves a draft model and
-# the workers verify drafts (worker/spec), pass the drafter models/draft (the
-# target's 3.1M-parameter companion, same tokenizer) and point the workers at
-# the drafter here, e.g. with a DRAFT_MODEL variable defaulting to
-# models/draft.
+# Speculative decoding: the drafter runs the 3.1M-parameter draft model
+# (models/draft, same tokenizer) and the workers verify its proposals
+# losslessly (greedy output is what the target alone would write).
+# DRAFT_MODEL= (empty) turns it off.
+DRAFT_MODEL=${DRAFT_MODEL-models/draft}
+if [ -n "$DRAFT_MODEL" ] && [ -f "$DRAFT_MODEL/config.json" ]; then
+  up_args+=(--up_draft_source=model --up_draft_model="$DRAFT_MODEL")
+fi
 
 "$tessera" up "${up_args[@]}" >"$run_dir/up.out" 2>&1 &
 up_pid=$!
@@ -56,7 +60,7 @@ router=$(grep '^router=' "$run_dir/up.out" | cut -d= -f2)
 
 echo
 if [ -f "$TOKENIZER/tokenizer.json" ]; then
-  echo "streaming a greedy completion of $MAX_TOKENS tokens through the router ($MODEL):"
+  echo "streaming a greedy completion of $MAX_TOKENS tokens through the router ($MODEL${DRAFT_MODEL:+, drafts from $DRAFT_MODEL}):"
   echo "----"
   "$tessera" generate --generate_target="$router" --prompt="$PROMPT" --max_tokens="$MAX_TOKENS" \
     --temperature=0
@@ -71,6 +75,16 @@ for port in $(grep -o 'metrics http://127.0.0.1:[0-9]*' "$run_dir/up.out" | grep
   printf '  http://127.0.0.1:%s/metrics: %s tessera_* samples\n' "$port" \
     "$(curl -fsS "http://127.0.0.1:$port/metrics" | grep -c '^tessera_')"
 done
+spec() {  # sum of one counter over every worker's /metrics
+  for port in $(grep '^  worker' "$run_dir/up.out" | grep -o 'metrics http://127.0.0.1:[0-9]*' |
+      grep -o '[0-9]*$'); do
+    curl -fsS "http://127.0.0.1:$port/metrics" | awk -v m="$1" '$1 == m {print $2}'
+  done | awk '{s += $1} END {printf "%d", s}'
+}
+if [ -n "$DRAFT_MODEL" ]; then
+  echo "speculative decoding: $(spec tessera_spec_decode_accepted_tokens_total) of" \
+    "$(spec tessera_spec_decode_draft_tokens_total) draft tokens accepted"
+fi
 echo
 echo "stopping (graceful drain)"
 kill -INT $up_pid

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/cuda_libraries.h"
 #include "kernels/cuda/gemv.h"
 
 namespace tessera::kernels::cuda {
@@ -26,6 +27,10 @@ constexpr size_t kScratchBytes = 32u << 20;
 
 absl::Status LtError(cublasStatus_t st, std::string_view what) {
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  const std::string load = LastCudaLibraryError();
+  if (!load.empty()) {
+    return absl::InternalError(absl::StrCat(std::string(what), ": ", load));
+  }
   return absl::InternalError(absl::StrCat(std::string(what), ": ", cublasLtGetStatusName(st), " (",
                                           cublasLtGetStatusString(st), ")"));
 }

@@ -5,12 +5,16 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_libraries.h"
 
 namespace tessera::kernels::cuda {
 namespace {
 
 absl::Status NcclError(ncclResult_t r, std::string_view what) {
   if (r == ncclSuccess) return absl::OkStatus();
+  if (const std::string load = LastCudaLibraryError(); !load.empty()) {
+    return absl::InternalError(absl::StrCat(std::string(what), ": ", load));
+  }
   return absl::InternalError(
       absl::StrCat(std::string(what), ": ", ncclGetErrorString(r), " (", ncclGetLastError(nullptr), ")"));
 }

@@ -32,6 +32,10 @@ ABSL_FLAG(std::string, run_dir, "", "up: where logs and port files go; default: 
 ABSL_FLAG(std::vector<std::string>, worker_args, {},
           "up: extra flags for every worker (comma-separated)");
 ABSL_FLAG(std::vector<std::string>, router_args, {}, "up: extra flags for the router");
+ABSL_FLAG(std::string, up_draft_source, "",
+          "up: speculative decoding: the drafter's source (ngram, suffix or model) and the "
+          "workers verify its proposals; empty = the drafter runs but no worker uses it");
+ABSL_FLAG(std::string, up_draft_model, "", "up: the drafter's draft model (--up_draft_source=model)");
 ABSL_FLAG(absl::Duration, ready_timeout, absl::Seconds(120), "up: how long to wait for readiness");
 
 namespace tessera::cli {
@@ -168,17 +172,40 @@ int RunUp(const std::vector<char*>&) {
     return std::vector<std::string>{"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
                                     "--port_file=" + c.port_file};
   };
+  // The drafter first: workers that speculate connect to it.
+  const std::string draft_source = absl::GetFlag(FLAGS_up_draft_source);
+  {
+    Child c{"drafter"};
+    std::vector<std::string> args = common(c);
+    if (!draft_source.empty()) {
+      args.push_back("--draft_source=" + draft_source);
+      if (!absl::GetFlag(FLAGS_up_draft_model).empty()) {
+        args.push_back("--model=" + absl::GetFlag(FLAGS_up_draft_model));
+      }
+    }
+    if (!Spawn(c, drafter_bin, args)) return 1;
+    children.push_back(c);
+  }
+  std::string drafter_addr;
+  if (!draft_source.empty()) {
+    Child& d = children.back();
+    const absl::Time until = absl::Now() + absl::GetFlag(FLAGS_ready_timeout);
+    while (!ReadPorts(d)) {
+      if (!Alive(d) || absl::Now() > until || g_stop) {
+        std::fprintf(stderr, "error: drafter did not start; log %s\n", d.log.c_str());
+        return StopAll(children), 1;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    drafter_addr = absl::StrCat("127.0.0.1:", d.ports["grpc_port"]);
+  }
   for (int i = 0; i < n; ++i) {
     Child c{absl::StrCat("worker-", i)};
     std::vector<std::string> args = common(c);
     args.push_back(model.empty() ? "--simulate=" + simulate : "--model=" + model);
+    if (!drafter_addr.empty()) args.push_back("--drafter=" + drafter_addr);
     for (const std::string& a : absl::GetFlag(FLAGS_worker_args)) args.push_back(a);
     if (!Spawn(c, worker_bin, args)) return std::fprintf(stderr, "error: fork failed\n"), 1;
-    children.push_back(c);
-  }
-  {
-    Child c{"drafter"};
-    if (!Spawn(c, drafter_bin, common(c))) return 1;
     children.push_back(c);
   }
   // Wait for the workers' ports, then start the router pointed at them.
@@ -194,7 +221,7 @@ int RunUp(const std::vector<char*>&) {
   }
   std::vector<std::string> worker_addrs;
   for (int i = 0; i < n; ++i) {
-    worker_addrs.push_back(absl::StrCat("127.0.0.1:", children[i].ports["grpc_port"]));
+    worker_addrs.push_back(absl::StrCat("127.0.0.1:", children[i + 1].ports["grpc_port"]));  // [0] = drafter
   }
   {
     Child c{"router"};

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
+#include "CivetServer.h"
 #include "prometheus/exposer.h"
 #include "services/common/version.h"
 
@@ -47,12 +48,32 @@ MetricsServer::MetricsServer(std::string service_name)
 
 MetricsServer::~MetricsServer() { Stop(); }
 
+namespace {
+// The HTTP server's own reason when it fails to start (civetweb reports it
+// through the log callback only).
+thread_local std::string g_civetweb_error;
+int RecordCivetwebMessage(const struct mg_connection*, const char* message) {
+  if (message != nullptr) g_civetweb_error = message;
+  return 1;
+}
+}  // namespace
+
 absl::Status MetricsServer::Start(const std::string& address) {
   // prometheus-cpp reports bind failures by throwing from the Exposer
   // constructor; this is the one place the exception is turned into a status.
+  static const CivetCallbacks* callbacks = [] {
+    auto* c = new CivetCallbacks();
+    c->log_message = &RecordCivetwebMessage;
+    return c;
+  }();
+  g_civetweb_error.clear();
   try {
-    exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
+    exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1, callbacks);
   } catch (const std::exception& e) {
+    if (!g_civetweb_error.empty()) {
+      return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ",
+                                                 g_civetweb_error));
+    }
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address,
                                                " (address in use or not local?): ", e.what()));
   }
