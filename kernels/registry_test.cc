@@ -174,10 +174,14 @@ TEST(BuiltinRegistryTest, HostCpuGetsTheOptimizedBackendEverywhere) {
     ASSERT_NE(s, nullptr);
     EXPECT_EQ(s->chosen, "cpu");
     EXPECT_THAT(s->why, HasSubstr(isa + " kernels"));
-    // The CUDA candidate (rejected: not a CUDA device), then cpu_reference.
-    ASSERT_EQ(s->rejected.size(), 2u);
-    EXPECT_THAT(s->rejected[0].reason, HasSubstr("needs a CUDA device"));
-    EXPECT_EQ(s->rejected[1].name, "cpu_reference");
+    // The CUDA candidates (rejected: not a CUDA device; all_reduce has two,
+    // nccl and single_rank), then cpu_reference.
+    const size_t cuda = op == Op::kAllReduce ? 2 : 1;
+    ASSERT_EQ(s->rejected.size(), cuda + 1);
+    for (size_t i = 0; i < cuda; ++i) {
+      EXPECT_THAT(s->rejected[i].reason, HasSubstr("needs a CUDA device"));
+    }
+    EXPECT_EQ(s->rejected[cuda].name, "cpu_reference");
   }
   const std::string table = report->ToTable();
   EXPECT_THAT(table, HasSubstr("device: cpu:0"));
