@@ -66,7 +66,8 @@ if [[ "${ROUTER_BENCH:-1}" == 1 ]]; then
 fi
 if [[ "$QUICK" != "--quick" ]]; then
   # Speculative decoding with the trained pair: target on the GPU, batch 1 and 16.
-  step bench/spec_decode 400 "$BIN/spec_decode_bench" --device="$DEV" --batch=16 --requests=16 \
+  step bench/spec_decode 400 "$BIN/spec_decode_bench" --device="$DEV" --draft_device="$DEV" \
+    --batch=16 --requests=16 \
     --out="$OUT/bench/spec_decode_h200.json"
   step_json bench/cuda_ops 120 "$BIN/cuda_ops_bench"
   step_json bench/paged_attention 120 "$BIN/paged_attention_bench"

@@ -9,8 +9,8 @@
 // target with tied embeddings and, as its draft, the target's first layer
 // (same seed, so the two agree often). The result names which was used.
 //
-// --device runs the target elsewhere (e.g. cuda); the draft model source
-// always runs on the CPU kernels.
+// --device runs the target elsewhere (e.g. cuda); --draft_device the draft
+// model source (default cpu).
 //
 // Usage: spec_decode_bench [--requests=8] [--generate=128] [--batch=8] [--k=4] [--repeats=2]
 //                          [--out=FILE]
@@ -41,6 +41,8 @@ ABSL_FLAG(int, batch, 8, "requests at once in the batched runs");
 ABSL_FLAG(int, k, 4, "most draft tokens per step (adaptive)");
 ABSL_FLAG(std::string, device, "cpu",
           "device of the target (cpu, cuda, cuda:<bus id>); the draft model runs on the CPU");
+ABSL_FLAG(std::string, draft_device, "cpu",
+          "device of the draft model source (cpu, cuda, cuda:<bus id>)");
 ABSL_FLAG(int, repeats, 2, "fresh engines per configuration; the fastest run counts");
 ABSL_FLAG(std::string, out, "tests/bench/results/spec_decode_cpu.json", "result JSON");
 
@@ -196,7 +198,9 @@ int main(int argc, char** argv) {
             lo.draft_provider = std::make_shared<tessera::spec::LocalDraftProvider>(
                 tessera::spec::MakeSuffixSource());
           } else {
-            auto src = tessera::spec::MakeModelSourceFromDir(draft);
+            tessera::spec::ModelSourceFromDirOptions dopt;
+            dopt.device = absl::GetFlag(FLAGS_draft_device);
+            auto src = tessera::spec::MakeModelSourceFromDir(draft, dopt);
             if (!src.ok()) {
               std::fprintf(stderr, "%s\n", src.status().ToString().c_str());
               return 1;
@@ -260,6 +264,7 @@ int main(int argc, char** argv) {
       {"adaptive", true},
       {"repeats_best_of", absl::GetFlag(FLAGS_repeats)},
       {"device", absl::GetFlag(FLAGS_device)},
+      {"draft_device", absl::GetFlag(FLAGS_draft_device)},
       {"machine_note",
        "shared 2-core machine; other jobs ran at the same time, so absolute "
        "speeds vary run to run"},

@@ -1,5 +1,10 @@
 #include "worker/spec/model_source.h"
 
+#include "kernels/cuda_devices.h"
+#if TESSERA_HAVE_CUDA
+#include "worker/runner/cuda_model_runner.h"
+#endif
+
 #include <algorithm>
 #include <utility>
 
@@ -239,6 +244,23 @@ absl::StatusOr<std::unique_ptr<DraftSource>> MakeModelSourceFromDir(
   if (!model.ok()) {
     return absl::Status(model.status().code(),
                         absl::StrCat("draft model: ", model.status().message()));
+  }
+  if (options.device != "cpu") {
+#if TESSERA_HAVE_CUDA
+    auto device = kernels::ResolveDevice(options.device);
+    if (!device.ok()) return device.status();
+    runner::CudaRunnerOptions co;
+    co.block_size = options.block_size;
+    co.num_kv_blocks = options.num_kv_blocks;
+    co.max_num_tokens = 8192;
+    co.max_num_seqs = 256;
+    auto r = runner::CudaModelRunner::Create(model->get(), *device, co);
+    if (!r.ok()) return r.status();
+    return Make(std::move(*r), options.source, std::move(*model));
+#else
+    return absl::FailedPreconditionError(
+        "draft model on " + options.device + ": this binary was built without the CUDA backend");
+#endif
   }
   runner::CpuRunnerOptions ro;
   ro.block_size = options.block_size;

@@ -43,9 +43,13 @@ struct ModelSourceFromDirOptions {
   int block_size = 16;
   int64_t num_kv_blocks = 1024;
   int num_threads = 0;  // 0 = the default pool
+  // Where the draft model runs: "cpu", or a CUDA selector ("cuda",
+  // "cuda:<PCI bus id>") in a build with the CUDA backend.
+  std::string device = "cpu";
 };
 
-// Loads the model in `dir` and runs it on the CPU kernels.
+// Loads the model in `dir` and runs it on the CPU kernels, or on the GPU
+// named by options.device.
 absl::StatusOr<std::unique_ptr<DraftSource>> MakeModelSourceFromDir(
     const std::string& dir, ModelSourceFromDirOptions options = {});
 
