@@ -31,8 +31,9 @@ std::optional<std::string> CommonWhyNot(const DeviceDescription& device) {
                         gpu.arch.ToString());
   }
   if (gpu.driver_version == 0) {
-    return std::string("no CUDA driver is loaded (is the NVIDIA driver installed and the device "
-                       "visible to this process?)");
+    return std::string(
+        "no CUDA driver is loaded (is the NVIDIA driver installed and the device "
+        "visible to this process?)");
   }
   return std::nullopt;
 }
@@ -46,10 +47,11 @@ std::optional<std::string> CudaKernelsWhyNot(const DeviceDescription& device) {
   if (match.kind == arch::ImageKind::kNone) return match.note;
   if (gpu.probe && !gpu.probe->loadable) {
     return absl::StrCat("the CUDA runtime could not load this binary's kernels on ",
-                        device.Summary(), " (", gpu.probe->error, "), although the manifest "
-                        "expected ", match.image->Name(), " to run; images: ",
-                        device.build.ImageList(), ", runtime CUDA ",
-                        arch::CudaVersionString(gpu.runtime_version));
+                        device.Summary(), " (", gpu.probe->error,
+                        "), although the manifest "
+                        "expected ",
+                        match.image->Name(), " to run; images: ", device.build.ImageList(),
+                        ", runtime CUDA ", arch::CudaVersionString(gpu.runtime_version));
   }
   return std::nullopt;
 }
@@ -112,22 +114,23 @@ void AddCudaCandidates(Registry* registry) {
     absl::Status s;
     switch (op) {
       case Op::kGemm:
-        s = registry->Add(Candidate{S(kCublasBackend), op, &CublasWhyNot,
-                                    [](const DeviceDescription&) {
-                                      return std::string("cuBLASLt bf16, fp32 accumulate");
-                                    }});
+        s = registry->Add(
+            Candidate{S(kCublasBackend), op, &CublasWhyNot, [](const DeviceDescription&) {
+                        return std::string("cuBLASLt bf16, fp32 accumulate");
+                      }});
         break;
       case Op::kAllReduce:
-        (void)registry->Add(Candidate{
-            S(kNcclBackend), op,
-            [](const DeviceDescription& d) -> std::optional<std::string> {
-              if (auto reason = CommonWhyNot(d)) return reason;
-              if (d.tensor_parallel_size < 2) return std::string("one rank: nothing to reduce");
-              return std::nullopt;
-            },
-            [](const DeviceDescription& d) {
-              return absl::StrCat("NCCL all-reduce over ", d.tensor_parallel_size, " GPUs");
-            }});
+        (void)registry->Add(Candidate{S(kNcclBackend), op,
+                                      [](const DeviceDescription& d) -> std::optional<std::string> {
+                                        if (auto reason = CommonWhyNot(d)) return reason;
+                                        if (d.tensor_parallel_size < 2)
+                                          return std::string("one rank: nothing to reduce");
+                                        return std::nullopt;
+                                      },
+                                      [](const DeviceDescription& d) {
+                                        return absl::StrCat("NCCL all-reduce over ",
+                                                            d.tensor_parallel_size, " GPUs");
+                                      }});
         s = registry->Add(Candidate{
             S(kSingleRankBackend), op,
             [](const DeviceDescription& d) -> std::optional<std::string> {
@@ -138,9 +141,7 @@ void AddCudaCandidates(Registry* registry) {
               }
               return std::nullopt;
             },
-            [](const DeviceDescription&) {
-              return std::string("one rank: nothing to reduce");
-            }});
+            [](const DeviceDescription&) { return std::string("one rank: nothing to reduce"); }});
         break;
       default:
         s = registry->Add(Candidate{S(kCudaBackend), op, &CudaKernelsWhyNot, details});

@@ -46,8 +46,8 @@ DetectedCudaDevices DetectCudaDevices() {
     gpu.driver_version = q.info.driver_version;
     gpu.runtime_version = q.info.runtime_version;
     cuda::ImageProbeResult probe = cuda::ProbeImage(info.ordinal);
-    gpu.probe = GpuInfo::Probe{probe.loadable, probe.binary_version, probe.ptx_version,
-                               probe.error};
+    gpu.probe =
+        GpuInfo::Probe{probe.loadable, probe.binary_version, probe.ptx_version, probe.error};
     d.gpu = gpu;
     out.devices.push_back(std::move(d));
   }
@@ -60,24 +60,24 @@ DetectedCudaDevices DetectCudaDevices() {
 absl::StatusOr<DeviceDescription> ResolveDevice(std::string_view selector) {
   if (selector == "cpu") return HostCpuDevice();
   if (selector != "cuda" && selector.substr(0, 5) != "cuda:") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--device=", std::string(selector),
-        ": expected cpu, cuda (the one visible GPU) or cuda:<PCI bus id> (e.g. cuda:0000:18:00.0)"));
+    return absl::InvalidArgumentError(absl::StrCat("--device=", std::string(selector),
+                                                   ": expected cpu, cuda (the one visible GPU) or "
+                                                   "cuda:<PCI bus id> (e.g. cuda:0000:18:00.0)"));
   }
   DetectedCudaDevices found = DetectCudaDevices();
   std::vector<std::string> listed;
   for (const DeviceDescription& d : found.devices) listed.push_back(d.Summary());
-  const std::string visible =
-      listed.empty() ? absl::StrCat("no CUDA device is visible (", found.note, ")")
-                     : absl::StrCat("visible: ", absl::StrJoin(listed, "; "));
+  const std::string visible = listed.empty()
+                                  ? absl::StrCat("no CUDA device is visible (", found.note, ")")
+                                  : absl::StrCat("visible: ", absl::StrJoin(listed, "; "));
   if (selector == "cuda") {
     if (found.devices.size() == 1) return found.devices.front();
     if (found.devices.empty()) {
       return absl::NotFoundError(absl::StrCat("--device=cuda: ", visible));
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--device=cuda is ambiguous with ", found.devices.size(),
-        " GPUs; name one by PCI bus id (--device=cuda:<bus id>); ", visible));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device=cuda is ambiguous with ", found.devices.size(),
+                     " GPUs; name one by PCI bus id (--device=cuda:<bus id>); ", visible));
   }
   const std::string want = NormalizeBusId(selector.substr(5));
   for (const DeviceDescription& d : found.devices) {
@@ -107,8 +107,8 @@ absl::StatusOr<std::vector<DeviceDescription>> ResolveDevices(std::string_view s
       std::vector<std::string> listed;
       for (const DeviceDescription& d : found.devices) listed.push_back(d.Summary());
       return absl::InvalidArgumentError(absl::StrCat(
-          "--tensor_parallel_size=", n, " needs ", n, " GPUs; ", found.devices.size(),
-          " visible", listed.empty() ? "" : absl::StrCat(": ", absl::StrJoin(listed, "; ")),
+          "--tensor_parallel_size=", n, " needs ", n, " GPUs; ", found.devices.size(), " visible",
+          listed.empty() ? "" : absl::StrCat(": ", absl::StrJoin(listed, "; ")),
           found.note.empty() ? "" : absl::StrCat(" (", found.note, ")")));
     }
     found.devices.resize(n);
@@ -123,8 +123,8 @@ absl::StatusOr<std::vector<DeviceDescription>> ResolveDevices(std::string_view s
       absl::StrSplit(std::string(selector.substr(5)), ',', absl::SkipEmpty());
   if (static_cast<int>(ids.size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat("--device=", std::string(selector), " names ",
-                                                   ids.size(), " GPUs but --tensor_parallel_size=",
-                                                   n));
+                                                   ids.size(),
+                                                   " GPUs but --tensor_parallel_size=", n));
   }
   for (const std::string& id : ids) {
     absl::StatusOr<DeviceDescription> d = ResolveDevice(absl::StrCat("cuda:", id));

@@ -104,19 +104,28 @@ INSTANTIATE_TEST_SUITE_P(
         Row{{9, 0}, kDefaultArchs, 13000, "sass:sm_90a", {}},
         Row{{10, 0}, kDefaultArchs, 13000, "sass:sm_100a", {}},
         // sm_100a is arch-specific: a B300 (10.3) cannot run it, and PTX 12.0 is newer.
-        Row{{10, 3}, kDefaultArchs, 13000, "error",
+        Row{{10, 3},
+            kDefaultArchs,
+            13000,
+            "error",
             {"no code image for SM 10.3", "sm_100a", "compute_120", "sm_103",
              "-DTESSERA_CUDA_ARCHS"}},
         Row{{11, 0}, kDefaultArchs, 13000, "error", {"no code image for SM 11.0", "sm_110"}},
         Row{{12, 0}, kDefaultArchs, 13000, "sass:sm_120", {}},
         Row{{12, 1}, kDefaultArchs, 13000, "sass:sm_120", {}},  // same major, newer minor
         // A future arch: only the PTX path, with a warning.
-        Row{{13, 0}, kDefaultArchs, 13000, "ptx:compute_120",
+        Row{{13, 0},
+            kDefaultArchs,
+            13000,
+            "ptx:compute_120",
             {"warning: SM 13.0 is newer than this build's capability table"}},
         // A binary without sm_120 SASS and compute_120 PTX on an SM 12.0 device.
-        Row{{12, 0}, kNo120Archs, 13000, "error",
-            {"no code image for SM 12.0", "SASS: sm_80, sm_86, sm_89, sm_90a, sm_100a",
-             "PTX: none", "sm_120 (SASS) or compute_120 (PTX)", "-DTESSERA_CUDA_ARCHS"}},
+        Row{{12, 0},
+            kNo120Archs,
+            13000,
+            "error",
+            {"no code image for SM 12.0", "SASS: sm_80, sm_86, sm_89, sm_90a, sm_100a", "PTX: none",
+             "sm_120 (SASS) or compute_120 (PTX)", "-DTESSERA_CUDA_ARCHS"}},
         Row{{13, 0}, kNo120Archs, 13000, "error", {"no code image for SM 13.0", "compute_XY PTX"}},
         Row{{9, 0}, kNo120Archs, 13000, "sass:sm_90a", {}},
         // A build for one arch family only.
@@ -126,7 +135,10 @@ INSTANTIATE_TEST_SUITE_P(
         Row{{9, 0}, "compute_80", 13000, "ptx:compute_80", {"no SASS for SM 9.0"}},
         Row{{12, 1}, "compute_80", 13010, "ptx:compute_80", {}},
         // Drivers: older major than the toolkit fails everything, whatever the images.
-        Row{{9, 0}, kDefaultArchs, 12080, "error",
+        Row{{9, 0},
+            kDefaultArchs,
+            12080,
+            "error",
             {"driver supports CUDA 12.8", "needs CUDA 13.x", "580"}},
         Row{{12, 0}, kDefaultArchs, 12090, "error", {"driver supports CUDA 12.9"}},
         // A newer driver than the toolkit is fine.
@@ -157,8 +169,8 @@ TEST(CudaSelectionTest, NoDriverLoaded) {
 
 TEST(CudaSelectionTest, ProbeDisagreeingWithTheManifestIsReported) {
   DeviceDescription gpu = FakeGpu({9, 0}, Build(kDefaultArchs));
-  gpu.gpu->probe = GpuInfo::Probe{false, 0, 0,
-                                  "cudaErrorNoKernelImageForDevice: no kernel image is available"};
+  gpu.gpu->probe =
+      GpuInfo::Probe{false, 0, 0, "cudaErrorNoKernelImageForDevice: no kernel image is available"};
   absl::StatusOr<SelectionReport> report = BuiltinRegistry().SelectAll(gpu);
   ASSERT_FALSE(report.ok());
   EXPECT_THAT(report.status().message(),
@@ -206,7 +218,8 @@ TEST(CudaSelectionTest, TensorParallelGroupNeedsARealCollective) {
 Registry ArchSpecificRegistry() {
   Registry r;
   auto add = [&](std::string name, arch::SmArch sm, const char* feature) {
-    EXPECT_TRUE(r.Add(Candidate{name, Op::kAttentionPrefill,
+    EXPECT_TRUE(r.Add(Candidate{name,
+                                Op::kAttentionPrefill,
                                 [sm, feature](const DeviceDescription& d) {
                                   return ArchSpecificWhyNot(d, sm, 'a', feature);
                                 },
@@ -233,13 +246,15 @@ TEST(ArchSpecificTest, EachArchGetsOnlyWhatItCanRun) {
     EXPECT_EQ(s->chosen, c.chosen) << c.sm.ToString();
   }
   // SM 12.0 never gets the SM100-only kernel, and the report says why.
-  absl::StatusOr<Selection> s = r.Select(Op::kAttentionPrefill, FakeGpu({12, 0}, Build(kDefaultArchs)));
+  absl::StatusOr<Selection> s =
+      r.Select(Op::kAttentionPrefill, FakeGpu({12, 0}, Build(kDefaultArchs)));
   ASSERT_TRUE(s.ok());
   EXPECT_THAT(s->rejected[0].reason,
               AllOf(HasSubstr("tcgen05 attention needs SM 10.0 exactly"), HasSubstr("SM 12.0")));
   // Forcing it is an error naming the reason.
-  absl::StatusOr<Selection> forced = r.Select(
-      Op::kAttentionPrefill, FakeGpu({12, 0}, Build(kDefaultArchs)), "tcgen05", "attention_backend");
+  absl::StatusOr<Selection> forced =
+      r.Select(Op::kAttentionPrefill, FakeGpu({12, 0}, Build(kDefaultArchs)), "tcgen05",
+               "attention_backend");
   ASSERT_FALSE(forced.ok());
   EXPECT_THAT(forced.status().message(), HasSubstr("needs SM 10.0 exactly"));
 }
@@ -251,9 +266,8 @@ TEST(ArchSpecificTest, MissingArchSpecificImageNamesTheRebuild) {
       r.Select(Op::kAttentionPrefill, FakeGpu({9, 0}, Build("sm_80;sm_90;compute_90")));
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->chosen, "cuda");
-  EXPECT_THAT(s->rejected[1].reason,
-              AllOf(HasSubstr("needs sm_90a code, which this binary lacks"),
-                    HasSubstr("sm_90a in -DTESSERA_CUDA_ARCHS")));
+  EXPECT_THAT(s->rejected[1].reason, AllOf(HasSubstr("needs sm_90a code, which this binary lacks"),
+                                           HasSubstr("sm_90a in -DTESSERA_CUDA_ARCHS")));
   EXPECT_THAT(s->rejected[1].reason, Not(HasSubstr("tcgen05")));
 }
 

@@ -16,8 +16,8 @@ std::string_view DeviceKindName(DeviceKind kind) {
 
 std::string DeviceDescription::Summary() const {
   if (kind == DeviceKind::kCuda && gpu) {
-    std::string out = absl::StrCat("cuda:", gpu->pci_bus_id.empty() ? std::to_string(ordinal)
-                                                                      : gpu->pci_bus_id);
+    std::string out =
+        absl::StrCat("cuda:", gpu->pci_bus_id.empty() ? std::to_string(ordinal) : gpu->pci_bus_id);
     if (!name.empty()) absl::StrAppend(&out, " ", name);
     absl::StrAppend(&out, " (SM ", gpu->arch.ToString(), ", ", gpu->sm_count, " SMs, ",
                     gpu->total_memory_bytes >> 30, " GiB, driver CUDA ",

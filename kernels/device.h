@@ -39,7 +39,7 @@ struct GpuInfo {
     bool loadable = false;
     int binary_version = 0;  // e.g. 90 for SASS built for sm_90
     int ptx_version = 0;
-    std::string error;       // the runtime's error when not loadable
+    std::string error;  // the runtime's error when not loadable
   };
   std::optional<Probe> probe;
 };

@@ -70,8 +70,8 @@ TEST(ManifestTest, ThisBuildMatchesItsConfiguration) {
 }
 
 TEST(ImageRulesTest, RunsOn) {
-  const CodeImage sm80{{8, 0}, '\0', false}, sm90a{{9, 0}, 'a', false},
-      sm100f{{10, 0}, 'f', false}, ptx120{{12, 0}, '\0', true}, ptx90a{{9, 0}, 'a', true};
+  const CodeImage sm80{{8, 0}, '\0', false}, sm90a{{9, 0}, 'a', false}, sm100f{{10, 0}, 'f', false},
+      ptx120{{12, 0}, '\0', true}, ptx90a{{9, 0}, 'a', true};
   EXPECT_TRUE(sm80.RunsOn({8, 6}));
   EXPECT_TRUE(sm80.RunsOn({8, 9}));
   EXPECT_FALSE(sm80.RunsOn({9, 0}));  // SASS never crosses a major version

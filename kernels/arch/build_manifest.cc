@@ -44,8 +44,8 @@ std::optional<BuildManifest> ManifestFromArchList(std::string_view list, int too
   m.toolkit_version = toolkit_version;
   m.nvcc_version = CudaVersionString(toolkit_version);
   static const std::regex kEntry("(sm|compute)_([0-9]+)([af]?)");
-  for (absl::string_view part : absl::StrSplit(absl::string_view(list.data(), list.size()), ';',
-                                               absl::SkipEmpty())) {
+  for (absl::string_view part :
+       absl::StrSplit(absl::string_view(list.data(), list.size()), ';', absl::SkipEmpty())) {
     std::smatch match;
     const std::string entry(part);
     if (!std::regex_match(entry, match, kEntry)) return std::nullopt;
@@ -78,8 +78,9 @@ std::string SuggestedEntries(SmArch device) {
 ImageMatch FindImage(const BuildManifest& build, SmArch device, int driver_version) {
   ImageMatch out;
   if (!build.cuda_built) {
-    out.note = "this binary was built without the CUDA backend (TESSERA_CUDA=OFF or no nvcc); "
-               "rebuild with -DTESSERA_CUDA=ON";
+    out.note =
+        "this binary was built without the CUDA backend (TESSERA_CUDA=OFF or no nvcc); "
+        "rebuild with -DTESSERA_CUDA=ON";
     return out;
   }
   if (driver_version > 0 && build.toolkit_version > 0 &&
@@ -106,29 +107,30 @@ ImageMatch FindImage(const BuildManifest& build, SmArch device, int driver_versi
   }
   if (best_ptx != nullptr) {
     if (driver_version > 0 && driver_version < build.toolkit_version) {
-      out.note = absl::StrCat(
-          "only PTX (", best_ptx->Name(), ") matches SM ", device.ToString(),
-          ", and the driver (CUDA ", CudaVersionString(driver_version),
-          ") is older than the toolkit that wrote it (CUDA ",
-          CudaVersionString(build.toolkit_version),
-          "), so it cannot JIT it; update the driver or add ", SuggestedEntries(device),
-          " to TESSERA_CUDA_ARCHS");
+      out.note = absl::StrCat("only PTX (", best_ptx->Name(), ") matches SM ", device.ToString(),
+                              ", and the driver (CUDA ", CudaVersionString(driver_version),
+                              ") is older than the toolkit that wrote it (CUDA ",
+                              CudaVersionString(build.toolkit_version),
+                              "), so it cannot JIT it; update the driver or add ",
+                              SuggestedEntries(device), " to TESSERA_CUDA_ARCHS");
       return out;
     }
     out.kind = ImageKind::kPtxJit;
     out.image = *best_ptx;
     out.note = absl::StrCat("degraded: no SASS for SM ", device.ToString(), "; the driver JITs ",
-                            best_ptx->Name(), " PTX at first use (slower start-up, no arch-specific "
-                            "kernels); add ", SuggestedEntries(device), " to TESSERA_CUDA_ARCHS");
+                            best_ptx->Name(),
+                            " PTX at first use (slower start-up, no arch-specific "
+                            "kernels); add ",
+                            SuggestedEntries(device), " to TESSERA_CUDA_ARCHS");
     return out;
   }
   std::vector<std::string> sass, ptx;
   for (const CodeImage& image : build.images) (image.ptx ? ptx : sass).push_back(image.Name());
-  out.note = absl::StrCat(
-      "no code image for SM ", device.ToString(), " in this binary (SASS: ",
-      sass.empty() ? "none" : absl::StrJoin(sass, ", "),
-      "; PTX: ", ptx.empty() ? "none" : absl::StrJoin(ptx, ", "),
-      "); rebuild with ", SuggestedEntries(device), " added to -DTESSERA_CUDA_ARCHS");
+  out.note =
+      absl::StrCat("no code image for SM ", device.ToString(),
+                   " in this binary (SASS: ", sass.empty() ? "none" : absl::StrJoin(sass, ", "),
+                   "; PTX: ", ptx.empty() ? "none" : absl::StrJoin(ptx, ", "), "); rebuild with ",
+                   SuggestedEntries(device), " added to -DTESSERA_CUDA_ARCHS");
   return out;
 }
 

@@ -35,7 +35,8 @@ const std::vector<ArchCapabilities>& CapabilityTable() {
   // sm_103a: tcgen05). 8.7 (Orin), 11.0 (Thor) and 12.1 (GB10) are embedded /
   // workstation parts with the features of their family's consumer line.
   static const auto* table = new std::vector<ArchCapabilities>{
-      //  arch     family       examples                    bf16  fp8    cp.a  wgmma  tma    tc05   clus
+      //  arch     family       examples                    bf16  fp8    cp.a  wgmma  tma    tc05
+      //  clus
       {{8, 0}, "Ampere", "A100, A30", true, false, true, false, false, false, false},
       {{8, 6}, "Ampere", "A10, A40, RTX 30xx", true, false, true, false, false, false, false},
       {{8, 7}, "Ampere", "Jetson Orin", true, false, true, false, false, false, false},
@@ -44,8 +45,16 @@ const std::vector<ArchCapabilities>& CapabilityTable() {
       {{10, 0}, "Blackwell", "B200, GB200", true, true, true, false, true, true, true},
       {{10, 3}, "Blackwell Ultra", "B300, GB300", true, true, true, false, true, true, true},
       {{11, 0}, "Blackwell (Thor)", "Jetson Thor", true, true, true, false, true, false, true},
-      {{12, 0}, "Blackwell (consumer)", "RTX 50xx, RTX PRO 6000", true, true, true, false, true,
-       false, true},
+      {{12, 0},
+       "Blackwell (consumer)",
+       "RTX 50xx, RTX PRO 6000",
+       true,
+       true,
+       true,
+       false,
+       true,
+       false,
+       true},
       {{12, 1}, "Blackwell (GB10)", "DGX Spark", true, true, true, false, true, false, true},
   };
   return *table;

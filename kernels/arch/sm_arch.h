@@ -24,7 +24,7 @@ struct SmArch {
   auto operator<=>(const SmArch&) const = default;
 
   std::string ToString() const;  // "9.0"
-  std::string SmName() const;     // "sm_90"
+  std::string SmName() const;    // "sm_90"
 };
 
 // "9.0", "90" or "sm_90" -> SmArch; nullopt otherwise.
@@ -35,14 +35,14 @@ std::optional<SmArch> ParseSmArch(std::string_view text);
 // candidate's rule, not here: this is what the silicon has.
 struct ArchCapabilities {
   SmArch arch;
-  std::string_view family;    // "Ampere", "Hopper", ...
-  std::string_view examples;  // "A100", "H100, H200", ...
-  bool bf16_mma = false;      // mma.sync bf16 (8.0+)
-  bool fp8_mma = false;       // fp8 tensor-core MMA (8.9+)
-  bool cp_async = false;      // cp.async global->shared copies (8.0+)
-  bool wgmma = false;         // warpgroup MMA (9.0, with an sm_90a image)
-  bool tma = false;           // tensor memory accelerator bulk copies (9.0+)
-  bool tcgen05 = false;       // 5th-gen tensor cores + tensor memory (10.x datacenter)
+  std::string_view family;             // "Ampere", "Hopper", ...
+  std::string_view examples;           // "A100", "H100, H200", ...
+  bool bf16_mma = false;               // mma.sync bf16 (8.0+)
+  bool fp8_mma = false;                // fp8 tensor-core MMA (8.9+)
+  bool cp_async = false;               // cp.async global->shared copies (8.0+)
+  bool wgmma = false;                  // warpgroup MMA (9.0, with an sm_90a image)
+  bool tma = false;                    // tensor memory accelerator bulk copies (9.0+)
+  bool tcgen05 = false;                // 5th-gen tensor cores + tensor memory (10.x datacenter)
   bool thread_block_clusters = false;  // 9.0+
 };
 

@@ -23,11 +23,11 @@ inline absl::Status CudaError(cudaError_t err, std::string_view what) {
                                           cudaGetErrorString(err), ")"));
 }
 
-#define TESSERA_CUDA_RETURN_IF_ERROR(expr)                                            \
-  do {                                                                                \
-    const cudaError_t tessera_cuda_err_ = (expr);                                     \
-    if (tessera_cuda_err_ != cudaSuccess) return ::tessera::kernels::cuda::CudaError( \
-        tessera_cuda_err_, #expr);                                                    \
+#define TESSERA_CUDA_RETURN_IF_ERROR(expr)                                  \
+  do {                                                                      \
+    const cudaError_t tessera_cuda_err_ = (expr);                           \
+    if (tessera_cuda_err_ != cudaSuccess)                                   \
+      return ::tessera::kernels::cuda::CudaError(tessera_cuda_err_, #expr); \
   } while (0)
 
 inline cudaStream_t AsCuda(CudaStream s) { return reinterpret_cast<cudaStream_t>(s); }
@@ -89,7 +89,6 @@ __device__ __forceinline__ T BlockMax(T v, T* scratch, T identity) {
   T m = lane < warps ? scratch[lane] : identity;
   return WarpMax(m);
 }
-
 
 // (value, index) of the block's largest value, lowest index among ties.
 // Each thread passes its own best candidate; every thread gets the result.

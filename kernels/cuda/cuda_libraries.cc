@@ -74,12 +74,12 @@ using tessera::kernels::cuda::Nccl;
 using tessera::kernels::cuda::Symbol;
 
 // FORWARD(library, failure value, return type, name, (params), (args))
-#define TESSERA_FORWARD(lib, fail, ret, name, params, args)                  \
-  extern "C" ret name params {                                             \
-    using Fn = ret(*) params;                                              \
-    static Fn fn = reinterpret_cast<Fn>(Symbol(lib(), #name));             \
-    if (fn == nullptr) return fail;                                        \
-    return fn args;                                                        \
+#define TESSERA_FORWARD(lib, fail, ret, name, params, args)    \
+  extern "C" ret name params {                                 \
+    using Fn = ret(*) params;                                  \
+    static Fn fn = reinterpret_cast<Fn>(Symbol(lib(), #name)); \
+    if (fn == nullptr) return fail;                            \
+    return fn args;                                            \
   }
 
 #define CUBLAS_FWD(name, params, args) \

@@ -36,13 +36,13 @@ namespace {
 
 constexpr double kHbmBytesPerSecond = 4.27e12;  // H200 HBM3e
 
-#define BENCH_CHECK(expr)                                                        \
-  do {                                                                           \
-    const absl::Status bench_status_ = (expr);                                   \
-    if (!bench_status_.ok()) {                                                   \
+#define BENCH_CHECK(expr)                                                               \
+  do {                                                                                  \
+    const absl::Status bench_status_ = (expr);                                          \
+    if (!bench_status_.ok()) {                                                          \
       std::fprintf(stderr, "%s failed: %s\n", #expr, bench_status_.ToString().c_str()); \
-      std::exit(1);                                                              \
-    }                                                                            \
+      std::exit(1);                                                                     \
+    }                                                                                   \
   } while (0)
 
 template <class T>
@@ -108,7 +108,8 @@ void Run() {
   DeviceBuffer y = Filled(4096 * 128256 * 2, 0);
   for (const NK& sh : shapes) {
     const size_t w_bytes = static_cast<size_t>(sh.n * sh.k * 2);
-    const int copies = static_cast<int>(std::max<size_t>(1, ((256u << 20) + w_bytes - 1) / w_bytes));
+    const int copies =
+        static_cast<int>(std::max<size_t>(1, ((256u << 20) + w_bytes - 1) / w_bytes));
     std::vector<DeviceBuffer> ws;
     for (int c = 0; c < copies; ++c) ws.push_back(Filled(w_bytes, 0x3b));
     for (int64_t m : ms) {
@@ -169,11 +170,11 @@ void Run() {
         });
         const double bytes = static_cast<double>(w_bytes) + 2.0 * sh.k + 2.0 * sh.n;
         entries.push_back(absl::StrCat(
-            "{\"op\": \"gemv_split_sweep\", \"shape\": \"", sh.name, "\", \"m\": 1, \"n\": ",
-            sh.n, ", \"k\": ", sh.k, ", \"splits\": ", GemvSplits(1, sh.n, sh.k, gws, splits),
-            ", \"auto_splits\": ", GemvSplits(1, sh.n, sh.k, gws), ", \"ctas_per_sm\": ",
-            gws.ctas_per_sm, ", \"us\": ", sec * 1e6, ", \"fraction_of_hbm\": ",
-            bytes / sec / kHbmBytesPerSecond, "}"));
+            "{\"op\": \"gemv_split_sweep\", \"shape\": \"", sh.name, "\", \"m\": 1, \"n\": ", sh.n,
+            ", \"k\": ", sh.k, ", \"splits\": ", GemvSplits(1, sh.n, sh.k, gws, splits),
+            ", \"auto_splits\": ", GemvSplits(1, sh.n, sh.k, gws),
+            ", \"ctas_per_sm\": ", gws.ctas_per_sm, ", \"us\": ", sec * 1e6,
+            ", \"fraction_of_hbm\": ", bytes / sec / kHbmBytesPerSecond, "}"));
       }
     }
   }
@@ -193,24 +194,24 @@ void Run() {
     double bytes = rows * hidden * (4.0 + 2.0) + hidden * 4.0;
     entries.push_back(absl::StrCat("{\"op\": \"rmsnorm\", \"rows\": ", rows, ", \"cols\": ", hidden,
                                    ", \"us\": ", sec * 1e6, ", \"gb_per_s\": ", bytes / sec * 1e-9,
-                                   ", \"fraction_of_hbm\": ", bytes / sec / kHbmBytesPerSecond, "}"));
+                                   ", \"fraction_of_hbm\": ", bytes / sec / kHbmBytesPerSecond,
+                                   "}"));
     sec = TimeIt(s, [&](int) {
       return FusedAddRmsNorm(delta.as<Bf16>(), act.as<float>(), rows, hidden, norm_w.as<float>(),
                              1e-5f, out.as<Bf16>(), s);
     });
     bytes = rows * hidden * (2.0 + 4.0 + 4.0 + 2.0) + hidden * 4.0;
-    entries.push_back(absl::StrCat("{\"op\": \"fused_add_rmsnorm\", \"rows\": ", rows,
-                                   ", \"cols\": ", hidden, ", \"us\": ", sec * 1e6,
-                                   ", \"gb_per_s\": ", bytes / sec * 1e-9, ", \"fraction_of_hbm\": ",
-                                   bytes / sec / kHbmBytesPerSecond, "}"));
-    sec = TimeIt(s, [&](int) {
-      return SiluMul(gate_up.as<Bf16>(), rows, inter, out.as<Bf16>(), s);
-    });
+    entries.push_back(
+        absl::StrCat("{\"op\": \"fused_add_rmsnorm\", \"rows\": ", rows, ", \"cols\": ", hidden,
+                     ", \"us\": ", sec * 1e6, ", \"gb_per_s\": ", bytes / sec * 1e-9,
+                     ", \"fraction_of_hbm\": ", bytes / sec / kHbmBytesPerSecond, "}"));
+    sec =
+        TimeIt(s, [&](int) { return SiluMul(gate_up.as<Bf16>(), rows, inter, out.as<Bf16>(), s); });
     bytes = rows * inter * (4.0 + 2.0);
-    entries.push_back(absl::StrCat("{\"op\": \"silu_mul\", \"rows\": ", rows, ", \"inter\": ",
-                                   inter, ", \"us\": ", sec * 1e6, ", \"gb_per_s\": ",
-                                   bytes / sec * 1e-9, ", \"fraction_of_hbm\": ",
-                                   bytes / sec / kHbmBytesPerSecond, "}"));
+    entries.push_back(
+        absl::StrCat("{\"op\": \"silu_mul\", \"rows\": ", rows, ", \"inter\": ", inter,
+                     ", \"us\": ", sec * 1e6, ", \"gb_per_s\": ", bytes / sec * 1e-9,
+                     ", \"fraction_of_hbm\": ", bytes / sec / kHbmBytesPerSecond, "}"));
   }
 
   // ---- argmax / sampling over a Llama-3 vocabulary ----
@@ -246,7 +247,8 @@ void Run() {
       std::vector<RowSamplingParams> params(rows, mode.p);
       for (int64_t r = 0; r < rows; ++r) params[r].position = r;
       DeviceBuffer d_params = Must(DeviceBuffer::Allocate(rows * sizeof(RowSamplingParams)), "A");
-      BENCH_CHECK(CopyToDevice(d_params.data(), params.data(), rows * sizeof(RowSamplingParams), s));
+      BENCH_CHECK(
+          CopyToDevice(d_params.data(), params.data(), rows * sizeof(RowSamplingParams), s));
       BENCH_CHECK(Synchronize(s));
       sec = TimeIt(s, [&](int) {
         return SampleRows(d_logits.as<float>(), rows, vocab, d_params.as<RowSamplingParams>(),

@@ -154,7 +154,7 @@ std::vector<float> Llama3InvFreq(int head_dim, double theta) {
 
 void CheckRope(int64_t tokens, int heads, int kv_heads, int head_dim, bool qk_norm) {
   SCOPED_TRACE(::testing::Message() << "tokens " << tokens << " heads " << heads << " kv "
-                                  << kv_heads << " head_dim " << head_dim << " norm " << qk_norm);
+                                    << kv_heads << " head_dim " << head_dim << " norm " << qk_norm);
   // Fused qkv rows: [q heads | k heads | v heads].
   const int64_t stride = int64_t{heads + 2 * kv_heads} * head_dim;
   std::vector<float> qkv = RandomBf16Floats(tokens * stride, 7 + head_dim, -3.f, 3.f);
@@ -185,15 +185,16 @@ void CheckRope(int64_t tokens, int heads, int kv_heads, int head_dim, bool qk_no
   Bf16* q = d_qkv.as<Bf16>();
   ASSERT_TRUE(Rope(q, stride, heads, q + int64_t{heads} * head_dim, stride, kv_heads, head_dim,
                    d_pos.as<int32_t>(), tokens, d_freq.as<float>(),
-                   qk_norm ? d_qn.as<float>() : nullptr, qk_norm ? d_kn.as<float>() : nullptr,
-                   eps, nullptr)
+                   qk_norm ? d_qn.as<float>() : nullptr, qk_norm ? d_kn.as<float>() : nullptr, eps,
+                   nullptr)
                   .ok());
   std::vector<float> got = FromBf16(Download<Bf16>(d_qkv, tokens * stride));
   for (int64_t t = 0; t < tokens; ++t) {
     for (int h = 0; h < heads + 2 * kv_heads; ++h) {
       const int64_t base = t * stride + int64_t{h} * head_dim;
       double max_abs = 0;
-      for (int i = 0; i < head_dim; ++i) max_abs = std::max(max_abs, double{std::fabs(want[base + i])});
+      for (int i = 0; i < head_dim; ++i)
+        max_abs = std::max(max_abs, double{std::fabs(want[base + i])});
       for (int i = 0; i < head_dim; ++i) {
         if (h >= heads + kv_heads) {
           ASSERT_EQ(got[base + i], qkv[base + i]) << "v must be untouched";
@@ -216,9 +217,9 @@ TEST(CudaOpsTest, Rope) {
   }
   CheckRope(3, 4, 4, 256, true);
   CheckRope(2, 2, 1, 512, false);
-  EXPECT_FALSE(Rope(nullptr, 0, 1, nullptr, 0, 1, 7, nullptr, 1, nullptr, nullptr, nullptr, 0,
-                    nullptr)
-                   .ok());
+  EXPECT_FALSE(
+      Rope(nullptr, 0, 1, nullptr, 0, 1, 7, nullptr, 1, nullptr, nullptr, nullptr, 0, nullptr)
+          .ok());
 }
 
 TEST(CudaOpsTest, SiluMul) {

@@ -16,13 +16,13 @@
 namespace tessera::kernels::cuda::cuda_testing {
 
 // Skips the current test when the process sees no CUDA device.
-#define TESSERA_REQUIRE_CUDA_DEVICE()                                          \
-  do {                                                                         \
-    std::string tessera_why_;                                                  \
-    if (::tessera::kernels::cuda::CudaDeviceCount(&tessera_why_) == 0) {       \
-      GTEST_SKIP() << "no CUDA device: " << tessera_why_;                      \
-    }                                                                          \
-    ASSERT_TRUE(::tessera::kernels::cuda::SetDevice(0).ok());                  \
+#define TESSERA_REQUIRE_CUDA_DEVICE()                                    \
+  do {                                                                   \
+    std::string tessera_why_;                                            \
+    if (::tessera::kernels::cuda::CudaDeviceCount(&tessera_why_) == 0) { \
+      GTEST_SKIP() << "no CUDA device: " << tessera_why_;                \
+    }                                                                    \
+    ASSERT_TRUE(::tessera::kernels::cuda::SetDevice(0).ok());            \
   } while (0)
 
 template <class T>

@@ -107,8 +107,8 @@ absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
   if (err != cudaSuccess) {
     cudaGetLastError();
     b.data_ = nullptr;
-    return absl::ResourceExhaustedError(absl::StrCat("cudaMalloc(", bytes, " bytes) failed: ",
-                                                     cudaGetErrorString(err)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cudaMalloc(", bytes, " bytes) failed: ", cudaGetErrorString(err)));
   }
   b.size_ = bytes;
   return b;
@@ -169,7 +169,8 @@ absl::Status Event::Record(CudaStream s) {
 }
 
 absl::Status Event::Synchronize() {
-  if (event_ == nullptr) return absl::FailedPreconditionError("Event::Synchronize on an empty event");
+  if (event_ == nullptr)
+    return absl::FailedPreconditionError("Event::Synchronize on an empty event");
   TESSERA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(reinterpret_cast<cudaEvent_t>(event_)));
   return absl::OkStatus();
 }
@@ -179,8 +180,8 @@ absl::StatusOr<float> Event::ElapsedMs(const Event& start, const Event& end) {
     return absl::FailedPreconditionError("Event::ElapsedMs on an empty event");
   }
   float ms = 0;
-  TESSERA_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, reinterpret_cast<cudaEvent_t>(start.event_),
-                                                    reinterpret_cast<cudaEvent_t>(end.event_)));
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(
+      &ms, reinterpret_cast<cudaEvent_t>(start.event_), reinterpret_cast<cudaEvent_t>(end.event_)));
   return ms;
 }
 
@@ -222,7 +223,8 @@ absl::Status CudaGraph::BeginCapture(CudaStream stream) {
 }
 
 absl::Status CudaGraph::EndCapture() {
-  if (capturing_ == nullptr) return absl::FailedPreconditionError("EndCapture without BeginCapture");
+  if (capturing_ == nullptr)
+    return absl::FailedPreconditionError("EndCapture without BeginCapture");
   cudaGraph_t graph = nullptr;
   const cudaError_t err = cudaStreamEndCapture(AsCuda(capturing_), &graph);
   capturing_ = nullptr;

@@ -18,8 +18,8 @@ constexpr int64_t kMaxGridX = 2147483647;
 
 absl::Status CheckRows(int64_t rows, std::string_view op) {
   if (rows > kMaxGridX) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(op), ": ", rows,
-                                                   " rows exceed the grid limit 2^31-1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(op), ": ", rows, " rows exceed the grid limit 2^31-1"));
   }
   return absl::OkStatus();
 }
@@ -123,8 +123,8 @@ int RowThreads(int64_t work_items) {
 }
 
 absl::Status LaunchRmsNorm(const float* x, const Bf16* delta, float* residual, int64_t rows,
-                           int64_t cols, const float* w, float eps, Bf16* out,
-                           CudaStream stream, bool fused) {
+                           int64_t cols, const float* w, float eps, Bf16* out, CudaStream stream,
+                           bool fused) {
   const char* op = fused ? "FusedAddRmsNorm" : "RmsNorm";
   if (rows < 0 || cols <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": bad shape rows=", rows, " cols=", cols));
@@ -306,8 +306,8 @@ absl::Status SiluMul(const Bf16* gate_up, int64_t rows, int64_t inter, Bf16* out
   return CheckLastLaunch("SiluMul");
 }
 
-absl::Status GatherRows(const Bf16* x, int64_t x_rows, int64_t cols, const int32_t* rows,
-                        int64_t n, Bf16* out, CudaStream stream) {
+absl::Status GatherRows(const Bf16* x, int64_t x_rows, int64_t cols, const int32_t* rows, int64_t n,
+                        Bf16* out, CudaStream stream) {
   if (x_rows < 0 || cols <= 0 || n < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("GatherRows: bad shape x_rows=", x_rows, " cols=", cols, " n=", n));
@@ -333,12 +333,12 @@ absl::Status WriteKvCache(const Bf16* k, int64_t k_token_stride, const Bf16* v,
                           const int64_t* slot_mapping, Bf16* k_cache, Bf16* v_cache,
                           int64_t num_slots, CudaStream stream) {
   const int64_t row = int64_t{num_kv_heads} * head_dim;
-  if (tokens < 0 || num_kv_heads <= 0 || head_dim <= 0 || num_slots < 0 ||
-      k_token_stride < row || v_token_stride < row) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "WriteKvCache: bad shape tokens=", tokens, " kv_heads=", num_kv_heads,
-        " head_dim=", head_dim, " num_slots=", num_slots, " k_stride=", k_token_stride,
-        " v_stride=", v_token_stride));
+  if (tokens < 0 || num_kv_heads <= 0 || head_dim <= 0 || num_slots < 0 || k_token_stride < row ||
+      v_token_stride < row) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WriteKvCache: bad shape tokens=", tokens, " kv_heads=", num_kv_heads,
+                     " head_dim=", head_dim, " num_slots=", num_slots, " k_stride=", k_token_stride,
+                     " v_stride=", v_token_stride));
   }
   if (tokens == 0 || num_slots == 0) return absl::OkStatus();
   if (k == nullptr || v == nullptr || slot_mapping == nullptr || k_cache == nullptr ||
@@ -347,8 +347,7 @@ absl::Status WriteKvCache(const Bf16* k, int64_t k_token_stride, const Bf16* v,
   }
   if (absl::Status s = CheckRows(tokens, "WriteKvCache"); !s.ok()) return s;
   const bool vec = row % 8 == 0 && k_token_stride % 8 == 0 && v_token_stride % 8 == 0 &&
-                   Aligned(k, 16) && Aligned(v, 16) && Aligned(k_cache, 16) &&
-                   Aligned(v_cache, 16);
+                   Aligned(k, 16) && Aligned(v, 16) && Aligned(k_cache, 16) && Aligned(v_cache, 16);
   const int threads = RowThreads(vec ? row / 8 : row);
   const dim3 grid(static_cast<unsigned>(tokens));
   if (vec) {

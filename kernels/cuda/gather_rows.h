@@ -17,7 +17,7 @@
 
 namespace tessera::kernels::cuda {
 
-absl::Status GatherRows(const Bf16* x, int64_t x_rows, int64_t cols, const int32_t* rows,
-                        int64_t n, Bf16* out, CudaStream stream);
+absl::Status GatherRows(const Bf16* x, int64_t x_rows, int64_t cols, const int32_t* rows, int64_t n,
+                        Bf16* out, CudaStream stream);
 
 }  // namespace tessera::kernels::cuda

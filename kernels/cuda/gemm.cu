@@ -7,16 +7,16 @@
 // rows, i.e. per output feature.
 #include <cublasLt.h>
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/cuda_libraries.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 
 namespace tessera::kernels::cuda {
@@ -35,12 +35,12 @@ absl::Status LtError(cublasStatus_t st, std::string_view what) {
                                           cublasLtGetStatusString(st), ")"));
 }
 
-#define TESSERA_LT_RETURN_IF_ERROR(expr)                       \
-  do {                                                         \
-    const cublasStatus_t tessera_lt_st_ = (expr);              \
-    if (tessera_lt_st_ != CUBLAS_STATUS_SUCCESS) {             \
-      return LtError(tessera_lt_st_, #expr);                   \
-    }                                                          \
+#define TESSERA_LT_RETURN_IF_ERROR(expr)           \
+  do {                                             \
+    const cublasStatus_t tessera_lt_st_ = (expr);  \
+    if (tessera_lt_st_ != CUBLAS_STATUS_SUCCESS) { \
+      return LtError(tessera_lt_st_, #expr);       \
+    }                                              \
   } while (0)
 
 // Largest power of two <= 16 dividing the address.
@@ -118,7 +118,8 @@ struct GemmContext::Impl {
   absl::Status Build(const Key& key, bool epilogue_bias, Plan* plan) {
     const auto [m, n, k, f32_out, has_bias, al_x, al_w, al_y, al_bias] = key;
     const cudaDataType_t d_type = f32_out ? CUDA_R_32F : CUDA_R_16BF;
-    TESSERA_LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    TESSERA_LT_RETURN_IF_ERROR(
+        cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
     TESSERA_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
@@ -167,8 +168,8 @@ struct GemmContext::Impl {
     cublasLtMatmulPreferenceDestroy(pref);
     TESSERA_LT_RETURN_IF_ERROR(st);
     if (found == 0) {
-      return absl::InternalError(absl::StrCat("cuBLASLt offers no algorithm for bf16 GEMM m=", m,
-                                              " n=", n, " k=", k));
+      return absl::InternalError(
+          absl::StrCat("cuBLASLt offers no algorithm for bf16 GEMM m=", m, " n=", n, " k=", k));
     }
     plan->algo = result.algo;
     plan->bias_in_epilogue = epilogue_bias;
@@ -195,11 +196,10 @@ struct GemmContext::Impl {
     return &plans.emplace(key, plan).first->second;
   }
 
-  absl::Status Run(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
-                   const float* bias, void* y, bool f32_out, CudaStream stream) {
+  absl::Status Run(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n, const float* bias,
+                   void* y, bool f32_out, CudaStream stream) {
     if (m < 0 || n <= 0 || k <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Gemm: bad shape m=", m, " n=", n, " k=", k));
+      return absl::InvalidArgumentError(absl::StrCat("Gemm: bad shape m=", m, " n=", n, " k=", k));
     }
     if (m == 0) return absl::OkStatus();
     if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) {
@@ -226,16 +226,16 @@ struct GemmContext::Impl {
     // scratch, in row chunks that fit it, and round each chunk once.
     const int64_t scratch_elems = static_cast<int64_t>(kScratchBytes / sizeof(float));
     if (n > scratch_elems) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Gemm: biased bf16 GEMM with n=", n, " exceeds the fp32 scratch (", scratch_elems,
-          " values per row)"));
+      return absl::InvalidArgumentError(absl::StrCat("Gemm: biased bf16 GEMM with n=", n,
+                                                     " exceeds the fp32 scratch (", scratch_elems,
+                                                     " values per row)"));
     }
     const int64_t chunk = std::max<int64_t>(1, scratch_elems / n);
     for (int64_t i0 = 0; i0 < m; i0 += chunk) {
       const int64_t mc = std::min(chunk, m - i0);
       bool fused = false;
-      if (absl::Status s = RunLocked(x + i0 * k, mc, k, w, n, bias, scratch, /*f32_out=*/true,
-                                     stream, &fused);
+      if (absl::Status s =
+              RunLocked(x + i0 * k, mc, k, w, n, bias, scratch, /*f32_out=*/true, stream, &fused);
           !s.ok()) {
         return s;
       }
@@ -258,8 +258,7 @@ struct GemmContext::Impl {
     const int al_x = std::min(AlignmentOf(x), AlignmentOf(reinterpret_cast<const void*>(k * 2)));
     const int al_w = std::min(AlignmentOf(w), AlignmentOf(reinterpret_cast<const void*>(k * 2)));
     const int elem = f32_out ? 4 : 2;
-    const int al_y =
-        std::min(AlignmentOf(y), AlignmentOf(reinterpret_cast<const void*>(n * elem)));
+    const int al_y = std::min(AlignmentOf(y), AlignmentOf(reinterpret_cast<const void*>(n * elem)));
     const int al_b = bias != nullptr ? AlignmentOf(bias) : 16;
     const Key key{m, n, k, f32_out, bias != nullptr, al_x, al_w, al_y, al_b};
     absl::StatusOr<const Plan*> plan = GetPlan(key);
@@ -270,8 +269,8 @@ struct GemmContext::Impl {
           p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
     const float alpha = 1.0f, beta = 0.0f;
-    TESSERA_LT_RETURN_IF_ERROR(cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y,
-                                              p.d, y, p.d, &p.algo, workspace, kWorkspaceBytes,
+    TESSERA_LT_RETURN_IF_ERROR(cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.d,
+                                              y, p.d, &p.algo, workspace, kWorkspaceBytes,
                                               AsCuda(stream)));
     if (bias_fused != nullptr) {
       *bias_fused = p.bias_in_epilogue;
@@ -305,7 +304,8 @@ absl::StatusOr<std::unique_ptr<GemmContext>> GemmContext::Create() {
   if (absl::Status st = GemvResidentCtasPerSm(&impl->gemv.ctas_per_sm); !st.ok()) return st;
   TESSERA_CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->gemv.counters, kGemvCounters * sizeof(uint32_t)));
   impl->gemv.counter_capacity = kGemvCounters;
-  TESSERA_CUDA_RETURN_IF_ERROR(cudaMemset(impl->gemv.counters, 0, kGemvCounters * sizeof(uint32_t)));
+  TESSERA_CUDA_RETURN_IF_ERROR(
+      cudaMemset(impl->gemv.counters, 0, kGemvCounters * sizeof(uint32_t)));
   TESSERA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return std::unique_ptr<GemmContext>(new GemmContext(std::move(impl)));
 }

@@ -54,18 +54,17 @@ struct Shape {
 
 void CheckGemm(GemmContext& ctx, const Shape& sh) {
   SCOPED_TRACE(::testing::Message() << "m " << sh.m << " n " << sh.n << " k " << sh.k << " bias "
-                                  << sh.bias << " f32 " << sh.f32_out);
+                                    << sh.bias << " f32 " << sh.f32_out);
   const std::vector<Bf16> x = FastRandomBf16(sh.m * sh.k, 1 + sh.m);
   const std::vector<Bf16> w = FastRandomBf16(sh.n * sh.k, 2 + sh.n);
   const std::vector<float> bias = RandomFloats(sh.n, 3, -2.f, 2.f);
   DeviceBuffer d_x = Upload(x), d_w = Upload(w), d_b = Upload(bias);
   DeviceBuffer d_y = Zeros(sh.m * sh.n * (sh.f32_out ? 4 : 2));
   const float* b = sh.bias ? d_b.as<float>() : nullptr;
-  absl::Status s = sh.f32_out
-                       ? ctx.Gemm(d_x.as<Bf16>(), sh.m, sh.k, d_w.as<Bf16>(), sh.n, b,
-                                  d_y.as<float>(), nullptr)
-                       : ctx.Gemm(d_x.as<Bf16>(), sh.m, sh.k, d_w.as<Bf16>(), sh.n, b,
-                                  d_y.as<Bf16>(), nullptr);
+  absl::Status s =
+      sh.f32_out
+          ? ctx.Gemm(d_x.as<Bf16>(), sh.m, sh.k, d_w.as<Bf16>(), sh.n, b, d_y.as<float>(), nullptr)
+          : ctx.Gemm(d_x.as<Bf16>(), sh.m, sh.k, d_w.as<Bf16>(), sh.n, b, d_y.as<Bf16>(), nullptr);
   ASSERT_TRUE(s.ok()) << s;
   std::vector<float> y;
   if (sh.f32_out) {
@@ -97,7 +96,8 @@ void CheckGemm(GemmContext& ctx, const Shape& sh) {
   for (int64_t i = 0; i < sh.m; ++i) {
     for (size_t c = 0; c < cols.size(); ++c) {
       double mag = 0;
-      for (int64_t p = 0; p < sh.k; ++p) mag += std::fabs(double{xf[i * sh.k + p]} * wf[c * sh.k + p]);
+      for (int64_t p = 0; p < sh.k; ++p)
+        mag += std::fabs(double{xf[i * sh.k + p]} * wf[c * sh.k + p]);
       const double r = want[i * cols.size() + c];
       const double tol = 1e-4 * mag + (sh.f32_out ? 1e-6 : kBf16Eps * std::fabs(r) + 1e-6);
       ASSERT_NEAR(y[i * sh.n + cols[c]], r, tol) << "row " << i << " col " << cols[c];
@@ -121,12 +121,10 @@ TEST(CudaGemmTest, MatchesReference) {
     CheckGemm(**ctx, sh);
     CheckGemm(**ctx, sh);  // cached plan
   }
-  EXPECT_TRUE((*ctx)->Gemm(nullptr, 0, 8, nullptr, 8, nullptr, static_cast<Bf16*>(nullptr),
-                           nullptr)
-                  .ok());
-  EXPECT_FALSE((*ctx)->Gemm(nullptr, 1, 8, nullptr, 8, nullptr, static_cast<Bf16*>(nullptr),
-                            nullptr)
-                   .ok());
+  EXPECT_TRUE(
+      (*ctx)->Gemm(nullptr, 0, 8, nullptr, 8, nullptr, static_cast<Bf16*>(nullptr), nullptr).ok());
+  EXPECT_FALSE(
+      (*ctx)->Gemm(nullptr, 1, 8, nullptr, 8, nullptr, static_cast<Bf16*>(nullptr), nullptr).ok());
 }
 
 // Captures embedding -> rmsnorm -> gemm (+bias) on a stream, replays the graph with

@@ -97,10 +97,10 @@ __device__ __forceinline__ void StoreOut(void* y, int64_t i, float v) {
 }
 
 template <bool kF32Out>
-__global__ void __launch_bounds__(kThreads) GemvKernel(
-    const uint16_t* __restrict__ x, int m, int k, const uint16_t* __restrict__ w, int n,
-    const float* __restrict__ bias, void* __restrict__ y, int steps_per_split, int splits,
-    float* __restrict__ partials, uint32_t* __restrict__ counters) {
+__global__ void __launch_bounds__(kThreads)
+    GemvKernel(const uint16_t* __restrict__ x, int m, int k, const uint16_t* __restrict__ w, int n,
+               const float* __restrict__ bias, void* __restrict__ y, int steps_per_split,
+               int splits, float* __restrict__ partials, uint32_t* __restrict__ counters) {
   __shared__ float red[kWarps][kTileRows][8];
   __shared__ uint32_t is_last;
   const int lane = threadIdx.x & 31;
@@ -187,7 +187,8 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(
   __threadfence();
   if (valid) {
     float sum = __ldcg(&partials[out_i]);
-    for (int s = 1; s < splits; ++s) sum += __ldcg(&partials[static_cast<int64_t>(s) * m * n + out_i]);
+    for (int s = 1; s < splits; ++s)
+      sum += __ldcg(&partials[static_cast<int64_t>(s) * m * n + out_i]);
     StoreOut<kF32Out>(y, out_i, bias != nullptr ? sum + bias[out_n] : sum);
   }
   if (threadIdx.x == 0) counters[tile] = 0;
@@ -237,9 +238,9 @@ absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t 
                     const float* bias, void* y, bool f32_out, const GemvWorkspace& ws,
                     CudaStream stream, int force_splits) {
   if (!GemvApplicable(x, m, k, w)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GemvBf16: needs 1 <= m <= ", kGemvMaxRows, ", k % 8 == 0 and 16-byte aligned x and W (m=",
-        m, " k=", k, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("GemvBf16: needs 1 <= m <= ", kGemvMaxRows,
+                     ", k % 8 == 0 and 16-byte aligned x and W (m=", m, " k=", k, ")"));
   }
   if (n <= 0 || n > INT32_MAX || k > (INT32_MAX >> 1)) {
     return absl::InvalidArgumentError(absl::StrCat("GemvBf16: bad shape n=", n, " k=", k));
@@ -250,13 +251,11 @@ absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t 
                   static_cast<unsigned>(plan.splits));
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   if (f32_out) {
-    GemvKernel<true><<<grid, kThreads, 0, AsCuda(stream)>>>(x, mi, ki, w, ni, bias, y,
-                                                             plan.steps_per_split, plan.splits,
-                                                             ws.partials, ws.counters);
+    GemvKernel<true><<<grid, kThreads, 0, AsCuda(stream)>>>(
+        x, mi, ki, w, ni, bias, y, plan.steps_per_split, plan.splits, ws.partials, ws.counters);
   } else {
-    GemvKernel<false><<<grid, kThreads, 0, AsCuda(stream)>>>(x, mi, ki, w, ni, bias, y,
-                                                              plan.steps_per_split, plan.splits,
-                                                              ws.partials, ws.counters);
+    GemvKernel<false><<<grid, kThreads, 0, AsCuda(stream)>>>(
+        x, mi, ki, w, ni, bias, y, plan.steps_per_split, plan.splits, ws.partials, ws.counters);
   }
   return CheckLastLaunch("GemvBf16");
 }

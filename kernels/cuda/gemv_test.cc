@@ -107,7 +107,7 @@ absl::Status RunContext(Problem& p, GemmContext& ctx, CudaStream s) {
 // Compares p's device output with the reference on (sampled) columns.
 void CheckAgainstReference(const Problem& p) {
   SCOPED_TRACE(::testing::Message() << "m " << p.m << " n " << p.n << " k " << p.k << " bias "
-                                  << p.bias << " f32 " << p.f32_out);
+                                    << p.bias << " f32 " << p.f32_out);
   std::vector<float> y;
   if (p.f32_out) {
     y = Download<float>(p.d_y, p.m * p.n);
@@ -203,9 +203,9 @@ TEST(CudaGemvTest, SplitPlanFillsTheGpuAndRespectsTheWorkspace) {
   ws.counters = fake_counters.data();
   ws.partial_capacity = kGemvPartialFloats;
   ws.counter_capacity = kGemvCounters;
-  ws.ctas_per_sm = 5;  // 660 slots
-  EXPECT_EQ(GemvSplits(1, 4096, 4096, ws), 2);   // 256 tiles
-  EXPECT_EQ(GemvSplits(1, 6144, 4096, ws), 1);   // 384 tiles: no whole second split
+  ws.ctas_per_sm = 5;                           // 660 slots
+  EXPECT_EQ(GemvSplits(1, 4096, 4096, ws), 2);  // 256 tiles
+  EXPECT_EQ(GemvSplits(1, 6144, 4096, ws), 1);  // 384 tiles: no whole second split
   EXPECT_EQ(GemvSplits(1, 4096, 14336, ws), 2);
   EXPECT_EQ(GemvSplits(1, 1024, 4096, ws), 8);   // 64 tiles, 128 steps: 8 x 16
   EXPECT_EQ(GemvSplits(1, 1024, 1024, ws), 2);   // 32 steps: whole iterations only

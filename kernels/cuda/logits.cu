@@ -72,8 +72,8 @@ absl::Status Softmax(const float* logits, int64_t rows, int64_t vocab, float* ou
                      CudaStream stream) {
   if (absl::Status s = CheckLogitsArgs(logits, rows, vocab, out, "Softmax"); !s.ok()) return s;
   if (rows == 0) return absl::OkStatus();
-  SoftmaxKernel<false><<<static_cast<unsigned>(rows), kThreads, 0, AsCuda(stream)>>>(logits, vocab,
-                                                                                    out);
+  SoftmaxKernel<false>
+      <<<static_cast<unsigned>(rows), kThreads, 0, AsCuda(stream)>>>(logits, vocab, out);
   return CheckLastLaunch("Softmax");
 }
 
@@ -81,8 +81,8 @@ absl::Status LogSoftmax(const float* logits, int64_t rows, int64_t vocab, float*
                         CudaStream stream) {
   if (absl::Status s = CheckLogitsArgs(logits, rows, vocab, out, "LogSoftmax"); !s.ok()) return s;
   if (rows == 0) return absl::OkStatus();
-  SoftmaxKernel<true><<<static_cast<unsigned>(rows), kThreads, 0, AsCuda(stream)>>>(logits, vocab,
-                                                                                   out);
+  SoftmaxKernel<true>
+      <<<static_cast<unsigned>(rows), kThreads, 0, AsCuda(stream)>>>(logits, vocab, out);
   return CheckLastLaunch("LogSoftmax");
 }
 

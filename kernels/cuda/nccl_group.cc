@@ -15,8 +15,8 @@ absl::Status NcclError(ncclResult_t r, std::string_view what) {
   if (const std::string load = LastCudaLibraryError(); !load.empty()) {
     return absl::InternalError(absl::StrCat(std::string(what), ": ", load));
   }
-  return absl::InternalError(
-      absl::StrCat(std::string(what), ": ", ncclGetErrorString(r), " (", ncclGetLastError(nullptr), ")"));
+  return absl::InternalError(absl::StrCat(std::string(what), ": ", ncclGetErrorString(r), " (",
+                                          ncclGetLastError(nullptr), ")"));
 }
 
 }  // namespace
@@ -45,11 +45,11 @@ absl::Status NcclGroup::AllReduceSum(int rank, void* data, int64_t count, DType 
                                      CudaStream stream) {
   if (rank < 0 || rank >= size()) return absl::InvalidArgumentError("NCCL rank out of range");
   if (count == 0) return absl::OkStatus();
-  return NcclError(ncclAllReduce(data, data, static_cast<size_t>(count),
-                                 dtype == DType::kBf16 ? ncclBfloat16 : ncclFloat32, ncclSum,
-                                 static_cast<ncclComm_t>(comms_[rank]),
-                                 reinterpret_cast<cudaStream_t>(stream)),
-                   "ncclAllReduce");
+  return NcclError(
+      ncclAllReduce(data, data, static_cast<size_t>(count),
+                    dtype == DType::kBf16 ? ncclBfloat16 : ncclFloat32, ncclSum,
+                    static_cast<ncclComm_t>(comms_[rank]), reinterpret_cast<cudaStream_t>(stream)),
+      "ncclAllReduce");
 }
 
 std::string NcclGroup::Version() {

@@ -42,7 +42,7 @@ absl::Status FillRandomBf16(Bf16* out, int64_t n, uint64_t seed, float scale, Cu
   }
   if (n == 0) return absl::OkStatus();
   FillRandomBf16Kernel<<<GridFor(n), 256, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(out), n,
-                                                        seed, scale);
+                                                       seed, scale);
   return CudaError(cudaGetLastError(), "FillRandomBf16");
 }
 

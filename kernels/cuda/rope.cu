@@ -69,18 +69,17 @@ __global__ void RopeKernel(uint16_t* __restrict__ q, int64_t q_stride, int num_h
 
 }  // namespace
 
-absl::Status Rope(Bf16* q, int64_t q_token_stride, int num_heads, Bf16* k,
-                  int64_t k_token_stride, int num_kv_heads, int head_dim,
-                  const int32_t* positions, int64_t tokens, const float* inv_freq,
-                  const float* q_norm, const float* k_norm, float norm_eps, CudaStream stream) {
+absl::Status Rope(Bf16* q, int64_t q_token_stride, int num_heads, Bf16* k, int64_t k_token_stride,
+                  int num_kv_heads, int head_dim, const int32_t* positions, int64_t tokens,
+                  const float* inv_freq, const float* q_norm, const float* k_norm, float norm_eps,
+                  CudaStream stream) {
   if (head_dim < 2 || head_dim % 2 != 0 || head_dim > kMaxHeadDim) {
     return absl::InvalidArgumentError(
         absl::StrCat("Rope: head_dim must be even and in [2, 512], got ", head_dim));
   }
-  if (tokens < 0 || (q != nullptr && (num_heads <= 0 ||
-                                      q_token_stride < int64_t{num_heads} * head_dim)) ||
-      (k != nullptr && (num_kv_heads <= 0 ||
-                        k_token_stride < int64_t{num_kv_heads} * head_dim))) {
+  if (tokens < 0 ||
+      (q != nullptr && (num_heads <= 0 || q_token_stride < int64_t{num_heads} * head_dim)) ||
+      (k != nullptr && (num_kv_heads <= 0 || k_token_stride < int64_t{num_kv_heads} * head_dim))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Rope: bad shape tokens=", tokens, " heads=", num_heads, " kv_heads=", num_kv_heads,
         " head_dim=", head_dim, " q_stride=", q_token_stride, " k_stride=", k_token_stride));
@@ -91,8 +90,8 @@ absl::Status Rope(Bf16* q, int64_t q_token_stride, int num_heads, Bf16* k,
   }
   if (tokens > 2147483647) return absl::InvalidArgumentError("Rope: too many tokens");
   RopeKernel<<<static_cast<unsigned>(tokens), kWarpsPerBlock * 32, 0, AsCuda(stream)>>>(
-      q, q_token_stride, num_heads, k, k_token_stride, num_kv_heads, head_dim, positions,
-      inv_freq, q_norm, k_norm, norm_eps);
+      q, q_token_stride, num_heads, k, k_token_stride, num_kv_heads, head_dim, positions, inv_freq,
+      q_norm, k_norm, norm_eps);
   return CheckLastLaunch("Rope");
 }
 

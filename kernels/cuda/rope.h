@@ -23,9 +23,9 @@
 
 namespace tessera::kernels::cuda {
 
-absl::Status Rope(Bf16* q, int64_t q_token_stride, int num_heads, Bf16* k,
-                  int64_t k_token_stride, int num_kv_heads, int head_dim,
-                  const int32_t* positions, int64_t tokens, const float* inv_freq,
-                  const float* q_norm, const float* k_norm, float norm_eps, CudaStream stream);
+absl::Status Rope(Bf16* q, int64_t q_token_stride, int num_heads, Bf16* k, int64_t k_token_stride,
+                  int num_kv_heads, int head_dim, const int32_t* positions, int64_t tokens,
+                  const float* inv_freq, const float* q_norm, const float* k_norm, float norm_eps,
+                  CudaStream stream);
 
 }  // namespace tessera::kernels::cuda

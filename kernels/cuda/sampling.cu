@@ -20,7 +20,7 @@ namespace tessera::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 512;
-constexpr float kGreedyTemperature = 1e-5f;  // worker/sampling/sampling_params.h
+constexpr float kGreedyTemperature = 1e-5f;   // worker/sampling/sampling_params.h
 constexpr uint32_t kNegInfKey = 0x007fffffu;  // Key(-inf); finite keys are larger
 
 __device__ __forceinline__ uint32_t Key(float v) {
@@ -302,7 +302,7 @@ absl::Status SampleRows(const float* logits, int64_t rows, int64_t vocab,
     return absl::InvalidArgumentError("SampleRows: null pointer");
   }
   SampleKernel<<<static_cast<unsigned>(rows), kThreads, 0, AsCuda(stream)>>>(logits, vocab, params,
-                                                                            out);
+                                                                             out);
   return CheckLastLaunch("SampleRows");
 }
 

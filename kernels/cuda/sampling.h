@@ -42,7 +42,7 @@ struct RowSamplingParams {
   float top_p = 1.0f;        // (0, 1]; 1 disabled
   float min_p = 0.0f;        // [0, 1]; 0 disabled
   uint64_t seed = 0;
-  int64_t position = 0;      // index of the token being drawn in its sequence
+  int64_t position = 0;  // index of the token being drawn in its sequence
 };
 static_assert(sizeof(RowSamplingParams) == 32);
 

@@ -47,7 +47,7 @@ Batch MakeBatch(int64_t rows, int64_t vocab, uint32_t seed) {
     for (int64_t i = 0; i < vocab; ++i) {
       float v = normal(rng);
       if (flavour == 1) v = std::round(v * 2.f) / 2.f;  // ties
-      if (flavour == 2 && i % 97 == 3) v += 12.f;        // peaked
+      if (flavour == 2 && i % 97 == 3) v += 12.f;       // peaked
       if (flavour == 3 && uni(rng) < 0.3f) v = -std::numeric_limits<float>::infinity();
       x[i] = v;
     }
@@ -158,10 +158,11 @@ TEST(CudaSamplingTest, InvalidRowsGiveMinusOne) {
   Batch b;
   b.vocab = vocab;
   b.logits.assign(4 * vocab, 0.5f);
-  b.logits[3] = std::numeric_limits<float>::quiet_NaN();                                 // row 0
-  for (int64_t i = 0; i < vocab; ++i) b.logits[vocab + i] = -std::numeric_limits<float>::infinity();  // row 1
+  b.logits[3] = std::numeric_limits<float>::quiet_NaN();  // row 0
+  for (int64_t i = 0; i < vocab; ++i)
+    b.logits[vocab + i] = -std::numeric_limits<float>::infinity();  // row 1
   b.params.resize(4);
-  b.params[2].top_p = 1.5f;  // bad params
+  b.params[2].top_p = 1.5f;       // bad params
   b.params[3].temperature = 0.f;  // fine: greedy, all equal -> 0
   const std::vector<int32_t> got = RunGpu(b);
   EXPECT_EQ(got, (std::vector<int32_t>{-1, -1, -1, 0}));

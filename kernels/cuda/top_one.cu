@@ -58,14 +58,14 @@ __global__ void TopOneKernel(const float* logits, int64_t vocab, int64_t offset,
 
 absl::Status TopOneRows(const float* logits, int64_t rows, int64_t vocab, int64_t index_offset,
                         int32_t* ids, float* values, CudaStream stream) {
-  if (rows < 0 || vocab <= 0 || (rows > 0 && (logits == nullptr || ids == nullptr ||
-                                              values == nullptr))) {
+  if (rows < 0 || vocab <= 0 ||
+      (rows > 0 && (logits == nullptr || ids == nullptr || values == nullptr))) {
     return absl::InvalidArgumentError("TopOneRows: bad sizes or null pointers");
   }
   if (rows == 0) return absl::OkStatus();
   if (rows > 2147483647) return absl::InvalidArgumentError("TopOneRows: too many rows");
   TopOneKernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(logits, vocab, index_offset, ids,
-                                                                 values);
+                                                                values);
   return CudaError(cudaGetLastError(), "TopOneRows");
 }
 

@@ -59,9 +59,10 @@ bool CheckDevice(const kernels::DeviceDescription& device, bool preflight) {
                   std::string(caps->family).c_str(), std::string(caps->examples).c_str(),
                   Features(*caps).c_str());
     } else {
-      std::printf("capability: SM %s, not in this build's capability table (newer GPU): portable "
-                  "PTX kernels only\n",
-                  gpu.arch.ToString().c_str());
+      std::printf(
+          "capability: SM %s, not in this build's capability table (newer GPU): portable "
+          "PTX kernels only\n",
+          gpu.arch.ToString().c_str());
     }
     std::printf("shared memory per block (opt-in): %lld KiB; memory: %lld MiB\n",
                 static_cast<long long>(gpu.shared_memory_per_block_optin >> 10),
@@ -156,7 +157,8 @@ int RunDoctor(const std::vector<char*>&) {
     if ((*group)[0].kind == kernels::DeviceKind::kCuda) {
       std::printf("  nccl: %s (NVLink multicast off: NCCL_NVLS_ENABLE=%s)\n",
                   kernels::cuda::NcclGroup::Version().c_str(),
-                  std::getenv("NCCL_NVLS_ENABLE") ? std::getenv("NCCL_NVLS_ENABLE") : "unset, set to 0 at start-up");
+                  std::getenv("NCCL_NVLS_ENABLE") ? std::getenv("NCCL_NVLS_ENABLE")
+                                                  : "unset, set to 0 at start-up");
     }
 #endif
     // Every rank's device, each with the group size (all_reduce needs it).
@@ -185,8 +187,7 @@ int RunDoctor(const std::vector<char*>&) {
                 std::string(f.description).c_str());
   }
   if (failures > 0) {
-    std::fprintf(stderr, "error: %d device(s) cannot run Tessera's kernels; see above\n",
-                 failures);
+    std::fprintf(stderr, "error: %d device(s) cannot run Tessera's kernels; see above\n", failures);
     return 1;
   }
   return 0;

@@ -35,7 +35,8 @@ ABSL_FLAG(std::vector<std::string>, router_args, {}, "up: extra flags for the ro
 ABSL_FLAG(std::string, up_draft_source, "",
           "up: speculative decoding: the drafter's source (ngram, suffix or model) and the "
           "workers verify its proposals; empty = the drafter runs but no worker uses it");
-ABSL_FLAG(std::string, up_draft_model, "", "up: the drafter's draft model (--up_draft_source=model)");
+ABSL_FLAG(std::string, up_draft_model, "",
+          "up: the drafter's draft model (--up_draft_source=model)");
 ABSL_FLAG(absl::Duration, ready_timeout, absl::Seconds(120), "up: how long to wait for readiness");
 
 namespace tessera::cli {
@@ -221,7 +222,8 @@ int RunUp(const std::vector<char*>&) {
   }
   std::vector<std::string> worker_addrs;
   for (int i = 0; i < n; ++i) {
-    worker_addrs.push_back(absl::StrCat("127.0.0.1:", children[i + 1].ports["grpc_port"]));  // [0] = drafter
+    worker_addrs.push_back(
+        absl::StrCat("127.0.0.1:", children[i + 1].ports["grpc_port"]));  // [0] = drafter
   }
   {
     Child c{"router"};

@@ -2,9 +2,9 @@
 
 #include <exception>
 
+#include "CivetServer.h"
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
-#include "CivetServer.h"
 #include "prometheus/exposer.h"
 #include "services/common/version.h"
 
@@ -71,8 +71,8 @@ absl::Status MetricsServer::Start(const std::string& address) {
     exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1, callbacks);
   } catch (const std::exception& e) {
     if (!g_civetweb_error.empty()) {
-      return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ",
-                                                 g_civetweb_error));
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve metrics on ", address, ": ", g_civetweb_error));
     }
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address,
                                                " (address in use or not local?): ", e.what()));

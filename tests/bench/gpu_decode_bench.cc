@@ -34,6 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda_devices.h"
 #include "nlohmann/json.hpp"
+#include "tests/bench/llama3_8b_config.h"
 #include "worker/model/config.h"
 #include "worker/runner/cuda_model_runner.h"
 
@@ -55,20 +56,9 @@ ABSL_FLAG(double, peak_tflops, 785, "measured bf16 GEMM peak (TFLOP/s) for the p
 namespace tessera {
 namespace {
 
-// Llama-3-8B's shapes (config.json of Meta-Llama-3.1-8B).
-constexpr char kLlama3_8B[] = R"({
-  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-  "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-  "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-  "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
-  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
-  "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-  "bos_token_id": 128000, "eos_token_id": 128001
-})";
-
 int Run() {
-  absl::StatusOr<model::ModelConfig> config = model::ParseModelConfig(kLlama3_8B, "llama3_8b");
+  absl::StatusOr<model::ModelConfig> config =
+      model::ParseModelConfig(kLlama3_8BConfig, "llama3_8b");
   if (!config.ok()) {
     std::fprintf(stderr, "config: %s\n", config.status().ToString().c_str());
     return 1;
@@ -125,7 +115,8 @@ int Run() {
       std::fprintf(stderr, "prefill: %s\n", s.ToString().c_str());
       return 1;
     }
-    const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double prefill_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // Decode. Graphs are captured per context bucket: warm up at the last
     // position too (its KV slot is rewritten by the timed steps), so no
     // capture happens inside the timed loop.
@@ -150,7 +141,8 @@ int Run() {
         return 1;
       }
     }
-    const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double decode_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double gpu_ms_per_step = -1;
     if (options.cuda_graphs) {
       absl::StatusOr<double> gpu_ms = (*runner)->ReplayLastDecodeGraphMs(steps, batch);
@@ -208,7 +200,8 @@ int Run() {
         std::fprintf(stderr, "long prefill: %s\n", st.ToString().c_str());
         return 1;
       }
-      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (rep > 0) best = std::min(best, sec);
     }
     const double T = long_len, H = c.hidden_size, D = c.head_dim;

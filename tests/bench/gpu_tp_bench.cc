@@ -24,6 +24,7 @@
 #include "kernels/cuda/nccl_group.h"
 #include "kernels/cuda_devices.h"
 #include "nlohmann/json.hpp"
+#include "tests/bench/llama3_8b_config.h"
 #include "worker/model/config.h"
 #include "worker/parallel/cuda_tensor_parallel_runner.h"
 
@@ -39,24 +40,13 @@ namespace {
 
 namespace kcu = ::tessera::kernels::cuda;
 
-constexpr char kLlama3_8B[] = R"({
-  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-  "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-  "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-  "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
-  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
-  "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-  "bos_token_id": 128000, "eos_token_id": 128001
-})";
-
-#define CHECK_OR_DIE(expr)                                                  \
-  do {                                                                      \
-    absl::Status s_ = (expr);                                               \
-    if (!s_.ok()) {                                                         \
-      std::fprintf(stderr, "%s: %s\n", #expr, s_.ToString().c_str());       \
-      std::exit(1);                                                         \
-    }                                                                       \
+#define CHECK_OR_DIE(expr)                                            \
+  do {                                                                \
+    absl::Status s_ = (expr);                                         \
+    if (!s_.ok()) {                                                   \
+      std::fprintf(stderr, "%s: %s\n", #expr, s_.ToString().c_str()); \
+      std::exit(1);                                                   \
+    }                                                                 \
   } while (0)
 
 // Microseconds per all-reduce of `count` bf16 values over the devices:
@@ -118,7 +108,7 @@ std::pair<double, double> TimeAllReduce(const std::vector<kernels::DeviceDescrip
 }
 
 int Run() {
-  auto config = model::ParseModelConfig(kLlama3_8B, "llama3_8b");
+  auto config = model::ParseModelConfig(kLlama3_8BConfig, "llama3_8b");
   CHECK_OR_DIE(config.status());
   kernels::DetectedCudaDevices found = kernels::DetectCudaDevices();
   const int prompt_len = absl::GetFlag(FLAGS_prompt_len);

@@ -240,9 +240,9 @@ int main(int argc, char** argv) {
           {"seconds", best.seconds},
           {"output_tokens_per_second", tps},
           {"speedup_vs_plain", tps / plain_tps[idx]},
-          {"outputs_identical_to_plain",
-           absl::GetFlag(FLAGS_temperature) > 0 ? nlohmann::json(nullptr)
-                                                 : nlohmann::json(best.outputs == reference)},
+          {"outputs_identical_to_plain", absl::GetFlag(FLAGS_temperature) > 0
+                                             ? nlohmann::json(nullptr)
+                                             : nlohmann::json(best.outputs == reference)},
       };
       const Counter& c = best_counter;
       if (s != "none") {

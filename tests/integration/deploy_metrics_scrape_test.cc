@@ -94,7 +94,9 @@ std::set<std::string> DashboardNames(const std::string& path) {
   PanelExprs(dash.value("panels", nlohmann::json::array()), &names);
   for (const auto& v : dash["templating"].value("list", nlohmann::json::array())) {
     const auto& q = v.value("query", nlohmann::json());
-    AddNames(q.is_object() ? q.value("query", "") : q.is_string() ? q.get<std::string>() : "",
+    AddNames(q.is_object()   ? q.value("query", "")
+             : q.is_string() ? q.get<std::string>()
+                             : "",
              &names);
   }
   return names;
@@ -213,8 +215,8 @@ TEST(DeployMetricsScrapeTest, EveryMetricUsedByRulesAndDashboardIsExported) {
       << bodies["router"] << "\nworker:\n"
       << bodies["worker"] << "\ndrafter:\n"
       << bodies["drafter"];
-  EXPECT_TRUE(unexpectedly_present.empty())
-      << "exported now; remove from kExpectedMissing: " << absl::StrJoin(unexpectedly_present, ", ");
+  EXPECT_TRUE(unexpectedly_present.empty()) << "exported now; remove from kExpectedMissing: "
+                                            << absl::StrJoin(unexpectedly_present, ", ");
   std::cout << "compared " << used.size() << " metric names (" << from_rules << " from rules, "
             << dash.size() << " from the dashboard) with " << exported.size()
             << " exported series names\n";

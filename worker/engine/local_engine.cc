@@ -13,14 +13,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/log.h"
+#include "kernels/cuda_devices.h"
 #include "worker/parallel/shard_plan.h"
 #include "worker/parallel/tensor_parallel_runner.h"
 #include "worker/runner/cpu_model_runner.h"
 #include "worker/runner/simulated_model_runner.h"
-#include "kernels/cuda_devices.h"
 #if TESSERA_HAVE_CUDA
-#include "worker/runner/cuda_model_runner.h"
 #include "worker/parallel/cuda_tensor_parallel_runner.h"
+#include "worker/runner/cuda_model_runner.h"
 #include "worker/runner/cuda_preflight.h"
 #endif
 
@@ -166,8 +166,8 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineO
     ro.max_num_tokens = o.max_num_batched_tokens + 8 * o.max_num_seqs;
     ro.cuda_graphs = o.cuda_graphs;
     if (tp > 1) {
-      auto runner = parallel::CudaTensorParallelRunner::Create(
-          local->model.get(), local->model->config, *devices, ro);
+      auto runner = parallel::CudaTensorParallelRunner::Create(local->model.get(),
+                                                               local->model->config, *devices, ro);
       if (!runner.ok()) return runner.status();
       local->kv_cache_blocks = (*runner)->num_kv_blocks();
       model_runner = std::move(*runner);
@@ -241,8 +241,7 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineO
       auto runner = parallel::TensorParallelRunner::Create(local->model.get(), tpo);
       if (!runner.ok()) return runner.status();
       LogInfo("tensor parallelism on CPU ranks",
-              {{"ranks", tp},
-               {"all_reduce", local->kernels->BackendOf(kernels::Op::kAllReduce)}});
+              {{"ranks", tp}, {"all_reduce", local->kernels->BackendOf(kernels::Op::kAllReduce)}});
       model_runner = std::move(*runner);
     }
   }

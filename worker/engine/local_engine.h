@@ -77,7 +77,7 @@ struct LocalEngineOptions {
   // holding 1/N of the model; CUDA devices take only 1 in this build.
   int tensor_parallel_size = 1;
   int block_size = 16;
-  int64_t kv_cache_blocks = 0;  // 0 = from kv_cache_memory_mb (CPU) or gpu_memory_fraction
+  int64_t kv_cache_blocks = 0;       // 0 = from kv_cache_memory_mb (CPU) or gpu_memory_fraction
   double gpu_memory_fraction = 0.9;  // CUDA: of the memory left after weights, for the KV cache
   bool cuda_graphs = true;           // CUDA: decode steps as CUDA graphs
   int64_t kv_cache_memory_mb = 512;

@@ -38,10 +38,9 @@ absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunn
     runner::CudaRunnerOptions ro = options;
     ro.shard = *plan;
     ro.nccl = tp->nccl_.get();
-    auto rank = model != nullptr
-                    ? runner::CudaModelRunner::Create(model, devices[r], ro)
-                    : runner::CudaModelRunner::CreateWithRandomWeights(config, devices[r], ro,
-                                                                       random_seed + 7919 * r);
+    auto rank = model != nullptr ? runner::CudaModelRunner::Create(model, devices[r], ro)
+                                 : runner::CudaModelRunner::CreateWithRandomWeights(
+                                       config, devices[r], ro, random_seed + 7919 * r);
     if (!rank.ok()) {
       return absl::Status(rank.status().code(),
                           absl::StrCat(plan->ToString(), " on ", devices[r].Summary(), ": ",

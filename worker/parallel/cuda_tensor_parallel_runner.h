@@ -72,7 +72,7 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   bool greedy_ = false;                           // this step: ForwardGreedy
   std::vector<std::vector<int32_t>> top_ids_;     // per rank (greedy mode)
   std::vector<std::vector<float>> top_values_;
-  std::vector<std::thread> threads_;              // ranks 1..N-1
+  std::vector<std::thread> threads_;  // ranks 1..N-1
 
   absl::Mutex mu_;
   absl::CondVar cv_;

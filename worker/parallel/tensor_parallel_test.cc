@@ -372,9 +372,9 @@ TEST(TensorParallelTest, StartupErrorsForBadSizes) {
   ASSERT_FALSE(local.ok());
   // Two ranks need two GPUs (and this fixture's head_dim 32 has no CUDA
   // attention kernel where two exist).
-  EXPECT_THAT(std::string(local.status().message()),
-              ::testing::AnyOf(HasSubstr("--tensor_parallel_size=2 needs 2 GPUs"),
-                               HasSubstr("head_dim")));
+  EXPECT_THAT(
+      std::string(local.status().message()),
+      ::testing::AnyOf(HasSubstr("--tensor_parallel_size=2 needs 2 GPUs"), HasSubstr("head_dim")));
 }
 
 // Through the engine, as the worker builds it: TP=2 and TP=1 generate the

@@ -29,8 +29,8 @@ namespace kcu = ::tessera::kernels::cuda;
 using kcu::Bf16;
 using kcu::DeviceBuffer;
 
-#define RETURN_IF_ERROR(expr)              \
-  do {                                     \
+#define RETURN_IF_ERROR(expr)                          \
+  do {                                                 \
     if (absl::Status s_ = (expr); !s_.ok()) return s_; \
   } while (0)
 
@@ -45,8 +45,8 @@ absl::StatusOr<DeviceBuffer> Alloc(size_t bytes, std::string_view what) {
   absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(bytes);
   if (!b.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat("allocating ", std::string(what), " (",
-                                                     bytes >> 20, " MiB) on the GPU: ",
-                                                     b.status().ToString()));
+                                                     bytes >> 20,
+                                                     " MiB) on the GPU: ", b.status().ToString()));
   }
   return b;
 }
@@ -160,9 +160,9 @@ absl::Status CudaModelRunner::Init(const kernels::DeviceDescription& device) {
     return absl::InvalidArgumentError("block_size, max_num_tokens and max_num_seqs must be >= 1");
   }
   if (config_.head_dim != 64 && config_.head_dim != 128 && config_.head_dim != 256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the CUDA attention kernels support head_dim 64, 128 and 256; this model has ",
-        config_.head_dim, " (run it with --device=cpu)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the CUDA attention kernels support head_dim 64, 128 and 256; this model has ",
+                     config_.head_dim, " (run it with --device=cpu)"));
   }
   impl_->ordinal = device.ordinal;
   Impl& m = *impl_;
@@ -198,8 +198,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   const model::ModelWeights& w = model->weights;
 
   // One upload per (possibly fused) tensor list.
-  auto upload_bf16 = [&](std::initializer_list<const model::TensorView*> parts,
-                         DeviceBuffer* out, std::string_view what) -> absl::Status {
+  auto upload_bf16 = [&](std::initializer_list<const model::TensorView*> parts, DeviceBuffer* out,
+                         std::string_view what) -> absl::Status {
     std::vector<Bf16> host;
     for (const model::TensorView* p : parts) {
       absl::StatusOr<std::vector<Bf16>> b = ToBf16(*p);
@@ -245,8 +245,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   if (!inv_freq.ok()) return inv_freq.status();
   absl::StatusOr<DeviceBuffer> freq = Alloc(inv_freq->size() * sizeof(float), "inv_freq");
   if (!freq.ok()) return freq.status();
-  RETURN_IF_ERROR(kcu::CopyToDevice(freq->data(), inv_freq->data(),
-                                    inv_freq->size() * sizeof(float)));
+  RETURN_IF_ERROR(
+      kcu::CopyToDevice(freq->data(), inv_freq->data(), inv_freq->size() * sizeof(float)));
   m.inv_freq = std::move(*freq);
 
   // A column slice uploaded as bf16 (row-parallel o_proj / down_proj).
@@ -276,8 +276,10 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     } else {
       RETURN_IF_ERROR(upload_bf16({&lw.o_proj}, &l.o_w, name));
     }
-    const model::TensorView gate = RowSlice(lw.gate_proj, plan.intermediate.start, plan.intermediate.size);
-    const model::TensorView up = RowSlice(lw.up_proj, plan.intermediate.start, plan.intermediate.size);
+    const model::TensorView gate =
+        RowSlice(lw.gate_proj, plan.intermediate.start, plan.intermediate.size);
+    const model::TensorView up =
+        RowSlice(lw.up_proj, plan.intermediate.start, plan.intermediate.size);
     RETURN_IF_ERROR(upload_bf16({&gate, &up}, &l.gate_up_w, name));
     if (plan.sharded()) {
       RETURN_IF_ERROR(upload_columns(lw.down_proj, plan.intermediate, &l.down_w, name));
@@ -296,8 +298,10 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     }
     if (lw.o_bias && plan.add_row_bias) RETURN_IF_ERROR(upload_f32({&*lw.o_bias}, &l.o_b, name));
     if (lw.gate_bias) {
-      const model::TensorView gb = VectorSlice(*lw.gate_bias, plan.intermediate.start, plan.intermediate.size);
-      const model::TensorView ub = VectorSlice(*lw.up_bias, plan.intermediate.start, plan.intermediate.size);
+      const model::TensorView gb =
+          VectorSlice(*lw.gate_bias, plan.intermediate.start, plan.intermediate.size);
+      const model::TensorView ub =
+          VectorSlice(*lw.up_bias, plan.intermediate.start, plan.intermediate.size);
       RETURN_IF_ERROR(upload_f32({&gb, &ub}, &l.gate_up_b, name));
     }
     if (lw.down_bias && plan.add_row_bias) {
@@ -346,8 +350,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::CreateWithRand
   if (!inv_freq.ok()) return inv_freq.status();
   absl::StatusOr<DeviceBuffer> freq = Alloc(inv_freq->size() * sizeof(float), "inv_freq");
   if (!freq.ok()) return freq.status();
-  RETURN_IF_ERROR(kcu::CopyToDevice(freq->data(), inv_freq->data(),
-                                    inv_freq->size() * sizeof(float)));
+  RETURN_IF_ERROR(
+      kcu::CopyToDevice(freq->data(), inv_freq->data(), inv_freq->size() * sizeof(float)));
   m.inv_freq = std::move(*freq);
   for (Impl::Layer& l : m.layers) {
     RETURN_IF_ERROR(random((Q + 2 * K) * H, &l.qkv_w, "qkv"));
@@ -372,7 +376,8 @@ absl::Status CudaModelRunner::AllocateCacheAndWorkspace() {
   const int64_t T = options_.max_num_tokens, S = options_.max_num_seqs;
   const int64_t H = c.hidden_size, Q = m.heads * c.head_dim, K = m.kv_heads * c.head_dim,
                 I = m.inter;
-  m.max_blocks_per_seq = (c.max_position_embeddings + options_.block_size - 1) / options_.block_size;
+  m.max_blocks_per_seq =
+      (c.max_position_embeddings + options_.block_size - 1) / options_.block_size;
   // Rows that want logits: one per sequence, more with speculative tokens.
   m.max_logits_rows = std::min<int64_t>(T, std::max<int64_t>(256, 8 * S));
 
@@ -458,96 +463,36 @@ absl::Status CudaModelRunner::AllocateCacheAndWorkspace() {
   RETURN_IF_ERROR(kcu::MemsetDevice(m.v_cache.data(), 0, half, st));
   RETURN_IF_ERROR(kcu::Synchronize(st));
   LogInfo("cuda runner ready", {{"weights_mib", weight_bytes_ >> 20},
-                                      {"kv_blocks", blocks},
-                                      {"kv_cache_mib", static_cast<int64_t>((2 * half) >> 20)},
-                                      {"block_size", options_.block_size}});
+                                {"kv_blocks", blocks},
+                                {"kv_cache_mib", static_cast<int64_t>((2 * half) >> 20)},
+                                {"block_size", options_.block_size}});
   return absl::OkStatus();
 }
 
 absl::Status CudaModelRunner::ValidateBatch(const ForwardBatch& b) const {
-  const int n = b.num_tokens();
-  const int s = b.num_seqs();
-  if (n == 0 || s == 0) return absl::InvalidArgumentError("empty batch");
-  if (n > options_.max_num_tokens || s > options_.max_num_seqs) {
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", n, " tokens in ", s,
-                                                   " sequences exceeds the runner's limits (",
-                                                   options_.max_num_tokens, " tokens, ",
-                                                   options_.max_num_seqs, " sequences)"));
-  }
-  if (b.positions.size() != static_cast<size_t>(n) ||
-      b.slot_mapping.size() != static_cast<size_t>(n)) {
-    return absl::InvalidArgumentError("positions and slot_mapping must have one entry per token");
-  }
-  if (b.query_start_loc.size() != static_cast<size_t>(s) + 1 || b.query_start_loc.front() != 0 ||
-      b.query_start_loc.back() != n) {
+  if (b.num_tokens() > options_.max_num_tokens || b.num_seqs() > options_.max_num_seqs) {
     return absl::InvalidArgumentError(
-        "query_start_loc must have num_seqs + 1 entries from 0 to num_tokens");
+        absl::StrCat("batch of ", b.num_tokens(), " tokens in ", b.num_seqs(),
+                     " sequences exceeds the runner's limits (", options_.max_num_tokens,
+                     " tokens, ", options_.max_num_seqs, " sequences)"));
   }
-  if (b.block_table_stride < 0 ||
-      b.block_tables.size() != static_cast<size_t>(s * b.block_table_stride)) {
-    return absl::InvalidArgumentError("block_tables must be [num_seqs, block_table_stride]");
-  }
-  for (int32_t id : b.token_ids) {
-    if (id < 0 || id >= config_.vocab_size) {
+  for (int i = 0; i < b.num_seqs() && i + 1 < static_cast<int>(b.query_start_loc.size()); ++i) {
+    if (b.query_start_loc[i + 1] == b.query_start_loc[i]) {
       return absl::InvalidArgumentError(
-          absl::StrCat("token id ", id, " outside the vocabulary of ", config_.vocab_size));
+          absl::StrCat("sequence ", i, " has no new tokens; the CUDA kernels need at least one"));
     }
   }
-  const int64_t slots = num_kv_blocks_ * options_.block_size;
-  for (int64_t slot : b.slot_mapping) {
-    if (slot >= slots) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("slot ", slot, " outside the KV cache of ", slots, " slots"));
-    }
-  }
-  for (int i = 0; i < s; ++i) {
-    const int q_len = b.query_start_loc[i + 1] - b.query_start_loc[i];
-    if (q_len < 1 || q_len > b.seq_lens[i]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sequence ", i, ": ", q_len, " new tokens but seq_len ", b.seq_lens[i]));
-    }
-    if (b.seq_lens[i] > config_.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": length ", b.seq_lens[i],
-                                                     " exceeds the model's context of ",
-                                                     config_.max_position_embeddings));
-    }
-    for (int j = 0; j < q_len; ++j) {
-      const int t = b.query_start_loc[i] + j;
-      if (b.positions[t] != b.seq_lens[i] - q_len + j) {
-        return absl::InvalidArgumentError(absl::StrCat("token ", t, ": position ", b.positions[t],
-                                                       " but sequence ", i, " places it at ",
-                                                       b.seq_lens[i] - q_len + j));
-      }
-    }
-    const int64_t blocks_needed = (b.seq_lens[i] + options_.block_size - 1) / options_.block_size;
-    if (blocks_needed > b.block_table_stride) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": ", b.seq_lens[i],
-                                                     " tokens need ", blocks_needed,
-                                                     " blocks; the block table has ",
-                                                     b.block_table_stride));
-    }
-    for (int64_t j = 0; j < blocks_needed; ++j) {
-      const int32_t block = b.block_tables[i * b.block_table_stride + j];
-      if (block < 0 || block >= num_kv_blocks_) {
-        return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": block ", block,
-                                                       " outside the KV cache of ",
-                                                       num_kv_blocks_, " blocks"));
-      }
-    }
-  }
-  for (int32_t idx : b.logits_indices) {
-    if (idx < 0 || idx >= n) {
-      return absl::InvalidArgumentError(absl::StrCat("logits index ", idx, " outside the batch"));
-    }
-  }
-  return absl::OkStatus();
+  return ValidateForwardBatch(b, {config_.vocab_size, config_.max_position_embeddings,
+                                  options_.block_size, num_kv_blocks_});
 }
 
-absl::Status CudaModelRunner::Stage(const ForwardBatch& b, int64_t padded_tokens,
-                                    int padded_seqs, int context) {
+absl::Status CudaModelRunner::Stage(const ForwardBatch& b, int64_t padded_tokens, int padded_seqs,
+                                    int context) {
   Impl& m = *impl_;
   std::byte* base = m.host_meta.data();
-  auto put = [&](size_t off, const void* src, size_t bytes) { std::memcpy(base + off, src, bytes); };
+  auto put = [&](size_t off, const void* src, size_t bytes) {
+    std::memcpy(base + off, src, bytes);
+  };
   const int n = b.num_tokens(), s = b.num_seqs();
   put(m.off_tokens, b.token_ids.data(), n * sizeof(int32_t));
   put(m.off_positions, b.positions.data(), n * sizeof(int32_t));
@@ -595,7 +540,8 @@ absl::Status CudaModelRunner::Stage(const ForwardBatch& b, int64_t padded_tokens
     for (int i = 0; i < padded_seqs; ++i) logits_idx[i] = i;
   }
   // Only the used prefix of the block-table section is copied.
-  const size_t bytes = m.off_block_tables + static_cast<size_t>(padded_seqs) * stride * sizeof(int32_t);
+  const size_t bytes =
+      m.off_block_tables + static_cast<size_t>(padded_seqs) * stride * sizeof(int32_t);
   return kcu::CopyToDevice(m.meta.data(), base, bytes, m.stream.get());
 }
 
@@ -622,8 +568,8 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
   Bf16* qkv = m.qkv.as<Bf16>();
   Bf16* delta = m.delta.as<Bf16>();
   float* residual = m.residual.as<float>();
-  RETURN_IF_ERROR(kcu::Embedding(m.embed.as<Bf16>(), V, H, m.MetaPtr<int32_t>(m.off_tokens), T,
-                                 residual, st));
+  RETURN_IF_ERROR(
+      kcu::Embedding(m.embed.as<Bf16>(), V, H, m.MetaPtr<int32_t>(m.off_tokens), T, residual, st));
   RETURN_IF_ERROR(all_reduce(residual, T * H, kcu::NcclGroup::DType::kF32));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const Impl::Layer& l = m.layers[i];
@@ -640,8 +586,8 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
     Bf16* k_cache = m.k_cache.as<Bf16>() + i * layer_elems;
     Bf16* v_cache = m.v_cache.as<Bf16>() + i * layer_elems;
     RETURN_IF_ERROR(kcu::WriteKvCache(qkv + Q, QKV, qkv + Q + K, QKV, T, kv_heads,
-                                      static_cast<int>(D), m.MetaPtr<int64_t>(m.off_slots),
-                                      k_cache, v_cache, slots, st));
+                                      static_cast<int>(D), m.MetaPtr<int64_t>(m.off_slots), k_cache,
+                                      v_cache, slots, st));
     kcu::PagedAttentionParams p;
     p.q = qkv;
     p.q_token_stride = QKV;
@@ -664,7 +610,8 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
     p.workspace = m.attn_workspace.data();
     p.workspace_bytes = m.attn_workspace.size();
     RETURN_IF_ERROR(decode ? kcu::PagedAttentionDecode(p, st) : kcu::PagedAttentionPrefill(p, st));
-    RETURN_IF_ERROR(m.gemm->Gemm(m.attn.as<Bf16>(), T, Q, l.o_w.as<Bf16>(), H, f32(l.o_b), delta, st));
+    RETURN_IF_ERROR(
+        m.gemm->Gemm(m.attn.as<Bf16>(), T, Q, l.o_w.as<Bf16>(), H, f32(l.o_b), delta, st));
     RETURN_IF_ERROR(all_reduce(delta, T * H, kcu::NcclGroup::DType::kBf16));
     RETURN_IF_ERROR(
         kcu::FusedAddRmsNorm(delta, residual, T, H, l.post_norm.as<float>(), eps, xb, st));
@@ -675,12 +622,13 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
         m.gemm->Gemm(m.act.as<Bf16>(), T, I, l.down_w.as<Bf16>(), H, f32(l.down_b), delta, st));
     RETURN_IF_ERROR(all_reduce(delta, T * H, kcu::NcclGroup::DType::kBf16));
   }
-  RETURN_IF_ERROR(kcu::FusedAddRmsNorm(delta, residual, T, H, m.final_norm.as<float>(), eps, xb, st));
+  RETURN_IF_ERROR(
+      kcu::FusedAddRmsNorm(delta, residual, T, H, m.final_norm.as<float>(), eps, xb, st));
   if (num_logits == 0) return absl::OkStatus();
   RETURN_IF_ERROR(kcu::GatherRows(xb, T, H, m.MetaPtr<int32_t>(m.off_logits_idx), num_logits,
                                   m.rows.as<Bf16>(), st));
-  return m.gemm->Gemm(m.rows.as<Bf16>(), num_logits, H, m.lm_head, V, nullptr,
-                      m.logits.as<float>(), st);
+  return m.gemm->Gemm(m.rows.as<Bf16>(), num_logits, H, m.lm_head, V, nullptr, m.logits.as<float>(),
+                      st);
 }
 
 absl::Status CudaModelRunner::Execute(const ForwardBatch& batch, int64_t* num_logits) {
@@ -698,21 +646,20 @@ absl::Status CudaModelRunner::Execute(const ForwardBatch& batch, int64_t* num_lo
   const bool decode = max_query_len == 1;
   const int64_t r = static_cast<int64_t>(batch.logits_indices.size());
   if (r > m.max_logits_rows) {
-    return absl::InvalidArgumentError(absl::StrCat(r, " logits rows exceed the runner's ",
-                                                   m.max_logits_rows));
+    return absl::InvalidArgumentError(
+        absl::StrCat(r, " logits rows exceed the runner's ", m.max_logits_rows));
   }
   *num_logits = r;
 
   // Graph path: a decode step whose every sequence wants its logits.
-  const bool graph_ok = decode && options_.cuda_graphs && s <= options_.max_graph_batch &&
-                        r == s;
-  const int bucket_seqs = graph_ok ? static_cast<int>(std::min<int64_t>(
-                                         RoundUpPow2(s), options_.max_num_seqs))
-                                   : s;
+  const bool graph_ok = decode && options_.cuda_graphs && s <= options_.max_graph_batch && r == s;
+  const int bucket_seqs =
+      graph_ok ? static_cast<int>(std::min<int64_t>(RoundUpPow2(s), options_.max_num_seqs)) : s;
   const int ctx_bucket =
-      graph_ok ? static_cast<int>(std::min<int64_t>(
-                     std::max<int64_t>(256, RoundUpPow2(max_seq_len)), config_.max_position_embeddings))
-               : max_seq_len;
+      graph_ok
+          ? static_cast<int>(std::min<int64_t>(std::max<int64_t>(256, RoundUpPow2(max_seq_len)),
+                                               config_.max_position_embeddings))
+          : max_seq_len;
   const int ws_seqs = graph_ok ? bucket_seqs : s;
   const int ws_ctx = graph_ok ? ctx_bucket : max_seq_len;
   if (decode) {
@@ -748,8 +695,7 @@ absl::Status CudaModelRunner::Execute(const ForwardBatch& batch, int64_t* num_lo
   return it->second->graph.Launch(m.stream.get());
 }
 
-absl::StatusOr<double> CudaModelRunner::ReplayLastDecodeGraphMs(int replays,
-                                                                int64_t argmax_rows) {
+absl::StatusOr<double> CudaModelRunner::ReplayLastDecodeGraphMs(int replays, int64_t argmax_rows) {
   Impl& m = *impl_;
   auto it = graphs_.find(last_graph_);
   if (it == graphs_.end()) {
@@ -769,8 +715,8 @@ absl::StatusOr<double> CudaModelRunner::ReplayLastDecodeGraphMs(int replays,
   for (int i = 0; i < replays; ++i) {
     RETURN_IF_ERROR(it->second->graph.Launch(st));
     if (argmax_rows > 0) {
-      RETURN_IF_ERROR(kcu::ArgmaxRows(m.logits.as<float>(), argmax_rows, m.vocab,
-                                      m.argmax.as<int32_t>(), st));
+      RETURN_IF_ERROR(
+          kcu::ArgmaxRows(m.logits.as<float>(), argmax_rows, m.vocab, m.argmax.as<int32_t>(), st));
     }
   }
   RETURN_IF_ERROR(stop->Record(st));
@@ -830,10 +776,10 @@ absl::Status CudaModelRunner::ForwardTopOne(const ForwardBatch& batch, std::vect
     RETURN_IF_ERROR(kcu::TopOneRows(m.logits.as<float>(), r, m.vocab, m.vocab_start,
                                     m.argmax.as<int32_t>(), m.top_values.as<float>(),
                                     m.stream.get()));
-    RETURN_IF_ERROR(kcu::CopyToHost(ids->data(), m.argmax.data(), r * sizeof(int32_t),
-                                    m.stream.get()));
-    RETURN_IF_ERROR(kcu::CopyToHost(values->data(), m.top_values.data(), r * sizeof(float),
-                                    m.stream.get()));
+    RETURN_IF_ERROR(
+        kcu::CopyToHost(ids->data(), m.argmax.data(), r * sizeof(int32_t), m.stream.get()));
+    RETURN_IF_ERROR(
+        kcu::CopyToHost(values->data(), m.top_values.data(), r * sizeof(float), m.stream.get()));
   }
   return kcu::Synchronize(m.stream.get());
 }

@@ -41,8 +41,8 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/device.h"
-#include "worker/parallel/shard_plan.h"
 #include "worker/model/weights.h"
+#include "worker/parallel/shard_plan.h"
 #include "worker/runner/model_runner.h"
 
 namespace tessera::kernels::cuda {
@@ -140,7 +140,7 @@ class CudaModelRunner final : public ModelRunner {
   int64_t weight_bytes_ = 0;
   std::unique_ptr<Impl> impl_;
   std::map<std::pair<int, int>, std::unique_ptr<Graph>> graphs_;  // (batch, context) buckets
-  std::pair<int, int> last_graph_{-1, -1};                         // key of the last launch
+  std::pair<int, int> last_graph_{-1, -1};                        // key of the last launch
 };
 
 }  // namespace tessera::runner

@@ -41,8 +41,8 @@ std::string SourcePath(const std::string& rel) {
 }
 
 // The first visible GPU, or skip.
-#define REQUIRE_GPU(device)                                                     \
-  kernels::DetectedCudaDevices detected_ = kernels::DetectCudaDevices();        \
+#define REQUIRE_GPU(device)                                                            \
+  kernels::DetectedCudaDevices detected_ = kernels::DetectCudaDevices();               \
   if (detected_.devices.empty()) GTEST_SKIP() << "no CUDA device: " << detected_.note; \
   const kernels::DeviceDescription device = detected_.devices.front()
 
@@ -126,8 +126,8 @@ TEST_P(ModelPairOnGpu, LogitsAndGreedyContinuationsMatchTransformers) {
       for (size_t step = 0; step < want_ids.size(); ++step) {
         const int32_t next = Argmax(last.data(), vocab);
         if (margins[step] < kNearTie) break;  // near tie: stop comparing
-        ASSERT_EQ(next, want_ids[step]) << "greedy step " << step << " (margin "
-                                        << margins[step] << ")";
+        ASSERT_EQ(next, want_ids[step])
+            << "greedy step " << step << " (margin " << margins[step] << ")";
         ++compared;
         ForwardBatch decode;
         decode.block_table_stride = 16;
@@ -174,7 +174,8 @@ TEST(CudaModelRunnerTest, MixedBatchesMatchTheCpuRunner) {
     for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
     return t;
   };
-  const std::vector<std::vector<int>> plan = {{9, 21, 1}, {1, 1, 1}, {1, 17, 1}, {1, 1, 5}, {1, 1, 1}};
+  const std::vector<std::vector<int>> plan = {
+      {9, 21, 1}, {1, 1, 1}, {1, 17, 1}, {1, 1, 5}, {1, 1, 1}};
   for (size_t step = 0; step < plan.size(); ++step) {
     SCOPED_TRACE(absl::StrCat("step ", step));
     ForwardBatch b;

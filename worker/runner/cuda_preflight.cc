@@ -84,7 +84,8 @@ std::vector<float> FromBf16(const std::vector<Bf16>& v) {
 // max |got - want| <= rel * max|want| + abs; the message names the worst index.
 absl::Status Compare(std::string_view what, const std::vector<float>& got,
                      const std::vector<float>& want, float rel, float abs) {
-  if (got.size() != want.size()) return absl::InternalError(absl::StrCat(std::string(what), ": size mismatch"));
+  if (got.size() != want.size())
+    return absl::InternalError(absl::StrCat(std::string(what), ": size mismatch"));
   float scale = 0;
   for (float w : want) scale = std::max(scale, std::fabs(w));
   const float tol = rel * scale + abs;
@@ -92,20 +93,20 @@ absl::Status Compare(std::string_view what, const std::vector<float>& got,
     const float err = std::fabs(got[i] - want[i]);
     if (!(err <= tol)) {  // also catches NaN
       return absl::InternalError(absl::StrCat(std::string(what), ": element ", i, " is ", got[i],
-                                              ", the CPU reference gives ", want[i],
-                                              " (tolerance ", tol, ")"));
+                                              ", the CPU reference gives ", want[i], " (tolerance ",
+                                              tol, ")"));
     }
   }
   return absl::OkStatus();
 }
 
-#define CHECK_OK(expr)                                        \
-  do {                                                        \
-    if (absl::Status s_ = (expr); !s_.ok()) return s_;        \
+#define CHECK_OK(expr)                                 \
+  do {                                                 \
+    if (absl::Status s_ = (expr); !s_.ok()) return s_; \
   } while (0)
-#define ASSIGN(var, expr)                                     \
-  auto var##_or = (expr);                                     \
-  if (!var##_or.ok()) return var##_or.status();               \
+#define ASSIGN(var, expr)                       \
+  auto var##_or = (expr);                       \
+  if (!var##_or.ok()) return var##_or.status(); \
   auto var = std::move(*var##_or)
 
 constexpr float kBf16Rel = 1.0f / 128;  // output rounded to bf16 (8 bits of mantissa)
@@ -139,11 +140,12 @@ absl::Status CheckNormsAndElementwise() {
   CHECK_OK(kcu::Embedding(dt, vocab, cols, dids, rows, demb, nullptr));
   ASSIGN(emb, Download(demb, rows * cols));
   std::vector<float> want_emb(rows * cols);
-  CHECK_OK(ref::Embedding({table.data(), kernels::cpu::DType::kF32, vocab, cols}, ids,
-                          want_emb.data()));
+  CHECK_OK(
+      ref::Embedding({table.data(), kernels::cpu::DType::kF32, vocab, cols}, ids, want_emb.data()));
   CHECK_OK(Compare("embedding", emb, want_emb, 0, 0));
   // RMSNorm and the fused add.
-  std::vector<float> x = Random(rows * cols, 5, 3.0f), w = Random(cols, 6), delta = Random(rows * cols, 7);
+  std::vector<float> x = Random(rows * cols, 5, 3.0f), w = Random(cols, 6),
+                     delta = Random(rows * cols, 7);
   ASSIGN(dx, d.Upload(x));
   ASSIGN(dw, d.Upload(w));
   ASSIGN(dout, d.Zeros<Bf16>(rows * cols));
@@ -222,8 +224,8 @@ absl::Status CheckAttention() {
   ASSIGN(dslots, d.Upload(slot_mapping));
   ASSIGN(kc, d.Zeros<Bf16>(slots * kv));
   ASSIGN(vc, d.Zeros<Bf16>(slots * kv));
-  CHECK_OK(kcu::WriteKvCache(dk, kv, dv, kv, written, kv_heads, dim, dslots, kc, vc, slots,
-                             nullptr));
+  CHECK_OK(
+      kcu::WriteKvCache(dk, kv, dv, kv, written, kv_heads, dim, dslots, kc, vc, slots, nullptr));
   ASSIGN(kc_host, Download(kc, slots * kv));
   std::vector<float> kref(slots * kv, 0.0f), vref(slots * kv, 0.0f);
   kernels::cpu::PagedKvCache cache{kref.data(), vref.data(), num_blocks, block, kv_heads, dim};
@@ -266,7 +268,8 @@ absl::Status CheckAttention() {
     p.out_token_stride = heads * dim;
     p.workspace = dws;
     p.workspace_bytes = ws;
-    CHECK_OK(decode ? kcu::PagedAttentionDecode(p, nullptr) : kcu::PagedAttentionPrefill(p, nullptr));
+    CHECK_OK(decode ? kcu::PagedAttentionDecode(p, nullptr)
+                    : kcu::PagedAttentionPrefill(p, nullptr));
     ASSIGN(got, Download(dout, tokens * heads * dim));
     std::vector<float> want(tokens * heads * dim);
     kernels::cpu::PagedAttentionArgs args;
@@ -363,9 +366,9 @@ absl::Status PreflightCudaKernels(const kernels::DeviceDescription& device,
     const bool no_image = s.message().find("no kernel image") != absl::string_view::npos ||
                           s.message().find("NoKernelImage") != absl::string_view::npos;
     return absl::FailedPreconditionError(absl::StrCat(
-        "preflight failed on ", device.Summary(), ": ", s.message(),
-        ". Device SM ", gpu.arch.ToString(), "; this binary's images: ", device.build.ImageList(),
-        " (nvcc ", device.build.nvcc_version, "); driver CUDA ",
+        "preflight failed on ", device.Summary(), ": ", s.message(), ". Device SM ",
+        gpu.arch.ToString(), "; this binary's images: ", device.build.ImageList(), " (nvcc ",
+        device.build.nvcc_version, "); driver CUDA ",
         kernels::arch::CudaVersionString(gpu.driver_version), ", runtime CUDA ",
         kernels::arch::CudaVersionString(gpu.runtime_version), ". ",
         no_image ? absl::StrCat("Fix: rebuild with sm_", gpu.arch.major, gpu.arch.minor,

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace tessera::runner {
 
 struct ForwardBatch {
@@ -39,6 +41,25 @@ struct ForwardBatch {
   void AddSequence(const std::vector<int32_t>& tokens, int32_t start,
                    const std::vector<int32_t>& block_table, int block_size, bool want_logits);
 };
+
+// What a runner accepts: its model's vocabulary and context, and its KV
+// cache's geometry.
+struct BatchLimits {
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+  int block_size = 16;
+  int64_t num_kv_blocks = 0;
+};
+
+// OK when `batch` is well formed for a runner with `limits`: one position
+// and slot per token; query_start_loc from 0 to num_tokens; every
+// sequence's new tokens at the positions its seq_len implies, within the
+// context, with a block table that covers them using blocks inside the
+// cache and slots that match it (a negative slot skips the KV write); token
+// ids in the vocabulary; logits indices inside the batch. Otherwise
+// INVALID_ARGUMENT naming the first problem. Runners call it before any
+// kernel runs.
+absl::Status ValidateForwardBatch(const ForwardBatch& batch, const BatchLimits& limits);
 
 inline void ForwardBatch::AddSequence(const std::vector<int32_t>& tokens, int32_t start,
                                       const std::vector<int32_t>& block_table, int block_size,

@@ -258,8 +258,8 @@ absl::StatusOr<std::unique_ptr<DraftSource>> MakeModelSourceFromDir(
     if (!r.ok()) return r.status();
     return Make(std::move(*r), options.source, std::move(*model));
 #else
-    return absl::FailedPreconditionError(
-        "draft model on " + options.device + ": this binary was built without the CUDA backend");
+    return absl::FailedPreconditionError("draft model on " + options.device +
+                                         ": this binary was built without the CUDA backend");
 #endif
   }
   runner::CpuRunnerOptions ro;
