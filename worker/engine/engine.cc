@@ -259,8 +259,12 @@ bool Engine::Step() {
 
   runner::ForwardBatch forward = ToForwardBatch(*batch);
   std::vector<float> logits;
+  std::vector<runner::DeviceSamplingRow> device_rows;
+  std::vector<int32_t> device_tokens;
+  const bool on_device = DeviceSamplingRows(*batch, &device_rows);
   absl::Time start = absl::Now();
-  absl::Status run = runner_->Forward(forward, &logits);
+  absl::Status run = on_device ? runner_->ForwardSample(forward, device_rows, &device_tokens)
+                               : runner_->Forward(forward, &logits);
   observer_->OnStep(*batch, absl::Now() - start);
   if (!run.ok()) {
     LogError("model step failed; failing the batch's requests",
@@ -270,7 +274,11 @@ bool Engine::Step() {
   }
 
   std::vector<SampledTokens> sampled;
-  Sample(*batch, logits, &sampled);
+  if (on_device) {
+    TakeDeviceTokens(*batch, device_tokens, &sampled);
+  } else {
+    Sample(*batch, logits, &sampled);
+  }
   absl::StatusOr<std::vector<SequenceOutput>> outputs = scheduler_->OnStepDone(sampled);
   if (!outputs.ok()) {
     FailAll(outputs.status());
@@ -386,17 +394,73 @@ void Engine::Sample(const ScheduledBatch& batch, const std::vector<float>& logit
     SampledTokens st;
     st.id = s.id;
     if (absl::Status status = SampleEntry(s, *it->second, r, &st); !status.ok()) {
-      // Non-finite logits: fail this request only.
-      StreamEvent e;
-      e.finished = true;
-      e.error = absl::InternalError(absl::StrCat("sampling failed: ", status.message()));
-      it->second->stream->Push(std::move(e));
-      scheduler_->Abort(s.id).IgnoreError();
-      CloseDrafts(*it->second);
-      pending_reports_.erase(s.id);
-      active_.erase(it);
+      FailSampling(s.id, status);  // non-finite logits: this request only
       continue;
     }
+    sampled->push_back(std::move(st));
+  }
+}
+
+void Engine::FailSampling(SequenceId id, absl::Status status) {
+  auto it = active_.find(id);
+  if (it == active_.end()) return;
+  StreamEvent e;
+  e.finished = true;
+  e.error = absl::InternalError(absl::StrCat("sampling failed: ", status.message()));
+  it->second->stream->Push(std::move(e));
+  scheduler_->Abort(id).IgnoreError();
+  CloseDrafts(*it->second);
+  pending_reports_.erase(id);
+  active_.erase(it);
+}
+
+bool Engine::DeviceSamplingRows(const ScheduledBatch& batch,
+                                std::vector<runner::DeviceSamplingRow>* rows) const {
+  if (!options_.device_sampling || !runner_->SupportsDeviceSampling()) return false;
+  for (const ScheduledSequence& s : batch.sequences) {
+    if (!s.needs_logits) continue;
+    if (s.num_draft_tokens > 0) return false;
+    auto it = active_.find(s.id);
+    if (it == active_.end()) return false;
+    const EngineRequest& req = it->second->request;
+    const sampling::SamplingParams& p = req.sampling;
+    if (req.logprobs || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
+        p.frequency_penalty != 0.0f) {
+      return false;
+    }
+    const Sequence* seq = scheduler_->FindSequence(s.id);
+    runner::DeviceSamplingRow row;
+    row.temperature = p.temperature;
+    row.top_k = p.top_k;
+    row.top_p = p.top_p;
+    row.min_p = p.min_p;
+    row.seed = p.seed;
+    row.position = seq ? seq->num_tokens() : s.context_len();  // as SampleEntry
+    rows->push_back(row);
+  }
+  return true;
+}
+
+void Engine::TakeDeviceTokens(const ScheduledBatch& batch, const std::vector<int32_t>& tokens,
+                              std::vector<SampledTokens>* sampled) {
+  size_t row = 0;
+  for (const ScheduledSequence& s : batch.sequences) {
+    if (!s.needs_logits) continue;
+    const int32_t token = row < tokens.size() ? tokens[row] : -1;
+    ++row;
+    auto it = active_.find(s.id);
+    if (it == active_.end()) continue;  // aborted during the step
+    if (token < 0) {
+      FailSampling(s.id, absl::InvalidArgumentError("logits row is not finite"));
+      continue;
+    }
+    it->second->counts.AddOutput(token);
+    SampledTokens st;
+    st.id = s.id;
+    st.token_ids.push_back(token);
+    TokenReport report;
+    report.token = token;
+    pending_reports_[s.id].push_back(std::move(report));
     sampled->push_back(std::move(st));
   }
 }

@@ -136,6 +136,10 @@ struct EngineOptions {
   // speculation.num_speculative_tokens > 0 (see worker/spec/README.md).
   spec::SpeculationOptions speculation;
   std::shared_ptr<spec::DraftProvider> draft_provider;
+  // Sample on the runner's device when it can (runner::ModelRunner::
+  // ForwardSample) and no sequence of the step needs the host: no drafts to
+  // verify, no logprobs, no penalties. Same tokens as host sampling.
+  bool device_sampling = true;
 };
 
 class Engine {
@@ -181,6 +185,15 @@ class Engine {
   void Loop();
   bool Step();
   void DrainInbox();
+  // Device sampling (EngineOptions::device_sampling) for this step, when
+  // every sequence allows it; fills one row per sequence that samples.
+  bool DeviceSamplingRows(const ScheduledBatch& batch,
+                          std::vector<runner::DeviceSamplingRow>* rows) const;
+  // Takes the tokens the device drew (one per row of DeviceSamplingRows).
+  void TakeDeviceTokens(const ScheduledBatch& batch, const std::vector<int32_t>& tokens,
+                        std::vector<SampledTokens>* sampled);
+  // Ends a request whose logits could not be sampled.
+  void FailSampling(SequenceId id, absl::Status status);
   void Sample(const ScheduledBatch& batch, const std::vector<float>& logits,
               std::vector<SampledTokens>* sampled);
   // Samples (or verifies drafts for) one entry from its logits rows.

@@ -18,6 +18,7 @@
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
+#include "kernels/cuda/sampling.h"
 #include "kernels/cuda/silu_mul.h"
 #include "kernels/cuda/top_one.h"
 #include "worker/model/rope.h"
@@ -134,6 +135,7 @@ struct CudaModelRunner::Impl {
 
   // Activations.
   DeviceBuffer residual, xb, qkv, attn, delta, gate_up, act, rows, logits, argmax, top_values;
+  DeviceBuffer sampling_params;  // kcu::RowSamplingParams per logits row
   DeviceBuffer attn_workspace;
   int64_t max_logits_rows = 0;
 
@@ -418,6 +420,7 @@ absl::Status CudaModelRunner::AllocateCacheAndWorkspace() {
       {&m.logits, m.max_logits_rows * m.vocab * sizeof(float), "logits"},
       {&m.argmax, m.max_logits_rows * sizeof(int32_t), "argmax"},
       {&m.top_values, m.max_logits_rows * sizeof(float), "argmax values"},
+      {&m.sampling_params, m.max_logits_rows * sizeof(kcu::RowSamplingParams), "sampling params"},
   };
   for (const Want& want : wants) {
     absl::StatusOr<DeviceBuffer> b = Alloc(want.bytes, want.what);
@@ -780,6 +783,44 @@ absl::Status CudaModelRunner::ForwardTopOne(const ForwardBatch& batch, std::vect
         kcu::CopyToHost(ids->data(), m.argmax.data(), r * sizeof(int32_t), m.stream.get()));
     RETURN_IF_ERROR(
         kcu::CopyToHost(values->data(), m.top_values.data(), r * sizeof(float), m.stream.get()));
+  }
+  return kcu::Synchronize(m.stream.get());
+}
+
+bool CudaModelRunner::SupportsDeviceSampling() const { return impl_->nccl == nullptr; }
+
+absl::Status CudaModelRunner::ForwardSample(const ForwardBatch& batch,
+                                            absl::Span<const DeviceSamplingRow> rows,
+                                            std::vector<int32_t>* tokens) {
+  if (!SupportsDeviceSampling()) {
+    return absl::FailedPreconditionError("sampling on the device needs the whole vocabulary");
+  }
+  const int64_t r = static_cast<int64_t>(batch.logits_indices.size());
+  if (static_cast<int64_t>(rows.size()) != r) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(rows.size(), " sampling rows for ", r, " logits rows"));
+  }
+  int64_t computed = 0;
+  RETURN_IF_ERROR(Execute(batch, &computed));
+  Impl& m = *impl_;
+  tokens->resize(static_cast<size_t>(r));
+  if (r > 0) {
+    std::vector<kcu::RowSamplingParams> params(static_cast<size_t>(r));
+    for (int64_t i = 0; i < r; ++i) {
+      params[i].temperature = rows[i].temperature;
+      params[i].top_k = rows[i].top_k;
+      params[i].top_p = rows[i].top_p;
+      params[i].min_p = rows[i].min_p;
+      params[i].seed = rows[i].seed;
+      params[i].position = rows[i].position;
+    }
+    kcu::CudaStream st = m.stream.get();
+    RETURN_IF_ERROR(kcu::CopyToDevice(m.sampling_params.data(), params.data(),
+                                      params.size() * sizeof(kcu::RowSamplingParams), st));
+    RETURN_IF_ERROR(kcu::SampleRows(m.logits.as<float>(), r, m.vocab,
+                                    m.sampling_params.as<kcu::RowSamplingParams>(),
+                                    m.argmax.as<int32_t>(), st));
+    RETURN_IF_ERROR(kcu::CopyToHost(tokens->data(), m.argmax.data(), r * sizeof(int32_t), st));
   }
   return kcu::Synchronize(m.stream.get());
 }

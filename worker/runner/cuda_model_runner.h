@@ -93,6 +93,10 @@ class CudaModelRunner final : public ModelRunner {
   int64_t num_kv_blocks() const override { return num_kv_blocks_; }
   absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
 
+  bool SupportsDeviceSampling() const override;
+  absl::Status ForwardSample(const ForwardBatch& batch, absl::Span<const DeviceSamplingRow> rows,
+                             std::vector<int32_t>* tokens) override;
+
   // Forward, then the argmax of each logits row on the device; only the
   // token ids come back to the host. One rank (no shard) only.
   absl::Status ForwardGreedy(const ForwardBatch& batch, std::vector<int32_t>* tokens);

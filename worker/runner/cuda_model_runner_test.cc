@@ -25,6 +25,7 @@
 #include "kernels/cuda_devices.h"
 #include "kernels/registry.h"
 #include "nlohmann/json.hpp"
+#include "worker/engine/engine.h"
 #include "worker/model/safetensors.h"
 #include "worker/runner/cpu_model_runner.h"
 #include "worker/runner/cuda_model_runner.h"
@@ -263,6 +264,65 @@ TEST(CudaModelRunnerTest, BadBatchesAreRejectedBeforeAnyKernelRuns) {
   ok.block_table_stride = 1;
   ok.AddSequence({1, 2, 3}, 0, {0}, 16, true);
   EXPECT_TRUE((*gpu)->Forward(ok, &logits).ok());
+}
+
+// The engine samples on the GPU when it can; the tokens are those host
+// sampling draws from the same logits (same algorithm and Philox draw), for
+// greedy and seeded temperature/top-k/top-p/min-p requests batched together.
+TEST(CudaModelRunnerTest, DeviceSamplingInTheEngineMatchesHostSampling) {
+  REQUIRE_GPU(device);
+  auto model = model::LoadModel(SourcePath("models/target"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto generate = [&](bool device_sampling) {
+    CudaRunnerOptions options;
+    options.num_kv_blocks = 128;
+    options.max_num_tokens = 1024;
+    options.max_num_seqs = 8;
+    auto runner = CudaModelRunner::Create(model->get(), device, options);
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    EXPECT_TRUE((*runner)->SupportsDeviceSampling());
+    engine::EngineOptions eo;
+    eo.scheduler.max_num_seqs = 8;
+    eo.scheduler.max_num_batched_tokens = 1024;
+    eo.scheduler.max_model_len = 2048;
+    eo.device_sampling = device_sampling;
+    auto engine = engine::Engine::Create(std::move(*runner), eo);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    (*engine)->Start();
+    std::vector<std::shared_ptr<engine::RequestStream>> streams;
+    for (int i = 0; i < 6; ++i) {
+      engine::EngineRequest r;
+      r.request_id = absl::StrCat("r", i);
+      for (int j = 0; j < 20 + 7 * i; ++j) r.prompt.push_back((37 * i + 11 * j) % 4000 + 3);
+      r.max_tokens = 24;
+      r.ignore_eos = true;
+      r.sampling.temperature = i == 0 ? 0.0f : 0.7f + 0.1f * i;
+      r.sampling.top_k = i % 2 == 0 ? 0 : 40;
+      r.sampling.top_p = i == 3 ? 0.9f : 1.0f;
+      r.sampling.min_p = i == 4 ? 0.05f : 0.0f;
+      r.sampling.seed = 100 + i;
+      auto stream = (*engine)->Submit(r);
+      EXPECT_TRUE(stream.ok()) << stream.status();
+      streams.push_back(*stream);
+    }
+    std::vector<std::vector<int32_t>> out(streams.size());
+    for (size_t i = 0; i < streams.size(); ++i) {
+      engine::StreamEvent e;
+      while (streams[i]->Next(&e, absl::Seconds(60))) {
+        EXPECT_TRUE(e.error.ok()) << e.error;
+        for (const engine::TokenReport& t : e.tokens) out[i].push_back(t.token);
+        if (e.finished) break;
+      }
+    }
+    (*engine)->Stop();
+    return out;
+  };
+  const std::vector<std::vector<int32_t>> on_device = generate(true);
+  const std::vector<std::vector<int32_t>> on_host = generate(false);
+  for (size_t i = 0; i < on_device.size(); ++i) {
+    EXPECT_EQ(on_device[i].size(), 24u) << "request " << i;
+    EXPECT_EQ(on_device[i], on_host[i]) << "request " << i;
+  }
 }
 
 TEST(CudaPreflightTest, PassesOnThisDevice) {

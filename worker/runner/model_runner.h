@@ -9,10 +9,23 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "worker/model/config.h"
 #include "worker/runner/forward_batch.h"
 
 namespace tessera::runner {
+
+// One logits row's sampling, for runners that sample where the logits are
+// (ForwardSample): the meaning of worker/sampling's SamplingParams without
+// penalties (those need the sequence's token counts, kept on the host).
+struct DeviceSamplingRow {
+  float temperature = 1.0f;  // below 1e-5: greedy
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  uint64_t seed = 0;
+  int64_t position = 0;  // index of the token being drawn in its sequence
+};
 
 class ModelRunner {
  public:
@@ -28,6 +41,19 @@ class ModelRunner {
   // computed, for a malformed batch (token id outside the vocabulary,
   // position beyond the context, slot or block outside the cache, ...).
   virtual absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) = 0;
+
+  // Whether ForwardSample is available.
+  virtual bool SupportsDeviceSampling() const { return false; }
+
+  // Forward, then one token per logits row drawn where the logits live (on
+  // the GPU: no logits cross to the host), with exactly the draw the host
+  // sampler (worker/sampling) makes for the same logits. tokens[i] is row i's
+  // token, or -1 when the row cannot be sampled (non-finite logits).
+  virtual absl::Status ForwardSample(const ForwardBatch& batch,
+                                     absl::Span<const DeviceSamplingRow> rows,
+                                     std::vector<int32_t>* tokens) {
+    return absl::UnimplementedError("this runner samples on the host only");
+  }
 };
 
 }  // namespace tessera::runner
