@@ -401,6 +401,36 @@ void Engine::Sample(const ScheduledBatch& batch, const std::vector<float>& logit
   }
 }
 
+void Engine::TakeGreedyVerification(const ScheduledSequence& s, Request& req,
+                                    absl::Span<const int32_t> argmax,
+                                    std::vector<SampledTokens>* sampled) {
+  // Greedy verification (spec::VerifyChain at temperature 0): accept while
+  // the draft equals the target's argmax, then the target's token; all
+  // accepted: the bonus token.
+  const spec::Draft& draft = step_drafts_.at(s.id);
+  const int k = s.num_draft_tokens;
+  SampledTokens st;
+  st.id = s.id;
+  int accepted = 0;
+  for (int i = 0; i <= k; ++i) {
+    st.token_ids.push_back(argmax[i]);
+    if (i == k || draft.tokens[i] != argmax[i]) break;
+    ++accepted;
+  }
+  req.draft_tokens += k;
+  req.accepted_tokens += accepted;
+  req.draft_length->Observe(options_.speculation, k, accepted);
+  observer_->OnDraftVerified(k, accepted);
+  std::vector<TokenReport>& reports = pending_reports_[s.id];
+  for (TokenId t : st.token_ids) {
+    req.counts.AddOutput(t);
+    TokenReport report;
+    report.token = t;
+    reports.push_back(std::move(report));
+  }
+  sampled->push_back(std::move(st));
+}
+
 void Engine::FailSampling(SequenceId id, absl::Status status) {
   auto it = active_.find(id);
   if (it == active_.end()) return;
@@ -419,7 +449,6 @@ bool Engine::DeviceSamplingRows(const ScheduledBatch& batch,
   if (!options_.device_sampling || !runner_->SupportsDeviceSampling()) return false;
   for (const ScheduledSequence& s : batch.sequences) {
     if (!s.needs_logits) continue;
-    if (s.num_draft_tokens > 0) return false;
     auto it = active_.find(s.id);
     if (it == active_.end()) return false;
     const EngineRequest& req = it->second->request;
@@ -427,6 +456,18 @@ bool Engine::DeviceSamplingRows(const ScheduledBatch& batch,
     if (req.logprobs || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
         p.frequency_penalty != 0.0f) {
       return false;
+    }
+    if (s.num_draft_tokens > 0) {
+      // Verifying drafts on the device: greedy requests only (the argmax of
+      // each of the k + 1 rows decides; sampled verification needs the
+      // target's probabilities on the host).
+      if (!p.greedy()) return false;
+      for (int i = 0; i <= s.num_draft_tokens; ++i) {
+        runner::DeviceSamplingRow row;
+        row.temperature = 0.0f;
+        rows->push_back(row);
+      }
+      continue;
     }
     const Sequence* seq = scheduler_->FindSequence(s.id);
     runner::DeviceSamplingRow row;
@@ -446,14 +487,22 @@ void Engine::TakeDeviceTokens(const ScheduledBatch& batch, const std::vector<int
   size_t row = 0;
   for (const ScheduledSequence& s : batch.sequences) {
     if (!s.needs_logits) continue;
-    const int32_t token = row < tokens.size() ? tokens[row] : -1;
-    ++row;
+    const size_t first = row;
+    row += 1 + s.num_draft_tokens;
     auto it = active_.find(s.id);
     if (it == active_.end()) continue;  // aborted during the step
-    if (token < 0) {
+    bool finite = row <= tokens.size();
+    for (size_t i = first; finite && i < row; ++i) finite = tokens[i] >= 0;
+    if (!finite) {
       FailSampling(s.id, absl::InvalidArgumentError("logits row is not finite"));
       continue;
     }
+    if (s.num_draft_tokens > 0) {
+      TakeGreedyVerification(s, *it->second,
+                             absl::MakeConstSpan(tokens).subspan(first, row - first), sampled);
+      continue;
+    }
+    const int32_t token = tokens[first];
     it->second->counts.AddOutput(token);
     SampledTokens st;
     st.id = s.id;

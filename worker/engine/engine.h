@@ -192,6 +192,11 @@ class Engine {
   // Takes the tokens the device drew (one per row of DeviceSamplingRows).
   void TakeDeviceTokens(const ScheduledBatch& batch, const std::vector<int32_t>& tokens,
                         std::vector<SampledTokens>* sampled);
+  // Greedy verification of a sequence's drafts from the argmax of its k + 1
+  // rows (device sampling).
+  void TakeGreedyVerification(const ScheduledSequence& s, Request& req,
+                              absl::Span<const int32_t> argmax,
+                              std::vector<SampledTokens>* sampled);
   // Ends a request whose logits could not be sampled.
   void FailSampling(SequenceId id, absl::Status status);
   void Sample(const ScheduledBatch& batch, const std::vector<float>& logits,

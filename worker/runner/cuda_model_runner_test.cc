@@ -30,6 +30,8 @@
 #include "worker/runner/cpu_model_runner.h"
 #include "worker/runner/cuda_model_runner.h"
 #include "worker/runner/cuda_preflight.h"
+#include "worker/spec/draft_provider.h"
+#include "worker/spec/draft_source.h"
 
 namespace tessera::runner {
 namespace {
@@ -268,12 +270,14 @@ TEST(CudaModelRunnerTest, BadBatchesAreRejectedBeforeAnyKernelRuns) {
 
 // The engine samples on the GPU when it can; the tokens are those host
 // sampling draws from the same logits (same algorithm and Philox draw), for
-// greedy and seeded temperature/top-k/top-p/min-p requests batched together.
+// greedy and seeded temperature/top-k/top-p/min-p requests batched together,
+// and greedy verification of n-gram drafts from the rows' argmax equals the
+// host verifier's.
 TEST(CudaModelRunnerTest, DeviceSamplingInTheEngineMatchesHostSampling) {
   REQUIRE_GPU(device);
   auto model = model::LoadModel(SourcePath("models/target"));
   ASSERT_TRUE(model.ok()) << model.status();
-  auto generate = [&](bool device_sampling) {
+  auto generate = [&](bool device_sampling, bool speculate) {
     CudaRunnerOptions options;
     options.num_kv_blocks = 128;
     options.max_num_tokens = 1024;
@@ -286,6 +290,10 @@ TEST(CudaModelRunnerTest, DeviceSamplingInTheEngineMatchesHostSampling) {
     eo.scheduler.max_num_batched_tokens = 1024;
     eo.scheduler.max_model_len = 2048;
     eo.device_sampling = device_sampling;
+    if (speculate) {  // n-gram drafts, verified greedily on the device (or the host)
+      eo.speculation.num_speculative_tokens = 4;
+      eo.draft_provider = std::make_shared<spec::LocalDraftProvider>(spec::MakeNgramSource());
+    }
     auto engine = engine::Engine::Create(std::move(*runner), eo);
     EXPECT_TRUE(engine.ok()) << engine.status();
     (*engine)->Start();
@@ -296,7 +304,7 @@ TEST(CudaModelRunnerTest, DeviceSamplingInTheEngineMatchesHostSampling) {
       for (int j = 0; j < 20 + 7 * i; ++j) r.prompt.push_back((37 * i + 11 * j) % 4000 + 3);
       r.max_tokens = 24;
       r.ignore_eos = true;
-      r.sampling.temperature = i == 0 ? 0.0f : 0.7f + 0.1f * i;
+      r.sampling.temperature = (speculate || i == 0) ? 0.0f : 0.7f + 0.1f * i;
       r.sampling.top_k = i % 2 == 0 ? 0 : 40;
       r.sampling.top_p = i == 3 ? 0.9f : 1.0f;
       r.sampling.min_p = i == 4 ? 0.05f : 0.0f;
@@ -317,11 +325,14 @@ TEST(CudaModelRunnerTest, DeviceSamplingInTheEngineMatchesHostSampling) {
     (*engine)->Stop();
     return out;
   };
-  const std::vector<std::vector<int32_t>> on_device = generate(true);
-  const std::vector<std::vector<int32_t>> on_host = generate(false);
-  for (size_t i = 0; i < on_device.size(); ++i) {
-    EXPECT_EQ(on_device[i].size(), 24u) << "request " << i;
-    EXPECT_EQ(on_device[i], on_host[i]) << "request " << i;
+  for (bool speculate : {false, true}) {
+    SCOPED_TRACE(speculate ? "greedy with n-gram drafts" : "plain, greedy and sampled");
+    const std::vector<std::vector<int32_t>> on_device = generate(true, speculate);
+    const std::vector<std::vector<int32_t>> on_host = generate(false, speculate);
+    for (size_t i = 0; i < on_device.size(); ++i) {
+      EXPECT_EQ(on_device[i].size(), 24u) << "request " << i;
+      EXPECT_EQ(on_device[i], on_host[i]) << "request " << i;
+    }
   }
 }
 
