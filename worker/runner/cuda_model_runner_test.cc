@@ -32,6 +32,7 @@
 #include "worker/runner/cuda_preflight.h"
 #include "worker/spec/draft_provider.h"
 #include "worker/spec/draft_source.h"
+#include "worker/spec/model_source.h"
 
 namespace tessera::runner {
 namespace {
@@ -277,7 +278,8 @@ TEST(CudaModelRunnerTest, DeviceSamplingInTheEngineMatchesHostSampling) {
   REQUIRE_GPU(device);
   auto model = model::LoadModel(SourcePath("models/target"));
   ASSERT_TRUE(model.ok()) << model.status();
-  auto generate = [&](bool device_sampling, bool speculate) {
+  // speculate: 0 = off, 1 = n-gram drafts, 2 = the draft model on the GPU.
+  auto generate = [&](bool device_sampling, int speculate) {
     CudaRunnerOptions options;
     options.num_kv_blocks = 128;
     options.max_num_tokens = 1024;
@@ -325,8 +327,10 @@ TEST(CudaModelRunnerTest, DeviceSamplingInTheEngineMatchesHostSampling) {
     (*engine)->Stop();
     return out;
   };
-  for (bool speculate : {false, true}) {
-    SCOPED_TRACE(speculate ? "greedy with n-gram drafts" : "plain, greedy and sampled");
+  for (int speculate : {0, 1, 2}) {
+    SCOPED_TRACE(speculate == 0   ? "plain, greedy and sampled"
+                 : speculate == 1 ? "greedy with n-gram drafts"
+                                  : "greedy with draft-model drafts");
     const std::vector<std::vector<int32_t>> on_device = generate(true, speculate);
     const std::vector<std::vector<int32_t>> on_host = generate(false, speculate);
     for (size_t i = 0; i < on_device.size(); ++i) {

@@ -129,7 +129,19 @@ class ModelSource final : public DraftSource {
         std::vector<int32_t> toks(s.tokens.begin() + s.computed, s.tokens.end());
         batch.AddSequence(toks, s.computed, tbl, runner_->block_size(), /*want_logits=*/true);
       }
-      if (absl::Status st = runner_->Forward(batch, &logits); !st.ok()) {
+      // Greedy drafts on a runner that samples on its device: only the
+      // argmax of each row comes back (the same token as the host's greedy
+      // draw: ties go to the lowest id in both).
+      bool on_device = runner_->SupportsDeviceSampling();
+      for (int qi : in_batch) on_device &= seqs_[queries[qi].seq].params.greedy();
+      std::vector<int32_t> device_tokens;
+      const absl::Status st =
+          on_device
+              ? runner_->ForwardSample(
+                    batch, std::vector<runner::DeviceSamplingRow>(in_batch.size(), greedy_row_),
+                    &device_tokens)
+              : runner_->Forward(batch, &logits);
+      if (!st.ok()) {
         LogWarning("draft model step failed", {{"error", std::string(st.message())}});
         for (int qi : in_batch) {
           State& s = seqs_[queries[qi].seq];
@@ -142,6 +154,13 @@ class ModelSource final : public DraftSource {
         const int qi = in_batch[r];
         State& s = seqs_[queries[qi].seq];
         s.computed = static_cast<int>(s.tokens.size());
+        if (on_device) {
+          if (device_tokens[r] < 0) continue;  // non-finite row: no draft
+          out[qi].tokens.push_back(device_tokens[r]);
+          s.tokens.push_back(device_tokens[r]);  // run ahead: as if accepted
+          if (static_cast<int>(out[qi].tokens.size()) < queries[qi].max_tokens) next.push_back(qi);
+          continue;
+        }
         absl::Span<const float> row(logits.data() + r * vocab, vocab);
         auto dist = sampling::ComputeSamplingDistribution(row, s.params, empty_counts_);
         if (!dist.ok()) continue;
@@ -178,6 +197,9 @@ class ModelSource final : public DraftSource {
   }
 
  private:
+  // A greedy row for ForwardSample (temperature 0).
+  const runner::DeviceSamplingRow greedy_row_{0.0f, 0, 1.0f, 0.0f, 0, 0};
+
   struct State {
     std::vector<TokenId> tokens;
     int computed = 0;  // tokens whose KV is in the cache
