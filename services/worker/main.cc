@@ -9,6 +9,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
+#include "kernels/cuda_devices.h"
 #include "kernels/registry.h"
 #include "services/common/server_flags.h"
 #include "services/common/service_host.h"
@@ -147,7 +148,14 @@ int main(int argc, char** argv) {
     lo.draft_provider =
         std::make_shared<tessera::spec::LocalDraftProvider>(tessera::spec::MakeSuffixSource());
   } else if (draft_source == "model") {
-    auto source = tessera::spec::MakeModelSourceFromDir(absl::GetFlag(FLAGS_draft_model));
+    // The draft model runs where the target does (the first rank's GPU).
+    tessera::spec::ModelSourceFromDirOptions dopt;
+    if (lo.device != "cpu") {
+      auto devices = tessera::kernels::ResolveDevices(lo.device, lo.tensor_parallel_size);
+      if (!devices.ok()) return ts::StartupError(devices.status());
+      dopt.device = absl::StrCat("cuda:", devices->front().gpu->pci_bus_id);
+    }
+    auto source = tessera::spec::MakeModelSourceFromDir(absl::GetFlag(FLAGS_draft_model), dopt);
     if (!source.ok()) return ts::StartupError(source.status());
     lo.draft_provider = std::make_shared<tessera::spec::LocalDraftProvider>(std::move(*source));
   } else if (!draft_source.empty()) {
