@@ -50,21 +50,14 @@ absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunn
     tp->plans_.push_back(*plan);
   }
   tp->local_logits_.resize(n);
-  {
-    absl::MutexLock lock(&tp->mu_);
-    tp->status_.assign(n, absl::OkStatus());
-  }
-  for (int r = 1; r < n; ++r) tp->threads_.emplace_back([p = tp.get(), r] { p->RankLoop(r); });
+  CudaTensorParallelRunner* self = tp.get();
+  tp->lockstep_ =
+      std::make_unique<LockstepRanks>(n, [self](int r) { return self->RunRank(r, *self->batch_); });
   return tp;
 }
 
 CudaTensorParallelRunner::~CudaTensorParallelRunner() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-    cv_.SignalAll();
-  }
-  for (std::thread& t : threads_) t.join();
+  lockstep_.reset();
   ranks_.clear();  // before the communicators go
 }
 
@@ -88,24 +81,6 @@ absl::Status CudaTensorParallelRunner::RunRank(int r, const runner::ForwardBatch
                 static_cast<size_t>(cols.size) * sizeof(float));
   }
   return absl::OkStatus();
-}
-
-void CudaTensorParallelRunner::RankLoop(int rank) {
-  int64_t seen = 0;
-  for (;;) {
-    const runner::ForwardBatch* batch;
-    {
-      absl::MutexLock lock(&mu_);
-      while (!stop_ && step_ == seen) cv_.Wait(&mu_);
-      if (stop_) return;
-      seen = step_;
-      batch = batch_;
-    }
-    absl::Status s = RunRank(rank, *batch);
-    absl::MutexLock lock(&mu_);
-    status_[rank] = std::move(s);
-    if (--pending_ == 0) cv_.SignalAll();
-  }
 }
 
 absl::Status CudaTensorParallelRunner::Forward(const runner::ForwardBatch& batch,
@@ -143,24 +118,10 @@ absl::Status CudaTensorParallelRunner::ForwardGreedy(const runner::ForwardBatch&
 }
 
 absl::Status CudaTensorParallelRunner::RunAll(const runner::ForwardBatch& batch) {
-  {
-    absl::MutexLock lock(&mu_);
-    batch_ = &batch;
-    pending_ = size() - 1;
-    ++step_;
-    cv_.SignalAll();
-  }
-  absl::Status s = RunRank(0, batch);
-  absl::MutexLock lock(&mu_);
-  while (pending_ > 0) cv_.Wait(&mu_);
+  batch_ = &batch;
+  absl::Status s = lockstep_->Run();
   batch_ = nullptr;
-  if (!s.ok()) return s;
-  for (int r = 1; r < size(); ++r) {
-    if (!status_[r].ok()) {
-      return absl::Status(status_[r].code(), absl::StrCat("rank ", r, ": ", status_[r].message()));
-    }
-  }
-  return absl::OkStatus();
+  return s;
 }
 
 }  // namespace tessera::parallel

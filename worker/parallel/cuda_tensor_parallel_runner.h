@@ -15,14 +15,12 @@
 
 #include <memory>
 #include <optional>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "kernels/device.h"
 #include "worker/model/weights.h"
+#include "worker/parallel/lockstep.h"
 #include "worker/runner/cuda_model_runner.h"
 #include "worker/runner/model_runner.h"
 
@@ -58,7 +56,6 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
 
  private:
   CudaTensorParallelRunner() = default;
-  void RankLoop(int rank);
   // Runs rank `r` on the current batch and scatters its logits slice.
   absl::Status RunRank(int r, const runner::ForwardBatch& batch);
   // Hands the batch to every rank and waits for all.
@@ -68,19 +65,13 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   std::vector<std::unique_ptr<runner::CudaModelRunner>> ranks_;
   std::vector<ShardPlan> plans_;
   std::vector<std::vector<float>> local_logits_;  // per rank
-  std::vector<float>* out_ = nullptr;             // the step's result (logits mode)
-  bool greedy_ = false;                           // this step: ForwardGreedy
-  std::vector<std::vector<int32_t>> top_ids_;     // per rank (greedy mode)
+  // The step in flight (set before lockstep_->Run()).
+  const runner::ForwardBatch* batch_ = nullptr;
+  std::vector<float>* out_ = nullptr;          // logits mode: the result
+  bool greedy_ = false;                        // ForwardGreedy
+  std::vector<std::vector<int32_t>> top_ids_;  // per rank (greedy mode)
   std::vector<std::vector<float>> top_values_;
-  std::vector<std::thread> threads_;  // ranks 1..N-1
-
-  absl::Mutex mu_;
-  absl::CondVar cv_;
-  int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
-  int pending_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  const runner::ForwardBatch* batch_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::vector<absl::Status> status_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<LockstepRanks> lockstep_;  // last: its threads go first
 };
 
 }  // namespace tessera::parallel

@@ -37,62 +37,25 @@ absl::StatusOr<std::unique_ptr<TensorParallelRunner>> TensorParallelRunner::Crea
     }
     tp->ranks_.push_back(std::move(*rank));
   }
-  {
-    absl::MutexLock lock(&tp->mu_);
-    tp->status_.assign(n, absl::OkStatus());
-  }
-  for (int r = 1; r < n; ++r) tp->threads_.emplace_back([p = tp.get(), r] { p->RankLoop(r); });
+  tp->unused_logits_.resize(n);
+  TensorParallelRunner* self = tp.get();
+  tp->lockstep_ = std::make_unique<LockstepRanks>(n, [self](int r) {
+    return self->ranks_[r]->Forward(*self->batch_,
+                                    r == 0 ? self->logits_ : &self->unused_logits_[r]);
+  });
   return tp;
 }
 
-TensorParallelRunner::~TensorParallelRunner() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-    cv_.SignalAll();
-  }
-  for (std::thread& t : threads_) t.join();
-}
-
-void TensorParallelRunner::RankLoop(int rank) {
-  int64_t seen = 0;
-  std::vector<float> unused_logits;  // only rank 0 receives logits
-  for (;;) {
-    const runner::ForwardBatch* batch;
-    {
-      absl::MutexLock lock(&mu_);
-      while (!stop_ && step_ == seen) cv_.Wait(&mu_);
-      if (stop_) return;
-      seen = step_;
-      batch = batch_;
-    }
-    absl::Status s = ranks_[rank]->Forward(*batch, &unused_logits);
-    absl::MutexLock lock(&mu_);
-    status_[rank] = std::move(s);
-    if (--pending_ == 0) cv_.SignalAll();
-  }
-}
+TensorParallelRunner::~TensorParallelRunner() { lockstep_.reset(); }
 
 absl::Status TensorParallelRunner::Forward(const runner::ForwardBatch& batch,
                                            std::vector<float>* logits) {
-  {
-    absl::MutexLock lock(&mu_);
-    batch_ = &batch;
-    pending_ = size() - 1;
-    ++step_;
-    cv_.SignalAll();
-  }
-  absl::Status s = ranks_[0]->Forward(batch, logits);
-  absl::MutexLock lock(&mu_);
-  while (pending_ > 0) cv_.Wait(&mu_);
+  batch_ = &batch;
+  logits_ = logits;
+  absl::Status s = lockstep_->Run();
   batch_ = nullptr;
-  if (!s.ok()) return s;
-  for (int r = 1; r < size(); ++r) {
-    if (!status_[r].ok()) {
-      return absl::Status(status_[r].code(), absl::StrCat("rank ", r, ": ", status_[r].message()));
-    }
-  }
-  return absl::OkStatus();
+  logits_ = nullptr;
+  return s;
 }
 
 }  // namespace tessera::parallel

@@ -16,15 +16,13 @@
 #pragma once
 
 #include <memory>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "worker/model/weights.h"
 #include "worker/parallel/in_process_group.h"
+#include "worker/parallel/lockstep.h"
 #include "worker/runner/cpu_model_runner.h"
 #include "worker/runner/model_runner.h"
 
@@ -58,19 +56,14 @@ class TensorParallelRunner final : public runner::ModelRunner {
 
  private:
   TensorParallelRunner() = default;
-  void RankLoop(int rank);
 
   std::unique_ptr<InProcessGroup> group_;
   std::vector<std::unique_ptr<runner::CpuModelRunner>> ranks_;
-  std::vector<std::thread> threads_;  // ranks 1..N-1
-
-  absl::Mutex mu_;
-  absl::CondVar cv_;
-  int64_t step_ ABSL_GUARDED_BY(mu_) = 0;  // batches handed out
-  int pending_ ABSL_GUARDED_BY(mu_) = 0;   // ranks 1..N-1 still running this step
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  const runner::ForwardBatch* batch_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::vector<absl::Status> status_ ABSL_GUARDED_BY(mu_);  // per rank, this step
+  // The step in flight (set before lockstep_->Run()).
+  const runner::ForwardBatch* batch_ = nullptr;
+  std::vector<float>* logits_ = nullptr;           // rank 0 returns the gathered logits
+  std::vector<std::vector<float>> unused_logits_;  // ranks 1..N-1
+  std::unique_ptr<LockstepRanks> lockstep_;        // last: its threads go first
 };
 
 }  // namespace tessera::parallel
