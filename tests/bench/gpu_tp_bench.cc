@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "absl/synchronization/barrier.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/nccl_group.h"
+#include "kernels/cuda/p2p_all_reduce.h"
 #include "kernels/cuda_devices.h"
 #include "nlohmann/json.hpp"
 #include "tests/bench/llama3_8b_config.h"
@@ -49,18 +51,31 @@ namespace kcu = ::tessera::kernels::cuda;
     }                                                                 \
   } while (0)
 
-// Microseconds per all-reduce of `count` bf16 values over the devices:
-// {eager, in a CUDA graph}.
-std::pair<double, double> TimeAllReduce(const std::vector<kernels::DeviceDescription>& devices,
-                                        int64_t count) {
+struct AllReduceTimes {
+  double nccl_eager_us = 0, nccl_graph_us = 0;
+  double p2p_eager_us = 0, p2p_graph_us = 0;
+  bool p2p_correct = false;  // the sum of the ranks' known values, on every element
+  std::string p2p_error;     // why no P2P figures (e.g. no peer access)
+};
+
+// Microseconds per all-reduce of `count` bf16 values over the devices, NCCL
+// and the one-shot peer-to-peer kernel, eager and inside a CUDA graph.
+AllReduceTimes TimeAllReduce(const std::vector<kernels::DeviceDescription>& devices,
+                             int64_t count) {
   const int n = static_cast<int>(devices.size());
   std::vector<int> ordinals;
   for (const auto& d : devices) ordinals.push_back(d.ordinal);
   auto group = kcu::NcclGroup::Create(ordinals);
   CHECK_OR_DIE(group.status());
+  AllReduceTimes times;
+  auto p2p = kcu::P2pAllReduce::Create(ordinals, count);
+  if (!p2p.ok()) times.p2p_error = std::string(p2p.status().message());
+  std::vector<int> p2p_ok(n, 0);
   constexpr int kEager = 500, kPerGraph = 64, kGraphs = 20;
   double eager_us = 0, graph_us = 0;
   absl::Barrier* start = new absl::Barrier(n);
+  absl::Barrier* p2p_start = new absl::Barrier(n);
+  absl::Barrier* p2p_mid = new absl::Barrier(n);
   absl::Barrier* mid = new absl::Barrier(n);
   absl::Barrier* end = new absl::Barrier(n);
   auto rank_fn = [&](int r) {
@@ -99,12 +114,59 @@ std::pair<double, double> TimeAllReduce(const std::vector<kernels::DeviceDescrip
       eager_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / kEager;
       graph_us = std::chrono::duration<double, std::micro>(t3 - t2).count() / (kGraphs * kPerGraph);
     }
+    // The peer-to-peer kernel: a correctness check with known values, then
+    // the same eager and graph timings.
+    if (p2p.ok()) {
+      std::vector<kcu::Bf16> host(count, kcu::FloatToBf16(static_cast<float>(r + 1)));
+      CHECK_OR_DIE(kcu::CopyToDevice(buf->data(), host.data(), count * 2, stream->get()));
+      CHECK_OR_DIE(kcu::Synchronize(stream->get()));
+      if (p2p_start->Block()) delete p2p_start;
+      CHECK_OR_DIE((*p2p)->AllReduceSumBf16(r, buf->as<kcu::Bf16>(), count, stream->get()));
+      CHECK_OR_DIE(kcu::Synchronize(stream->get()));
+      CHECK_OR_DIE(kcu::CopyToHost(host.data(), buf->data(), count * 2, stream->get()));
+      CHECK_OR_DIE(kcu::Synchronize(stream->get()));
+      const float want = static_cast<float>(n * (n + 1) / 2);
+      bool ok = true;
+      for (kcu::Bf16 v : host) ok &= kcu::Bf16ToFloat(v) == want;
+      p2p_ok[r] = ok ? 1 : 0;
+      kcu::CudaGraph p2p_graph;
+      CHECK_OR_DIE(p2p_graph.BeginCapture(stream->get()));
+      for (int i = 0; i < kPerGraph; ++i) {
+        CHECK_OR_DIE((*p2p)->AllReduceSumBf16(r, buf->as<kcu::Bf16>(), count, stream->get()));
+      }
+      CHECK_OR_DIE(p2p_graph.EndCapture());
+      if (p2p_mid->Block()) delete p2p_mid;
+      auto u0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < kEager; ++i) {
+        CHECK_OR_DIE((*p2p)->AllReduceSumBf16(r, buf->as<kcu::Bf16>(), count, stream->get()));
+      }
+      CHECK_OR_DIE(kcu::Synchronize(stream->get()));
+      auto u1 = std::chrono::steady_clock::now();
+      for (int i = 0; i < kGraphs; ++i) CHECK_OR_DIE(p2p_graph.Launch(stream->get()));
+      CHECK_OR_DIE(kcu::Synchronize(stream->get()));
+      auto u2 = std::chrono::steady_clock::now();
+      if (r == 0) {
+        times.p2p_eager_us = std::chrono::duration<double, std::micro>(u1 - u0).count() / kEager;
+        times.p2p_graph_us =
+            std::chrono::duration<double, std::micro>(u2 - u1).count() / (kGraphs * kPerGraph);
+      }
+    }
     if (end->Block()) delete end;
   };
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) threads.emplace_back(rank_fn, r);
   for (auto& t : threads) t.join();
-  return {eager_us, graph_us};
+  times.nccl_eager_us = eager_us;
+  times.nccl_graph_us = graph_us;
+  times.p2p_correct = p2p.ok();
+  for (int ok : p2p_ok) times.p2p_correct &= ok == 1;
+  if (p2p.ok()) {
+    for (int r = 0; r < n; ++r) {
+      auto t = (*p2p)->Timeouts(r);
+      if (!t.ok() || *t != 0) times.p2p_correct = false;
+    }
+  }
+  return times;
 }
 
 int Run() {
@@ -165,9 +227,9 @@ int Run() {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double tps = batch * steps / s;
       if (tp == 1) tp1[batch] = tps;
-      const auto [eager_us, graph_us] =
-          tp > 1 ? TimeAllReduce(devices, int64_t{batch} * config->hidden_size)
-                 : std::pair<double, double>{0, 0};
+      const AllReduceTimes ar =
+          tp > 1 ? TimeAllReduce(devices, int64_t{batch} * config->hidden_size) : AllReduceTimes{};
+      const double eager_us = ar.nccl_eager_us, graph_us = ar.nccl_graph_us;
       const int reduces_per_step = 2 * static_cast<int>(config->num_hidden_layers) + 1;
       nlohmann::json r = {
           {"tp", tp},
@@ -180,6 +242,10 @@ int Run() {
           {"all_reduce_us_in_graph", graph_us},
           {"all_reduces_per_step", tp > 1 ? reduces_per_step : 0},
           {"all_reduce_ms_per_step_in_graph", tp > 1 ? reduces_per_step * graph_us / 1e3 : 0.0},
+          {"p2p_all_reduce_us_eager", ar.p2p_eager_us},
+          {"p2p_all_reduce_us_in_graph", ar.p2p_graph_us},
+          {"p2p_all_reduce_correct", ar.p2p_correct},
+          {"p2p_error", ar.p2p_error},
       };
       std::fprintf(stderr, "%s\n", r.dump().c_str());
       results.push_back(r);
