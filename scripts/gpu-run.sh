@@ -53,6 +53,7 @@ done
 DEV="cuda:$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | sort | head -1)"
 step generate_parity 600 python3 tests/gpu/check_generate.py "$BIN/tessera" --device="$DEV" \
   --out="$OUT/tests/generate_parity.json"
+step cluster_on_gpu 400 bash tests/gpu/cluster_on_gpu.sh "$BIN" "$DEV"
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [[ "$GPUS" -ge 2 ]]; then
   step bench/gpu_tp 400 "$BIN/gpu_tp_bench" --out="$OUT/bench/gpu_tp.json"
