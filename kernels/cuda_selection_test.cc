@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "kernels/arch/build_manifest.h"
 #include "kernels/cuda_backend.h"
+#include "kernels/cuda_devices.h"
 #include "kernels/registry.h"
 
 namespace tessera::kernels {
@@ -269,6 +270,43 @@ TEST(ArchSpecificTest, MissingArchSpecificImageNamesTheRebuild) {
   EXPECT_THAT(s->rejected[1].reason, AllOf(HasSubstr("needs sm_90a code, which this binary lacks"),
                                            HasSubstr("sm_90a in -DTESSERA_CUDA_ARCHS")));
   EXPECT_THAT(s->rejected[1].reason, Not(HasSubstr("tcgen05")));
+}
+
+}  // namespace
+}  // namespace tessera::kernels
+
+namespace tessera::kernels {
+namespace {
+
+// Device selectors: malformed ones and impossible groups are errors that say
+// what would work; on a machine without GPUs, asking for one names why.
+TEST(DeviceSelectorTest, BadSelectorsAndGroups) {
+  absl::StatusOr<DeviceDescription> d = ResolveDevice("gpu0");
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(d.status().message(), HasSubstr("expected cpu, cuda"));
+  EXPECT_TRUE(ResolveDevice("cpu").ok());
+
+  absl::StatusOr<std::vector<DeviceDescription>> cpu_ranks = ResolveDevices("cpu", 3);
+  ASSERT_TRUE(cpu_ranks.ok()) << cpu_ranks.status();
+  ASSERT_EQ(cpu_ranks->size(), 3u);
+  for (const DeviceDescription& r : *cpu_ranks) EXPECT_EQ(r.tensor_parallel_size, 3);
+  EXPECT_FALSE(ResolveDevices("cpu", 0).ok());
+
+  absl::StatusOr<std::vector<DeviceDescription>> mismatch =
+      ResolveDevices("cuda:0000:18:00.0,0000:19:00.0", 3);
+  ASSERT_FALSE(mismatch.ok());
+  EXPECT_THAT(mismatch.status().message(), HasSubstr("names 2 GPUs but --tensor_parallel_size=3"));
+
+  if (DetectCudaDevices().devices.empty()) {
+    absl::StatusOr<std::vector<DeviceDescription>> two = ResolveDevices("cuda", 2);
+    ASSERT_FALSE(two.ok());
+    EXPECT_THAT(two.status().message(),
+                HasSubstr("--tensor_parallel_size=2 needs 2 GPUs; 0 visible"));
+    absl::StatusOr<DeviceDescription> one = ResolveDevice("cuda:0000:18:00.0");
+    ASSERT_FALSE(one.ok());
+    EXPECT_EQ(one.status().code(), absl::StatusCode::kNotFound);
+  }
 }
 
 }  // namespace

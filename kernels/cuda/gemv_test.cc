@@ -25,25 +25,13 @@ namespace tessera::kernels::cuda {
 namespace {
 
 using cuda_testing::Download;
+using cuda_testing::FastRandomBf16;
 using cuda_testing::FromBf16;
 using cuda_testing::kBf16Eps;
 using cuda_testing::RandomFloats;
 using cuda_testing::Upload;
 using cuda_testing::Zeros;
 namespace ref = ::tessera::kernels::cpu::reference;
-
-std::vector<Bf16> FastRandomBf16(size_t n, uint64_t seed) {
-  std::vector<Bf16> out(n);
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < n; ++i) {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    const float f = static_cast<float>(static_cast<int32_t>(s >> 40) - (1 << 23)) / (1 << 23);
-    out[i] = FloatToBf16(f);
-  }
-  return out;
-}
 
 // Device-side GEMV workspace for direct calls.
 struct TestWorkspace {

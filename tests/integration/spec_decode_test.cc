@@ -39,17 +39,9 @@ using tessera::v1::WorkerGenerateResponse;
 std::string Model() {
   static std::string* dir = [] {
     auto* d = new std::string(MakeTempDir());
-    runner::TestModelSpec spec;
-    spec.vocab = 1024;
-    spec.hidden = 512;
-    spec.intermediate = 1024;
-    spec.layers = 4;
-    spec.heads = 8;
-    spec.kv_heads = 4;
-    spec.head_dim = 64;
+    runner::TestModelSpec spec = runner::SlowDecodeSpec();
     spec.tie_embeddings = true;
     spec.weight_scale = 0.08f;
-    spec.dtype = model::DType::kBF16;
     EXPECT_TRUE(runner::WriteTestModel(*d, spec).ok());
     return d;
   }();

@@ -102,16 +102,7 @@ StreamResult RunStream(Worker::Stub* stub, const WorkerGenerateRequest& req) {
 std::string SlowModel() {
   static std::string* dir = [] {
     auto* d = new std::string(MakeTempDir());
-    runner::TestModelSpec spec;
-    spec.vocab = 1024;
-    spec.hidden = 512;
-    spec.intermediate = 1024;
-    spec.layers = 4;
-    spec.heads = 8;
-    spec.kv_heads = 4;
-    spec.head_dim = 64;
-    spec.dtype = model::DType::kBF16;
-    EXPECT_TRUE(runner::WriteTestModel(*d, spec).ok());
+    EXPECT_TRUE(runner::WriteTestModel(*d, runner::SlowDecodeSpec()).ok());
     return d;
   }();
   return *dir;

@@ -27,6 +27,21 @@ struct TestModelSpec {
   uint64_t seed = 7;
 };
 
+// A bf16 model big enough that a decode step takes visible time on one CPU
+// thread (a few milliseconds): for tests of timing, streaming and drain.
+inline TestModelSpec SlowDecodeSpec() {
+  TestModelSpec spec;
+  spec.vocab = 1024;
+  spec.hidden = 512;
+  spec.intermediate = 1024;
+  spec.layers = 4;
+  spec.heads = 8;
+  spec.kv_heads = 4;
+  spec.head_dim = 64;
+  spec.dtype = model::DType::kBF16;
+  return spec;
+}
+
 // Writes the model into `dir` (which must exist).
 absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& spec);
 
