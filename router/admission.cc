@@ -53,10 +53,58 @@ struct AdmissionController::Waiter {
   bool granted = false;
   bool refused = false;  // drain started
   absl::CondVar cv;
+  // Async waiters only (wait_id > 0): the callback, the deadline, and when
+  // the wait began.
+  uint64_t wait_id = 0;
+  AdmitCallback done;
+  absl::Time deadline = absl::InfiniteFuture();
+  absl::Time start;
 };
+
+namespace {
+
+using PendingCallbacks = std::vector<std::pair<AdmitCallback, absl::StatusOr<AdmissionTicket>>>;
+
+// The callbacks this thread is running now, when it is inside RunCallbacks.
+thread_local std::deque<std::pair<AdmitCallback, absl::StatusOr<AdmissionTicket>>>*
+    tls_running = nullptr;
+
+// Runs callbacks collected under the controller's lock, after it is released.
+// A callback that releases a ticket (or cancels, or admits) makes more
+// callbacks ready; on this thread they are queued behind the current one
+// rather than run nested, so a chain of hand-overs never deepens the stack.
+void RunCallbacks(PendingCallbacks& callbacks) {
+  if (callbacks.empty()) return;
+  if (tls_running != nullptr) {
+    for (auto& c : callbacks) tls_running->push_back(std::move(c));
+    callbacks.clear();
+    return;
+  }
+  std::deque<std::pair<AdmitCallback, absl::StatusOr<AdmissionTicket>>> queue;
+  for (auto& c : callbacks) queue.push_back(std::move(c));
+  callbacks.clear();
+  tls_running = &queue;
+  while (!queue.empty()) {
+    auto [done, result] = std::move(queue.front());
+    queue.pop_front();
+    done(std::move(result));
+  }
+  tls_running = nullptr;
+}
+
+}  // namespace
 
 AdmissionController::AdmissionController(AdmissionOptions options, const Clock* clock)
     : options_(std::move(options)), clock_(clock) {}
+
+AdmissionController::~AdmissionController() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    deadline_cv_.SignalAll();
+  }
+  if (deadline_thread_.joinable()) deadline_thread_.join();
+}
 
 int AdmissionController::WaitersAtOrAboveLocked(Priority priority) const {
   int n = 0;
@@ -169,7 +217,117 @@ absl::StatusOr<AdmissionTicket> AdmissionController::Admit(Priority priority, ab
   return AdmissionTicket(this, priority, absl::Now() - start);
 }
 
+void AdmissionController::EndAsyncWaitLocked(Waiter* w, absl::StatusOr<AdmissionTicket> result,
+                                             PendingCallbacks* out) {
+  auto it = async_waiters_.find(w->wait_id);
+  if (it == async_waiters_.end()) return;
+  std::unique_ptr<Waiter> owned = std::move(it->second);
+  async_waiters_.erase(it);
+  out->emplace_back(std::move(owned->done), std::move(result));
+}
+
+uint64_t AdmissionController::AdmitAsync(Priority priority, absl::Time deadline,
+                                         AdmitCallback done) {
+  absl::StatusOr<AdmissionTicket> now_result = absl::UnknownError("unset");
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_) {
+      now_result = DrainingLocked();
+    } else if (CanAdmitNowLocked(priority)) {
+      ++in_flight_;
+      ++counters_.admitted;
+      now_result = AdmissionTicket(this, priority, absl::ZeroDuration());
+    } else if (static_cast<int>(queues_[static_cast<int>(priority)].size()) >=
+               options_.max_queued_per_priority) {
+      now_result = FullLocked(
+          priority, absl::StrCat(queues_[static_cast<int>(priority)].size(), " requests of priority ",
+                                 std::string(PriorityName(priority)), " are queued already"));
+    } else if (absl::Now() >= deadline) {
+      ++counters_.timed_out;
+      now_result = absl::DeadlineExceededError(
+          "the deadline passed before the request could wait in the router's admission queue");
+    } else {
+      auto w = std::make_unique<Waiter>();
+      w->priority = priority;
+      w->wait_id = next_wait_id_++;
+      w->done = std::move(done);
+      w->deadline = deadline;
+      w->start = absl::Now();
+      const uint64_t id = w->wait_id;
+      queues_[static_cast<int>(priority)].push_back(w.get());
+      async_waiters_[id] = std::move(w);
+      if (!deadline_thread_.joinable()) {
+        deadline_thread_ = std::thread([this] { DeadlineLoop(); });
+      }
+      deadline_cv_.Signal();  // the earliest deadline may have changed
+      return id;
+    }
+  }
+  PendingCallbacks callbacks;
+  callbacks.emplace_back(std::move(done), std::move(now_result));
+  RunCallbacks(callbacks);
+  return 0;
+}
+
+bool AdmissionController::CancelWait(uint64_t wait_id) {
+  PendingCallbacks callbacks;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = async_waiters_.find(wait_id);
+    if (it == async_waiters_.end()) return false;
+    RemoveWaiterLocked(it->second.get());
+    ++counters_.timed_out;
+    EndAsyncWaitLocked(it->second.get(),
+                       absl::CancelledError("cancelled while queued for admission"), &callbacks);
+  }
+  RunCallbacks(callbacks);
+  return true;
+}
+
+void AdmissionController::DeadlineLoop() {
+  PendingCallbacks callbacks;
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    // End the waits whose deadline passed; find the next deadline. The
+    // queues are bounded (max_queued_per_priority per class), so a scan is
+    // cheap next to the wait it ends.
+    const absl::Time now = absl::Now();
+    absl::Time next = absl::InfiniteFuture();
+    std::vector<Waiter*> expired;
+    for (const auto& [id, w] : async_waiters_) {
+      if (w->deadline <= now) {
+        expired.push_back(w.get());
+      } else {
+        next = std::min(next, w->deadline);
+      }
+    }
+    for (Waiter* w : expired) {
+      RemoveWaiterLocked(w);
+      ++counters_.timed_out;
+      const absl::Duration waited = now - w->start;
+      EndAsyncWaitLocked(w,
+                         absl::DeadlineExceededError(absl::StrCat(
+                             "the deadline passed after ", absl::FormatDuration(waited),
+                             " in the router's admission queue")),
+                         &callbacks);
+    }
+    if (!callbacks.empty()) {
+      mu_.Unlock();
+      RunCallbacks(callbacks);
+      mu_.Lock();
+      continue;  // the set changed while unlocked: look again
+    }
+    deadline_cv_.WaitWithDeadline(&mu_, next);
+  }
+}
+
 void AdmissionController::ReleaseSlot() {
+  PendingCallbacks callbacks;
+  ReleaseSlotAndCollect(&callbacks);
+  RunCallbacks(callbacks);
+}
+
+void AdmissionController::ReleaseSlotAndCollect(PendingCallbacks* callbacks) {
   absl::MutexLock lock(&mu_);
   --in_flight_;
   const absl::Time now = clock_->Now();
@@ -186,20 +344,33 @@ void AdmissionController::ReleaseSlot() {
     queues_[p].pop_front();
     w->granted = true;
     ++in_flight_;
-    w->cv.Signal();
+    if (w->wait_id != 0) {
+      ++counters_.admitted;
+      EndAsyncWaitLocked(w, AdmissionTicket(this, w->priority, absl::Now() - w->start), callbacks);
+    } else {
+      w->cv.Signal();
+    }
   }
 }
 
 void AdmissionController::StartDrain() {
-  absl::MutexLock lock(&mu_);
-  draining_ = true;
-  for (auto& q : queues_) {
-    for (Waiter* w : q) {
-      w->refused = true;
-      w->cv.Signal();
+  PendingCallbacks callbacks;
+  {
+    absl::MutexLock lock(&mu_);
+    draining_ = true;
+    for (auto& q : queues_) {
+      for (Waiter* w : q) {
+        w->refused = true;
+        if (w->wait_id != 0) {
+          EndAsyncWaitLocked(w, DrainingLocked(), &callbacks);
+        } else {
+          w->cv.Signal();
+        }
+      }
+      q.clear();
     }
-    q.clear();
   }
+  RunCallbacks(callbacks);
 }
 
 bool AdmissionController::draining() const {

@@ -22,6 +22,14 @@
 //   - Drain mode refuses new requests with UNAVAILABLE and turns the waiters
 //     away the same way, so clients go to another router replica; requests
 //     already admitted run on (WaitIdle waits for them).
+//   - Two ways to wait: Admit blocks the calling thread; AdmitAsync queues a
+//     callback instead, for callers that must not hold a thread while they
+//     wait (the router's callback-API stream handlers). Both kinds share the
+//     same queues and order. An async waiter is told its outcome exactly
+//     once: by the thread whose release frees the slot, by the controller's
+//     one deadline thread (started with the first async waiter), by
+//     StartDrain's caller, or by CancelWait's caller. Callbacks never run
+//     under the controller's lock, so they may call back into it.
 //
 // Thread-safety: thread-safe. REQUIRES: the controller outlives its tickets
 // and its waiters.
@@ -31,9 +39,14 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string_view>
+#include <thread>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -64,6 +77,11 @@ inline constexpr std::string_view kRetryAfterPayloadUrl = "type.tessera.dev/tess
 std::optional<absl::Duration> RetryAfterFromStatus(const absl::Status& status);
 
 class AdmissionController;
+class AdmissionTicket;
+
+// Receives the outcome of an AdmitAsync wait: a ticket, or the refusal
+// (RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, CANCELLED, UNAVAILABLE).
+using AdmitCallback = std::function<void(absl::StatusOr<AdmissionTicket>)>;
 
 // One admitted request's slot. Move-only; releasing (or destroying) it gives
 // the slot to the next waiter and counts a completion.
@@ -107,6 +125,8 @@ class AdmissionController {
   // REQUIRES: `clock` outlives the controller. The clock times completions
   // (for the rate); waiting uses real time.
   explicit AdmissionController(AdmissionOptions options, const Clock* clock = SystemClock::Get());
+  // Stops the deadline thread. REQUIRES: no async waiter is queued.
+  ~AdmissionController();
   AdmissionController(const AdmissionController&) = delete;
   AdmissionController& operator=(const AdmissionController&) = delete;
 
@@ -123,6 +143,28 @@ class AdmissionController {
   absl::StatusOr<AdmissionTicket> Admit(Priority priority, absl::Time deadline,
                                         const std::atomic<bool>* cancelled = nullptr);
 
+  // The non-blocking form of Admit: the same decisions, told to `done`
+  // exactly once. When the outcome is known at once (admitted, queue full,
+  // draining, deadline already past), `done` runs on the calling thread
+  // before AdmitAsync returns, and the result is 0. Otherwise the request
+  // waits in its class's queue and the result is its wait id (> 0): `done`
+  // then runs on the thread that releases the slot it gets, on the deadline
+  // thread (DEADLINE_EXCEEDED), in StartDrain (UNAVAILABLE) or in CancelWait
+  // (CANCELLED). No lock of the controller is held while `done` runs.
+  // Callbacks that become ready while a thread is already running one (a
+  // callback that releases a ticket hands the slot on) run on that thread
+  // right after the current one returns, not nested inside it.
+  // REQUIRES: `done` does not block for long (it runs on a releasing
+  // thread) and is non-null.
+  uint64_t AdmitAsync(Priority priority, absl::Time deadline, AdmitCallback done);
+
+  // Takes the async waiter `wait_id` out of its queue and runs its callback
+  // with CANCELLED on the calling thread (before returning, or right after
+  // the admission callback this thread is running returns); returns true. Returns false when
+  // the wait already ended (its callback has run, or is running on another
+  // thread) or the id is unknown; then nothing happens here.
+  bool CancelWait(uint64_t wait_id);
+
   // Refuses new requests from now on and turns the waiters away.
   void StartDrain();
   bool draining() const;
@@ -138,6 +180,8 @@ class AdmissionController {
   struct Waiter;
 
   void ReleaseSlot();
+  void ReleaseSlotAndCollect(
+      std::vector<std::pair<AdmitCallback, absl::StatusOr<AdmissionTicket>>>* callbacks);
   bool CanAdmitNowLocked(Priority priority) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int WaitersAtOrAboveLocked(Priority priority) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double CompletionRateLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -146,6 +190,12 @@ class AdmissionController {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DrainingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveWaiterLocked(Waiter* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends async waiter `w` (already out of its queue) with `result`: hands
+  // the callback over to be run after the lock is released.
+  void EndAsyncWaitLocked(Waiter* w, absl::StatusOr<AdmissionTicket> result,
+                          std::vector<std::pair<AdmitCallback, absl::StatusOr<AdmissionTicket>>>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeadlineLoop();
 
   const AdmissionOptions options_;
   const Clock* const clock_;
@@ -157,6 +207,13 @@ class AdmissionController {
   // Release times within rate_window, oldest first.
   mutable std::deque<absl::Time> completions_ ABSL_GUARDED_BY(mu_);
   AdmissionStats counters_ ABSL_GUARDED_BY(mu_);
+  // Async waiters by wait id (they live here; the queues point at them).
+  std::unordered_map<uint64_t, std::unique_ptr<Waiter>> async_waiters_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // The deadline thread sleeps on this until the earliest async deadline.
+  absl::CondVar deadline_cv_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread deadline_thread_;  // started with the first async waiter
 };
 
 }  // namespace tessera::router

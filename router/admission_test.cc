@@ -1,10 +1,14 @@
 #include "router/admission.h"
 
 #include <atomic>
+#include <deque>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -266,6 +270,282 @@ TEST(AdmissionTest, ConcurrentAdmissionNeverExceedsTheLimit) {
   const AdmissionStats s = c.Stats();
   EXPECT_EQ(s.in_flight, 0);
   EXPECT_EQ(s.admitted, 8u * 200u);
+}
+
+// --- The callback form (AdmitAsync) -------------------------------------------
+
+// Collects the outcomes of AdmitAsync callbacks.
+struct Outcomes {
+  absl::Mutex mu;
+  std::vector<absl::StatusOr<AdmissionTicket>> results ABSL_GUARDED_BY(mu);
+  std::vector<std::thread::id> threads ABSL_GUARDED_BY(mu);
+
+  AdmitCallback Callback() {
+    return [this](absl::StatusOr<AdmissionTicket> r) {
+      absl::MutexLock lock(&mu);
+      results.push_back(std::move(r));
+      threads.push_back(std::this_thread::get_id());
+    };
+  }
+  int count() {
+    absl::MutexLock lock(&mu);
+    return static_cast<int>(results.size());
+  }
+  bool WaitFor(int n, absl::Duration timeout) {
+    absl::MutexLock lock(&mu);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return static_cast<int>(results.size()) >= n;
+    };
+    return mu.AwaitWithTimeout(absl::Condition(&enough), timeout);
+  }
+};
+
+TEST(AdmissionAsyncTest, DecidesAtOnceOnTheCallingThreadWhenItCan) {
+  AdmissionController c(Small(1, /*max_queued=*/0));
+  Outcomes out;
+  EXPECT_EQ(c.AdmitAsync(Priority::kNormal, absl::Now() + absl::Seconds(5), out.Callback()), 0u);
+  EXPECT_EQ(c.AdmitAsync(Priority::kHigh, absl::Now() + absl::Seconds(5), out.Callback()), 0u);
+  ASSERT_EQ(out.count(), 2);  // both ran before AdmitAsync returned
+  absl::MutexLock lock(&out.mu);
+  ASSERT_TRUE(out.results[0].ok());
+  EXPECT_EQ(out.results[0]->queued(), absl::ZeroDuration());
+  EXPECT_EQ(out.threads[0], std::this_thread::get_id());
+  // No queue places: refused with a hint.
+  EXPECT_EQ(out.results[1].status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(RetryAfterFromStatus(out.results[1].status()).has_value());
+  EXPECT_EQ(c.Stats().in_flight, 1);
+}
+
+TEST(AdmissionAsyncTest, WaiterGetsTheSlotOnTheReleasingThread) {
+  AdmissionController c(Small(1));
+  absl::StatusOr<AdmissionTicket> held = c.TryAdmit(Priority::kNormal);
+  ASSERT_TRUE(held.ok());
+  Outcomes out;
+  const uint64_t id =
+      c.AdmitAsync(Priority::kNormal, absl::Now() + absl::Seconds(30), out.Callback());
+  EXPECT_GT(id, 0u);
+  EXPECT_EQ(out.count(), 0);
+  EXPECT_EQ(c.Stats().queued[static_cast<int>(Priority::kNormal)], 1);
+  // A newcomer does not overtake it.
+  EXPECT_EQ(c.TryAdmit(Priority::kNormal).status().code(), absl::StatusCode::kResourceExhausted);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::thread releaser([&] { held->Release(); });
+  const std::thread::id releaser_id = releaser.get_id();
+  releaser.join();
+  ASSERT_EQ(out.count(), 1);
+  {
+    absl::MutexLock lock(&out.mu);
+    ASSERT_TRUE(out.results[0].ok()) << out.results[0].status();
+    EXPECT_EQ(out.threads[0], releaser_id);
+    EXPECT_GE(out.results[0]->queued(), absl::Milliseconds(15));
+    EXPECT_EQ(c.Stats().in_flight, 1);
+    EXPECT_FALSE(c.CancelWait(id)) << "the wait already ended";
+    out.results[0]->Release();
+  }
+  EXPECT_EQ(c.Stats().in_flight, 0);
+  EXPECT_EQ(c.Stats().admitted, 2u);
+}
+
+TEST(AdmissionAsyncTest, BlockingAndCallbackWaitersShareOneOrder) {
+  AdmissionController c(Small(1));
+  absl::StatusOr<AdmissionTicket> held = c.TryAdmit(Priority::kNormal);
+  ASSERT_TRUE(held.ok());
+  absl::Mutex mu;
+  std::vector<std::string> order;
+  auto record = [&](std::string name) {
+    absl::MutexLock lock(&mu);
+    order.push_back(std::move(name));
+  };
+  // Each callback waiter releases its slot at once, from inside its
+  // callback: the next hand-over runs after it, on the same thread.
+  auto async = [&](Priority p, std::string name) {
+    c.AdmitAsync(p, absl::Now() + absl::Seconds(30),
+                 [&, name](absl::StatusOr<AdmissionTicket> t) {
+                   ASSERT_TRUE(t.ok()) << t.status();
+                   record(name);
+                 });
+  };
+  async(Priority::kLow, "low-async");
+  std::thread blocking([&] {
+    absl::StatusOr<AdmissionTicket> t = c.Admit(Priority::kNormal, absl::Now() + absl::Seconds(30));
+    ASSERT_TRUE(t.ok());
+    record("normal-blocking");
+  });
+  WaitQueued(c, 2);
+  async(Priority::kHigh, "high-async");
+  async(Priority::kNormal, "normal-async");
+  held->Release();
+  // The blocking waiter's release hands the slot to the remaining callback
+  // waiters on its own thread, before it ends.
+  blocking.join();
+  absl::MutexLock lock(&mu);
+  EXPECT_THAT(order,
+              ::testing::ElementsAre("high-async", "normal-blocking", "normal-async", "low-async"));
+  EXPECT_EQ(c.Stats().in_flight, 0);
+}
+
+TEST(AdmissionAsyncTest, DeadlinesEndWaitsInDeadlineOrderWithoutPolling) {
+  AdmissionOptions o = Small(1);
+  o.cancel_poll = absl::Hours(1);  // the callback form must not depend on it
+  AdmissionController c(o);
+  absl::StatusOr<AdmissionTicket> held = c.TryAdmit(Priority::kNormal);
+  ASSERT_TRUE(held.ok());
+  absl::Mutex mu;
+  std::vector<std::pair<std::string, absl::Status>> ended;
+  auto wait = [&](std::string name, absl::Duration d) {
+    return c.AdmitAsync(Priority::kNormal, absl::Now() + d,
+                        [&, name](absl::StatusOr<AdmissionTicket> t) {
+                          absl::MutexLock lock(&mu);
+                          ended.emplace_back(name, t.status());
+                        });
+  };
+  const absl::Time start = absl::Now();
+  wait("later", absl::Milliseconds(300));
+  wait("sooner", absl::Milliseconds(60));  // an earlier deadline added second
+  {
+    absl::MutexLock lock(&mu);
+    auto one = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !ended.empty(); };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&one), absl::Seconds(10)));
+    EXPECT_EQ(ended[0].first, "sooner");
+    EXPECT_EQ(ended[0].second.code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(std::string(ended[0].second.message()), HasSubstr("admission queue"));
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_GE(took, absl::Milliseconds(55));
+    EXPECT_LT(took, absl::Milliseconds(290)) << "the sooner deadline waited for the later one";
+    auto two = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return ended.size() == 2; };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&two), absl::Seconds(10)));
+    EXPECT_EQ(ended[1].first, "later");
+  }
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(295));
+  EXPECT_EQ(c.Stats().queued[static_cast<int>(Priority::kNormal)], 0);
+  EXPECT_EQ(c.Stats().timed_out, 2u);
+  // A deadline already past is decided at once.
+  Outcomes out;
+  EXPECT_EQ(c.AdmitAsync(Priority::kNormal, absl::Now() - absl::Seconds(1), out.Callback()), 0u);
+  absl::MutexLock lock(&out.mu);
+  ASSERT_EQ(out.results.size(), 1u);
+  EXPECT_EQ(out.results[0].status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(AdmissionAsyncTest, CancelWaitEndsTheWaitOnceAndFreesItsQueuePlace) {
+  AdmissionController c(Small(1, /*max_queued=*/1));
+  absl::StatusOr<AdmissionTicket> held = c.TryAdmit(Priority::kNormal);
+  ASSERT_TRUE(held.ok());
+  Outcomes out;
+  const uint64_t id =
+      c.AdmitAsync(Priority::kNormal, absl::Now() + absl::Seconds(30), out.Callback());
+  ASSERT_GT(id, 0u);
+  // The queue (one place) is full.
+  Outcomes refused;
+  c.AdmitAsync(Priority::kNormal, absl::Now() + absl::Seconds(30), refused.Callback());
+  ASSERT_EQ(refused.count(), 1);
+  EXPECT_TRUE(c.CancelWait(id));
+  ASSERT_EQ(out.count(), 1);  // ran on this thread, before CancelWait returned
+  {
+    absl::MutexLock lock(&out.mu);
+    EXPECT_EQ(out.results[0].status().code(), absl::StatusCode::kCancelled);
+  }
+  EXPECT_FALSE(c.CancelWait(id));
+  EXPECT_FALSE(c.CancelWait(987654));
+  EXPECT_EQ(out.count(), 1);
+  EXPECT_EQ(c.Stats().timed_out, 1u);
+  // Its place is free again, and the released slot goes to the new waiter.
+  Outcomes next;
+  EXPECT_GT(c.AdmitAsync(Priority::kNormal, absl::Now() + absl::Seconds(30), next.Callback()), 0u);
+  held->Release();
+  ASSERT_EQ(next.count(), 1);
+  absl::MutexLock lock(&next.mu);
+  EXPECT_TRUE(next.results[0].ok());
+  EXPECT_EQ(c.Stats().in_flight, 1);
+}
+
+TEST(AdmissionAsyncTest, DrainTurnsCallbackWaitersAway) {
+  AdmissionController c(Small(1));
+  absl::StatusOr<AdmissionTicket> held = c.TryAdmit(Priority::kNormal);
+  ASSERT_TRUE(held.ok());
+  Outcomes out;
+  const uint64_t id = c.AdmitAsync(Priority::kHigh, absl::Now() + absl::Seconds(30), out.Callback());
+  c.StartDrain();
+  ASSERT_EQ(out.count(), 1);
+  {
+    absl::MutexLock lock(&out.mu);
+    EXPECT_EQ(out.results[0].status().code(), absl::StatusCode::kUnavailable);
+  }
+  EXPECT_FALSE(c.CancelWait(id));
+  c.AdmitAsync(Priority::kHigh, absl::Now() + absl::Seconds(30), out.Callback());
+  ASSERT_EQ(out.count(), 2);
+  absl::MutexLock lock(&out.mu);
+  EXPECT_EQ(out.results[1].status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(AdmissionAsyncTest, ConcurrentCallbacksRunOnceAndNeverExceedTheLimit) {
+  constexpr int kLimit = 3;
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 300;
+  AdmissionController c(Small(kLimit, /*max_queued=*/1000));
+  std::atomic<int> holding{0}, peak{0}, admitted{0}, cancelled{0}, calls{0};
+  // Tickets handed to the callbacks are kept a moment by a releaser thread.
+  absl::Mutex mu;
+  std::deque<AdmissionTicket> held;
+  std::atomic<bool> stop{false};
+  std::thread releaser([&] {
+    while (!stop.load() || c.Stats().in_flight > 0) {
+      std::optional<AdmissionTicket> t;
+      {
+        absl::MutexLock lock(&mu);
+        if (!held.empty()) {
+          t = std::move(held.front());
+          held.pop_front();
+        }
+      }
+      if (!t) {
+        std::this_thread::yield();
+        continue;
+      }
+      holding.fetch_sub(1);
+      t->Release();
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kThreads; ++k) {
+    threads.emplace_back([&, k] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const Priority p = static_cast<Priority>((k + i) % kNumPriorities);
+        const uint64_t id = c.AdmitAsync(p, absl::Now() + absl::Seconds(60),
+                                         [&](absl::StatusOr<AdmissionTicket> t) {
+                                           calls.fetch_add(1);
+                                           if (!t.ok()) {
+                                             cancelled.fetch_add(1);
+                                             return;
+                                           }
+                                           admitted.fetch_add(1);
+                                           const int now = holding.fetch_add(1) + 1;
+                                           int seen = peak.load();
+                                           while (now > seen &&
+                                                  !peak.compare_exchange_weak(seen, now)) {
+                                           }
+                                           absl::MutexLock lock(&mu);
+                                           held.push_back(std::move(*t));
+                                         });
+        if (id != 0 && i % 3 == 0) c.CancelWait(id);  // may lose the race to a grant
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 5000 && calls.load() < kThreads * kPerThread; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  stop = true;
+  releaser.join();
+  EXPECT_EQ(calls.load(), kThreads * kPerThread) << "every callback runs exactly once";
+  EXPECT_EQ(admitted.load() + cancelled.load(), kThreads * kPerThread);
+  EXPECT_GT(admitted.load(), 0);
+  EXPECT_LE(peak.load(), kLimit);
+  const AdmissionStats s = c.Stats();
+  EXPECT_EQ(s.in_flight, 0);
+  for (int q : s.queued) EXPECT_EQ(q, 0);
+  EXPECT_EQ(s.admitted, static_cast<uint64_t>(admitted.load()));
+  EXPECT_EQ(s.timed_out, static_cast<uint64_t>(cancelled.load()));
 }
 
 }  // namespace
