@@ -2,14 +2,21 @@
 
 #include <openssl/crypto.h>
 
+#include <deque>
+#include <functional>
 #include <limits>
+#include <mutex>
 #include <optional>
-#include <thread>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/log.h"
+#include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/support/client_callback.h"
 #include "router/retry.h"
 #include "router/text/stop_strings.h"
 #include "services/common/status.h"
@@ -152,7 +159,7 @@ void InferenceService::OnLoad(const std::string& address, const tessera::v1::Loa
       .Set(r.kv_blocks_total() ? static_cast<double>(r.kv_blocks_used()) / r.kv_blocks_total() : 0);
 }
 
-grpc::Status InferenceService::Authenticate(const grpc::ServerContext& context) const {
+grpc::Status InferenceService::Authenticate(const grpc::ServerContextBase& context) const {
   if (options_.api_keys.empty()) return grpc::Status::OK;
   auto it = context.client_metadata().find("authorization");
   if (it == context.client_metadata().end()) {
@@ -168,208 +175,434 @@ grpc::Status InferenceService::Authenticate(const grpc::ServerContext& context) 
   return grpc::Status::OK;
 }
 
-grpc::Status InferenceService::Generate(grpc::ServerContext* context, const GenerateRequest* req,
-                                        grpc::ServerWriter<GenerateResponse>* writer) {
-  const absl::Time arrival = absl::Now();
-  auto finish = [&](const std::string& outcome, grpc::Status s) {
-    metrics_->Request(outcome);
-    return s;
+// --- Generate: one reactor per stream -------------------------------------------
+
+namespace {
+
+using tessera::v1::WorkerGenerateRequest;
+using tessera::v1::WorkerGenerateResponse;
+
+// The worker side of one attempt: a server-streaming call on the callback
+// API. It only forwards its reactions to the GenerateCall that owns it.
+class WorkerCall final : public grpc::ClientReadReactor<WorkerGenerateResponse> {
+ public:
+  using ReadDone = std::function<void(bool ok)>;
+  using Done = std::function<void(grpc::Status status)>;
+
+  WorkerCall(std::unique_ptr<grpc::ClientContext> context, WorkerGenerateRequest request,
+             ReadDone on_read, Done on_done)
+      : context_(std::move(context)),
+        request_(std::move(request)),
+        on_read_(std::move(on_read)),
+        on_done_(std::move(on_done)) {}
+
+  // Starts the call with the first read outstanding.
+  void Start(tessera::v1::Worker::Stub* stub) {
+    stub->async()->Generate(context_.get(), &request_, this);
+    StartRead(&response_);
+    StartCall();
+  }
+  // REQUIRES: the previous read completed with ok, and OnDone has not run.
+  void ReadNext() { StartRead(&response_); }
+  void Cancel() { context_->TryCancel(); }
+  const WorkerGenerateResponse& response() const { return response_; }
+
+  void OnReadDone(bool ok) override { on_read_(ok); }
+  // The last reaction; the owner may destroy this object from inside it.
+  void OnDone(const grpc::Status& status) override { on_done_(status); }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> context_;
+  WorkerGenerateRequest request_;
+  WorkerGenerateResponse response_;
+  ReadDone on_read_;
+  Done on_done_;
+};
+
+}  // namespace
+
+// One Generate stream. Every reaction (gRPC's, the worker call's, the
+// admission queue's) is turned into an event; events run one at a time, in
+// order, on the thread that posted the first of a burst (an actor), with no
+// lock held while they run. So the handlers below need no locking among
+// themselves, may start gRPC operations whose reactions come back on the
+// same thread (they queue behind the current event), and never block.
+//
+// Lifetime: Finish is called only when no worker call is alive, no
+// admission verdict is outstanding and no write is pending; OnDone is then
+// the last event, and the object deletes itself after handling it.
+//
+// Backpressure: one write to the client and one read from the worker at a
+// time; the next worker message is read only after the client's write of
+// the previous one completed.
+class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
+ public:
+  GenerateCall(InferenceService* service, grpc::CallbackServerContext* context,
+               const GenerateRequest* request)
+      : service_(service), context_(context), request_(request), arrival_(absl::Now()) {
+    Post(Event{Event::kStart});
+  }
+
+  void OnWriteDone(bool ok) override {
+    Event e{Event::kWriteDone};
+    e.ok = ok;
+    Post(std::move(e));
+  }
+  void OnCancel() override { Post(Event{Event::kCancel}); }
+  void OnDone() override { Post(Event{Event::kDone}); }
+
+ private:
+  struct Event {
+    enum Kind { kStart, kAdmitted, kWorkerRead, kWorkerDone, kWriteDone, kCancel, kDone } kind;
+    bool ok = false;
+    grpc::Status status;
+    std::optional<absl::StatusOr<router::AdmissionTicket>> ticket;
   };
-  if (grpc::Status s = Authenticate(*context); !s.ok()) return finish("unauthenticated", s);
-  WorkGuard guard(drain_);
-  if (!guard.ok()) {
-    return finish("unavailable", grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                              "router is draining and accepts no new requests"));
-  }
-  if (!req->model().empty() && req->model() != options_.model_name) {
-    return finish("invalid",
-                  grpc::Status(grpc::StatusCode::NOT_FOUND,
-                               absl::StrCat("model '", req->model(),
-                                            "' is not served here; this cluster serves '",
-                                            options_.model_name, "'")));
-  }
-  // The prompt as token ids.
-  std::vector<int32_t> prompt;
-  if (req->has_token_ids()) {
-    prompt.assign(req->token_ids().ids().begin(), req->token_ids().ids().end());
-  } else if (req->prompt_case() == GenerateRequest::kText) {
-    if (!tokenizer_) {
-      return finish("invalid", grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                            "this router has no tokenizer (--tokenizer): send "
-                                            "token_ids instead of text"));
+  enum class Phase { kAdmission, kStreaming, kTail, kFinished };
+
+  void Post(Event e) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      events_.push_back(std::move(e));
+      if (running_) return;
+      running_ = true;
     }
-    EncodeOptions eo;
-    eo.add_special_tokens = !req->no_bos();
-    auto ids = tokenizer_->Encode(req->text(), eo);
-    if (!ids.ok()) return finish("invalid", ToGrpcStatus(ids.status()));
-    prompt = std::move(*ids);
-  }
-  if (prompt.empty()) {
-    return finish("invalid", grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                          "the prompt is empty: give text or token_ids"));
-  }
-  const auto& stops = req->sampling().stop();
-  if (!stops.empty() && !tokenizer_) {
-    return finish("invalid", grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                          "stop strings need a tokenizer on the router"));
-  }
-  // Admission: wait in this priority's queue (bounded) for an in-flight slot.
-  absl::Time queue_deadline = absl::Now() + options_.max_queue_wait;
-  if (context->deadline() != std::chrono::system_clock::time_point::max()) {
-    queue_deadline = std::min(queue_deadline, absl::FromChrono(context->deadline()));
-  }
-  const router::Priority priority = ToPriority(req->priority());
-  absl::StatusOr<router::AdmissionTicket> ticket = admission_.TryAdmit(priority);
-  if (!ticket.ok() && ticket.status().code() == absl::StatusCode::kResourceExhausted) {
-    // Full: wait in the priority's queue. A client that cancels meanwhile
-    // leaves the queue (the sync API can only poll for cancellation).
-    std::atomic<bool> cancelled{false}, waiting{true};
-    std::thread watch([&] {
-      while (waiting.load() && !context->IsCancelled()) absl::SleepFor(absl::Milliseconds(20));
-      if (context->IsCancelled()) cancelled = true;
-    });
-    ticket = admission_.Admit(priority, queue_deadline, &cancelled);
-    waiting = false;
-    watch.join();
-  }
-  if (!ticket.ok()) {
-    if (auto hint = router::RetryAfterFromStatus(ticket.status())) {
-      context->AddTrailingMetadata("retry-after-ms",
-                                   absl::StrCat(absl::ToInt64Milliseconds(*hint)));
+    bool destroy = false;
+    for (;;) {
+      Event next{Event::kStart};
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (events_.empty()) {
+          running_ = false;
+          destroy = call_done_;
+          break;
+        }
+        next = std::move(events_.front());
+        events_.pop_front();
+      }
+      Handle(next);
     }
-    return finish("rejected", ToGrpcStatus(ticket.status()));
+    // Nothing posts after OnDone (see "Lifetime").
+    if (destroy) delete this;
   }
-  metrics_->in_flight.Increment();
-  struct Release {
-    RouterMetrics* m;
-    ~Release() { m->in_flight.Decrement(); }
-  } release{metrics_};
 
-  // One worker request template; generated_ids grow with migrations.
-  tessera::v1::WorkerGenerateRequest wreq;
-  wreq.set_request_id(req->request_id());
-  for (int32_t t : prompt) wreq.add_prompt_ids(t);
-  *wreq.mutable_sampling() = req->sampling();
-  wreq.mutable_sampling()->clear_stop();  // stop strings are the router's job
-  wreq.set_priority(req->priority());
-  // Retry and migration bookkeeping: tokens delivered so far, workers tried,
-  // the seed that keeps a migrated request's random stream.
-  router::RetryOptions retry_options;
-  retry_options.max_attempts = options_.max_attempts;
-  router::RequestAttempts attempts(
-      retry_options, prompt,
-      req->sampling().has_max_tokens() ? req->sampling().max_tokens()
-                                       : std::numeric_limits<int32_t>::max(),
-      req->sampling().has_seed() ? std::optional<uint64_t>(req->sampling().seed()) : std::nullopt);
-  wreq.mutable_sampling()->set_seed(attempts.seed());
-
-  std::optional<IncrementalDetokenizer> detok;
-  if (tokenizer_) detok.emplace(tokenizer_.get(), !req->keep_special_tokens());
-  router::StopStringMatcher stop_matcher(std::vector<std::string>(stops.begin(), stops.end()));
-
-  tessera::v1::Complete complete;
-  complete.set_request_id(req->request_id());
-  int cached_tokens = -1;
-  std::optional<absl::Time> last_token_time;
-  bool done = false;
-  grpc::Status last_error(grpc::StatusCode::UNAVAILABLE, "no worker could take the request");
-
-  while (!done) {
-    if (context->IsCancelled()) return finish("cancelled", grpc::Status::CANCELLED);
-    // Route over everything the worker will prefill.
-    router::RouteRequest rr;
-    rr.token_ids = attempts.routing_tokens();
-    rr.routing_key = req->routing_key();
-    rr.priority = ToPriority(req->priority());
-    rr.exclude = attempts.tried_workers();
-    absl::Time route_start = absl::Now();
-    absl::StatusOr<router::RouteDecision> decision = router_->RouteAndAssign(rr);
-    metrics_->route_decision.Observe(absl::ToDoubleSeconds(absl::Now() - route_start));
-    if (!decision.ok()) {
-      last_error = ToGrpcStatus(decision.status());
-      break;
-    }
-    const bool resumed = !attempts.generated_ids().empty();
-    if (attempts.attempts() > 0) (resumed ? metrics_->migrations : metrics_->retries).Increment();
-    attempts.OnAttemptStarted(decision->worker_id);
-    tessera::v1::Worker::Stub* stub = StubFor(decision->worker_id);
-    if (stub == nullptr) {  // removed from the worker list meanwhile
-      router_->OnFinished(*decision);
-      router::RetryVerdict v = attempts.OnAttemptFailed(
-          {absl::UnavailableError("worker removed"), router::UpstreamErrorKind::kConnectFailure});
-      if (v.step == router::NextStep::kFail) {
-        last_error = ToGrpcStatus(v.status);
+  void Handle(Event& e) {
+    switch (e.kind) {
+      case Event::kStart:
+        Start();
         break;
-      }
-      continue;
+      case Event::kAdmitted:
+        OnAdmitted(std::move(*e.ticket));
+        break;
+      case Event::kWorkerRead:
+        OnWorkerRead(e.ok);
+        break;
+      case Event::kWorkerDone:
+        OnWorkerDone(std::move(e.status));
+        break;
+      case Event::kWriteDone:
+        OnWritten(e.ok);
+        break;
+      case Event::kCancel:
+        OnClientCancel();
+        break;
+      case Event::kDone:
+        call_done_ = true;
+        break;
     }
-    metrics_->prefix_hit_tokens.Increment(decision->cached_tokens);
+  }
 
-    wreq.clear_generated_ids();
-    for (int32_t t : attempts.generated_ids()) wreq.add_generated_ids(t);
-    // Deadline and cancellation of the client's call follow the worker call.
-    std::unique_ptr<grpc::ClientContext> wctx = grpc::ClientContext::FromServerContext(*context);
-    auto stream = stub->Generate(wctx.get(), wreq);
-    tessera::v1::WorkerGenerateResponse wresp;
-    bool first = true;
-    while (!done && stream->Read(&wresp)) {
-      if (first) {
-        router_->RecordSuccess(decision->worker_id);
-        first = false;
-      }
-      if (wresp.has_chunk()) {
-        GenerateResponse out;
-        tessera::v1::Chunk* chunk = out.mutable_chunk();
-        // Tokens go through the detokenizer and the stop matcher one by one,
-        // so a stop string ends the chunk at the token that completed it.
-        std::string text;
-        std::optional<std::string> matched;
-        for (int i = 0; i < wresp.chunk().token_ids_size() && !matched; ++i) {
-          int32_t t = wresp.chunk().token_ids(i);
-          attempts.OnTokens(absl::MakeConstSpan(&t, 1));
-          chunk->add_token_ids(t);
-          if (i < wresp.chunk().logprobs_size()) *chunk->add_logprobs() = wresp.chunk().logprobs(i);
-          if (!detok) continue;
-          auto delta = detok->Add(t);
-          if (!delta.ok()) continue;
-          router::StopStringMatcher::Result r = stop_matcher.Add(*delta);
-          text += r.text;
-          matched = r.matched;
-        }
-        chunk->set_text(text);
-        absl::Time now = absl::Now();
-        if (!last_token_time) {
-          metrics_->ttft.Observe(absl::ToDoubleSeconds(now - arrival));
-        } else {
-          metrics_->inter_token_latency.Observe(absl::ToDoubleSeconds(now - *last_token_time) /
-                                                std::max(1, chunk->token_ids_size()));
-        }
-        last_token_time = now;
-        metrics_->generation_tokens.Increment(chunk->token_ids_size());
-        if (!writer->Write(out)) {
-          wctx->TryCancel();
-          router_->OnFinished(*decision);
-          return finish("cancelled", grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
-        }
-        if (matched) {
-          complete.set_finish_reason(tessera::v1::FINISH_REASON_STOP);
-          complete.set_matched_stop(*matched);
-          wctx->TryCancel();  // the worker stops generating
-          done = true;
-        }
-      }
-      if (wresp.has_complete()) {
-        const tessera::v1::WorkerComplete& wc = wresp.complete();
-        complete.set_finish_reason(wc.finish_reason());
-        if (wc.has_stop_token_id()) complete.set_matched_stop(absl::StrCat(wc.stop_token_id()));
-        if (cached_tokens < 0) cached_tokens = wc.usage().cached_tokens();
-        done = true;
-      }
+  RouterMetrics* metrics() const { return service_->metrics_; }
+
+  // Validation, tokenization, then admission.
+  void Start() {
+    InferenceService* s = service_;
+    if (grpc::Status st = s->Authenticate(*context_); !st.ok()) {
+      return FinishWith("unauthenticated", st);
     }
-    grpc::Status s = stream->Finish();
-    router_->OnFinished(*decision);
-    if (done) break;
-    if (context->IsCancelled()) return finish("cancelled", grpc::Status::CANCELLED);
+    guard_ = std::make_unique<WorkGuard>(s->drain_);
+    if (!guard_->ok()) {
+      return FinishWith("unavailable",
+                        grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                     "router is draining and accepts no new requests"));
+    }
+    const GenerateRequest& req = *request_;
+    if (!req.model().empty() && req.model() != s->options_.model_name) {
+      return FinishWith("invalid",
+                        grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                     absl::StrCat("model '", req.model(),
+                                                  "' is not served here; this cluster serves '",
+                                                  s->options_.model_name, "'")));
+    }
+    // The prompt as token ids.
+    if (req.has_token_ids()) {
+      prompt_.assign(req.token_ids().ids().begin(), req.token_ids().ids().end());
+    } else if (req.prompt_case() == GenerateRequest::kText) {
+      if (!s->tokenizer_) {
+        return FinishWith("invalid",
+                          grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                       "this router has no tokenizer (--tokenizer): send "
+                                       "token_ids instead of text"));
+      }
+      EncodeOptions eo;
+      eo.add_special_tokens = !req.no_bos();
+      auto ids = s->tokenizer_->Encode(req.text(), eo);
+      if (!ids.ok()) return FinishWith("invalid", ToGrpcStatus(ids.status()));
+      prompt_ = std::move(*ids);
+    }
+    if (prompt_.empty()) {
+      return FinishWith("invalid", grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                                "the prompt is empty: give text or token_ids"));
+    }
+    if (!req.sampling().stop().empty() && !s->tokenizer_) {
+      return FinishWith("invalid", grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                                "stop strings need a tokenizer on the router"));
+    }
+    // Admission: a slot now, or a place in this priority's queue (bounded)
+    // until one frees, the wait's deadline passes or the client cancels.
+    absl::Time queue_deadline = absl::Now() + s->options_.max_queue_wait;
+    if (context_->deadline() != std::chrono::system_clock::time_point::max()) {
+      queue_deadline = std::min(queue_deadline, absl::FromChrono(context_->deadline()));
+    }
+    phase_ = Phase::kAdmission;
+    admission_pending_ = true;
+    // The verdict comes back as an event: at once (queued behind this one),
+    // or later from the thread that frees a slot, the deadline thread, or
+    // CancelWait in OnClientCancel.
+    wait_id_ = s->admission_.AdmitAsync(
+        ToPriority(req.priority()), queue_deadline,
+        [this](absl::StatusOr<router::AdmissionTicket> ticket) {
+          Event e{Event::kAdmitted};
+          e.ticket = std::move(ticket);
+          Post(std::move(e));
+        });
+  }
+
+  void OnAdmitted(absl::StatusOr<router::AdmissionTicket> ticket) {
+    admission_pending_ = false;
+    wait_id_ = 0;
+    if (!ticket.ok()) {
+      if (auto hint = router::RetryAfterFromStatus(ticket.status())) {
+        context_->AddTrailingMetadata("retry-after-ms",
+                                      absl::StrCat(absl::ToInt64Milliseconds(*hint)));
+      }
+      return FinishWith("rejected", ToGrpcStatus(ticket.status()));
+    }
+    ticket_ = std::move(*ticket);
+    metrics()->in_flight.Increment();
+    counted_in_flight_ = true;
+
+    const GenerateRequest& req = *request_;
+    // One worker request template; generated_ids grow with migrations.
+    wreq_.set_request_id(req.request_id());
+    for (int32_t t : prompt_) wreq_.add_prompt_ids(t);
+    *wreq_.mutable_sampling() = req.sampling();
+    wreq_.mutable_sampling()->clear_stop();  // stop strings are the router's job
+    wreq_.set_priority(req.priority());
+    // Retry and migration bookkeeping: tokens delivered so far, workers
+    // tried, the seed that keeps a migrated request's random stream.
+    router::RetryOptions retry_options;
+    retry_options.max_attempts = service_->options_.max_attempts;
+    attempts_.emplace(retry_options, prompt_,
+                      req.sampling().has_max_tokens() ? req.sampling().max_tokens()
+                                                      : std::numeric_limits<int32_t>::max(),
+                      req.sampling().has_seed() ? std::optional<uint64_t>(req.sampling().seed())
+                                                : std::nullopt);
+    wreq_.mutable_sampling()->set_seed(attempts_->seed());
+    if (service_->tokenizer_) {
+      detok_.emplace(service_->tokenizer_.get(), !req.keep_special_tokens());
+    }
+    stop_matcher_.emplace(
+        std::vector<std::string>(req.sampling().stop().begin(), req.sampling().stop().end()));
+    complete_.set_request_id(req.request_id());
+    phase_ = Phase::kStreaming;
+    StartAttempt();
+  }
+
+  // Routes and starts the next worker call, or finishes the request.
+  void StartAttempt() {
+    router::Router* router = service_->router_;
+    for (;;) {
+      if (client_cancelled_ || context_->IsCancelled()) {
+        return FinishWith("cancelled", grpc::Status::CANCELLED);
+      }
+      // Route over everything the worker will prefill.
+      router::RouteRequest rr;
+      rr.token_ids = attempts_->routing_tokens();
+      rr.routing_key = request_->routing_key();
+      rr.priority = ToPriority(request_->priority());
+      rr.exclude = attempts_->tried_workers();
+      absl::Time route_start = absl::Now();
+      absl::StatusOr<router::RouteDecision> decision = router->RouteAndAssign(rr);
+      metrics()->route_decision.Observe(absl::ToDoubleSeconds(absl::Now() - route_start));
+      if (!decision.ok()) {
+        last_error_ = ToGrpcStatus(decision.status());
+        return FinishUnavailable();
+      }
+      const bool resumed = !attempts_->generated_ids().empty();
+      if (attempts_->attempts() > 0) {
+        (resumed ? metrics()->migrations : metrics()->retries).Increment();
+      }
+      attempts_->OnAttemptStarted(decision->worker_id);
+      tessera::v1::Worker::Stub* stub = service_->StubFor(decision->worker_id);
+      if (stub == nullptr) {  // removed from the worker list meanwhile
+        router->OnFinished(*decision);
+        router::RetryVerdict v = attempts_->OnAttemptFailed(
+            {absl::UnavailableError("worker removed"), router::UpstreamErrorKind::kConnectFailure});
+        if (v.step == router::NextStep::kFail) {
+          last_error_ = ToGrpcStatus(v.status);
+          return FinishUnavailable();
+        }
+        continue;
+      }
+      metrics()->prefix_hit_tokens.Increment(decision->cached_tokens);
+
+      wreq_.clear_generated_ids();
+      for (int32_t t : attempts_->generated_ids()) wreq_.add_generated_ids(t);
+      decision_ = std::move(*decision);
+      first_message_ = true;
+      worker_over_ = false;
+      worker_done_pending_ = false;
+      // Deadline and cancellation of the client's call follow the worker call.
+      worker_ = std::make_unique<WorkerCall>(
+          grpc::ClientContext::FromCallbackServerContext(*context_), wreq_,
+          [this](bool ok) {
+            Event e{Event::kWorkerRead};
+            e.ok = ok;
+            Post(std::move(e));
+          },
+          [this](grpc::Status status) {
+            Event e{Event::kWorkerDone};
+            e.status = std::move(status);
+            Post(std::move(e));
+          });
+      worker_->Start(stub);
+      return;
+    }
+  }
+
+  void CancelWorker() {
+    if (worker_ != nullptr && !worker_over_) worker_->Cancel();
+  }
+
+  // A message of the worker's stream (ok), or its end (!ok: OnDone follows).
+  void OnWorkerRead(bool ok) {
+    if (!ok) return;
+    if (first_message_) {
+      service_->router_->RecordSuccess(decision_->worker_id);
+      first_message_ = false;
+    }
+    if (client_cancelled_ || client_gone_) {
+      CancelWorker();  // nothing more goes to the client; wait for the call's end
+      return;
+    }
+    const WorkerGenerateResponse& wresp = worker_->response();
+    matched_.reset();
+    if (!wresp.has_chunk()) return AfterMessage();
+    GenerateResponse& out = out_;
+    out.Clear();
+    tessera::v1::Chunk* chunk = out.mutable_chunk();
+    // Tokens go through the detokenizer and the stop matcher one by one, so
+    // a stop string ends the chunk at the token that completed it.
+    std::string text;
+    for (int i = 0; i < wresp.chunk().token_ids_size() && !matched_; ++i) {
+      int32_t t = wresp.chunk().token_ids(i);
+      attempts_->OnTokens(absl::MakeConstSpan(&t, 1));
+      chunk->add_token_ids(t);
+      if (i < wresp.chunk().logprobs_size()) *chunk->add_logprobs() = wresp.chunk().logprobs(i);
+      if (!detok_) continue;
+      auto delta = detok_->Add(t);
+      if (!delta.ok()) continue;
+      router::StopStringMatcher::Result r = stop_matcher_->Add(*delta);
+      text += r.text;
+      matched_ = r.matched;
+    }
+    chunk->set_text(text);
+    absl::Time now = absl::Now();
+    if (!last_token_time_) {
+      metrics()->ttft.Observe(absl::ToDoubleSeconds(now - arrival_));
+    } else {
+      metrics()->inter_token_latency.Observe(absl::ToDoubleSeconds(now - *last_token_time_) /
+                                             std::max(1, chunk->token_ids_size()));
+    }
+    last_token_time_ = now;
+    metrics()->generation_tokens.Increment(chunk->token_ids_size());
+    write_pending_ = true;
+    StartWrite(&out_);
+  }
+
+  // The current worker message is through (its chunk written, if any).
+  void AfterMessage() {
+    const WorkerGenerateResponse& wresp = worker_->response();
+    if (matched_) {
+      complete_.set_finish_reason(tessera::v1::FINISH_REASON_STOP);
+      complete_.set_matched_stop(*matched_);
+      CancelWorker();  // the worker stops generating
+      done_ = true;
+    }
+    if (wresp.has_complete()) {
+      const tessera::v1::WorkerComplete& wc = wresp.complete();
+      complete_.set_finish_reason(wc.finish_reason());
+      if (wc.has_stop_token_id()) complete_.set_matched_stop(absl::StrCat(wc.stop_token_id()));
+      if (cached_tokens_ < 0) cached_tokens_ = wc.usage().cached_tokens();
+      done_ = true;
+    }
+    if (worker_done_pending_) return OnWorkerDone(std::move(worker_status_));
+    if (!done_) worker_->ReadNext();
+    // When done, the worker's stream ends (or was cancelled): OnDone follows.
+  }
+
+  void OnWritten(bool ok) {
+    write_pending_ = false;
+    switch (phase_) {
+      case Phase::kStreaming:
+        if (!ok) {
+          // The client went away: stop the worker, then finish.
+          client_gone_ = true;
+          CancelWorker();
+          if (worker_done_pending_) OnWorkerDone(std::move(worker_status_));
+          return;
+        }
+        AfterMessage();
+        return;
+      case Phase::kTail:
+        SendComplete();
+        return;
+      default:
+        return;
+    }
+  }
+
+  void OnClientCancel() {
+    client_cancelled_ = true;
+    // Leave the admission queue (the verdict, CANCELLED, comes back as an
+    // event); if the wait already ended, its verdict is on its way.
+    if (admission_pending_ && wait_id_ != 0) service_->admission_.CancelWait(wait_id_);
+    CancelWorker();
+  }
+
+  // The worker call ended (all its reactions are over).
+  void OnWorkerDone(grpc::Status s) {
+    worker_over_ = true;
+    if (write_pending_) {  // finish the message being written first
+      worker_status_ = std::move(s);
+      worker_done_pending_ = true;
+      return;
+    }
+    worker_done_pending_ = false;
+    const bool first = first_message_;
+    const std::string worker_id = decision_->worker_id;
+    router::Router* router = service_->router_;
+    router->OnFinished(*decision_);
+    decision_.reset();
+    worker_.reset();
+    if (client_gone_) {
+      return FinishWith("cancelled", grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+    }
+    if (done_) return Complete();
+    if (client_cancelled_ || context_->IsCancelled()) {
+      return FinishWith("cancelled", grpc::Status::CANCELLED);
+    }
     // Classify the failure: a call that never got an answer is a connect
     // failure; a call the worker cut (CANCELLED while our client did not
     // cancel) is the worker going away; otherwise the status decides.
@@ -381,54 +614,137 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const Gene
     } else if (s.error_code() == grpc::StatusCode::CANCELLED) {
       error.kind = router::UpstreamErrorKind::kWorkerDraining;
     }
-    if (router::CountsAsWorkerFailure(error)) router_->RecordFailure(decision->worker_id);
-    router::RetryVerdict verdict = attempts.OnAttemptFailed(error);
+    if (router::CountsAsWorkerFailure(error)) router->RecordFailure(worker_id);
+    router::RetryVerdict verdict = attempts_->OnAttemptFailed(error);
     if (verdict.step == router::NextStep::kComplete) {
-      complete.set_finish_reason(tessera::v1::FINISH_REASON_LENGTH);
-      done = true;
-      break;
+      complete_.set_finish_reason(tessera::v1::FINISH_REASON_LENGTH);
+      done_ = true;
+      return Complete();
     }
     if (verdict.step == router::NextStep::kFail) {
       // A request error (e.g. INVALID_ARGUMENT) is the client's to see.
       grpc::Status status = ToGrpcStatus(verdict.status);
       if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
-        return finish("invalid", status);
+        return FinishWith("invalid", status);
       }
-      last_error = status;
-      break;
+      last_error_ = status;
+      return FinishUnavailable();
     }
     LogWarning(verdict.step == router::NextStep::kRetry ? "retrying on another worker"
                                                         : "migrating to another worker",
-               {{"worker", decision->worker_id},
+               {{"worker", worker_id},
                 {"error", s.error_message()},
-                {"tokens_sent", static_cast<int64_t>(attempts.generated_ids().size())}});
-    last_error = ToGrpcStatus(error.status);
+                {"tokens_sent", static_cast<int64_t>(attempts_->generated_ids().size())}});
+    last_error_ = ToGrpcStatus(error.status);
+    StartAttempt();
   }
-  if (!done) {
-    if (last_error.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-      context->AddTrailingMetadata("retry-after-ms", "200");
+
+  // Generation is over: the text held back, then Complete with usage.
+  void Complete() {
+    // Text held back by the detokenizer or the stop matcher.
+    if (detok_ && !stop_matcher_->matched()) {
+      std::string rest = stop_matcher_->Add(detok_->Finish()).text + stop_matcher_->Finish();
+      if (!rest.empty()) {
+        out_.Clear();
+        out_.mutable_chunk()->set_text(rest);
+        phase_ = Phase::kTail;
+        write_pending_ = true;
+        StartWrite(&out_);
+        return;  // SendComplete when written
+      }
     }
-    return finish("unavailable", last_error);
+    SendComplete();
   }
-  // Text held back by the detokenizer or the stop matcher.
-  if (detok && !stop_matcher.matched()) {
-    std::string rest = stop_matcher.Add(detok->Finish()).text + stop_matcher.Finish();
-    if (!rest.empty()) {
-      GenerateResponse out;
-      out.mutable_chunk()->set_text(rest);
-      writer->Write(out);
+
+  void SendComplete() {
+    tessera::v1::Usage* usage = complete_.mutable_usage();
+    usage->set_prompt_tokens(static_cast<int32_t>(prompt_.size()));
+    usage->set_completion_tokens(static_cast<int32_t>(attempts_->generated_ids().size()));
+    usage->set_cached_tokens(std::max(0, cached_tokens_));
+    metrics()->prompt_tokens.Increment(prompt_.size());
+    out_.Clear();
+    *out_.mutable_complete() = complete_;
+    metrics()->e2e.Observe(absl::ToDoubleSeconds(absl::Now() - arrival_));
+    metrics()->Request("ok");
+    phase_ = Phase::kFinished;
+    StartWriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK);
+    ReleaseSlot();
+  }
+
+  // No worker could take (or finish) the request.
+  void FinishUnavailable() {
+    if (last_error_.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      context_->AddTrailingMetadata("retry-after-ms", "200");
     }
+    FinishWith("unavailable", last_error_);
   }
-  tessera::v1::Usage* usage = complete.mutable_usage();
-  usage->set_prompt_tokens(static_cast<int32_t>(prompt.size()));
-  usage->set_completion_tokens(static_cast<int32_t>(attempts.generated_ids().size()));
-  usage->set_cached_tokens(std::max(0, cached_tokens));
-  metrics_->prompt_tokens.Increment(prompt.size());
-  GenerateResponse last;
-  *last.mutable_complete() = complete;
-  writer->Write(last);
-  metrics_->e2e.Observe(absl::ToDoubleSeconds(absl::Now() - arrival));
-  return finish("ok", grpc::Status::OK);
+
+  // REQUIRES: no worker call alive, no admission verdict outstanding, no
+  // write pending.
+  void FinishWith(const std::string& outcome, grpc::Status status) {
+    metrics()->Request(outcome);
+    phase_ = Phase::kFinished;
+    Finish(std::move(status));
+    ReleaseSlot();
+  }
+
+  // Gives the admission slot to the next waiter (whose verdict may run on
+  // this thread, after this event) and leaves the in-flight gauge.
+  void ReleaseSlot() {
+    if (counted_in_flight_) {
+      metrics()->in_flight.Decrement();
+      counted_in_flight_ = false;
+    }
+    ticket_.Release();
+  }
+
+  InferenceService* const service_;
+  grpc::CallbackServerContext* const context_;
+  const GenerateRequest* const request_;  // valid until OnDone
+  const absl::Time arrival_;
+
+  std::mutex mu_;  // guards events_, running_, call_done_
+  std::deque<Event> events_;
+  bool running_ = false;
+  bool call_done_ = false;
+
+  // Below: touched only by the event being handled.
+  Phase phase_ = Phase::kAdmission;
+  std::unique_ptr<WorkGuard> guard_;  // released when the object goes
+  std::vector<int32_t> prompt_;
+  bool admission_pending_ = false;
+  uint64_t wait_id_ = 0;
+  router::AdmissionTicket ticket_;
+  bool counted_in_flight_ = false;
+  WorkerGenerateRequest wreq_;
+  std::optional<router::RequestAttempts> attempts_;
+  std::optional<IncrementalDetokenizer> detok_;
+  std::optional<router::StopStringMatcher> stop_matcher_;
+  tessera::v1::Complete complete_;
+  int cached_tokens_ = -1;
+  std::optional<absl::Time> last_token_time_;
+  bool done_ = false;  // generation complete (Complete or a stop string)
+  grpc::Status last_error_{grpc::StatusCode::UNAVAILABLE, "no worker could take the request"};
+  bool client_cancelled_ = false;
+  bool client_gone_ = false;  // a write to the client failed
+
+  // The current attempt.
+  std::optional<router::RouteDecision> decision_;
+  std::unique_ptr<WorkerCall> worker_;
+  bool first_message_ = true;
+  bool worker_over_ = false;          // its OnDone ran
+  bool worker_done_pending_ = false;  // it ended while a write was pending
+  grpc::Status worker_status_;
+  std::optional<std::string> matched_;  // the stop string the message completed
+
+  // The message being written (valid until its write completes).
+  GenerateResponse out_;
+  bool write_pending_ = false;
+};
+
+grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
+    grpc::CallbackServerContext* context, const GenerateRequest* request) {
+  return new GenerateCall(this, context, request);
 }
 
 grpc::Status InferenceService::Tokenize(grpc::ServerContext* context,

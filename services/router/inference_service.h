@@ -11,8 +11,19 @@
 // sees one stream with nothing lost or repeated. Client cancellation and
 // deadlines propagate to the worker call.
 //
+// Threading: Generate is served with gRPC's callback API. Each stream is a
+// reactor (GenerateCall, in inference_service.cc) driven by events — the
+// client's write done, cancel and done; the worker call's read done and
+// done; the admission queue's verdict — that run one at a time per stream
+// on whichever thread delivered them (gRPC's callback threads, or the thread
+// whose finished request freed an admission slot). No thread is held while
+// a stream waits for admission, for a worker's token or for the client, so
+// the router runs thousands of streams on a handful of threads. Tokenize
+// and ListModels are unary synchronous handlers.
+//
 // Thread-safety: gRPC calls the handlers from its threads; shared state is
-// the thread-safe Router, atomics and a mutex-guarded upstream map.
+// the thread-safe Router, the thread-safe admission controller, atomics and
+// a mutex-guarded upstream map.
 #pragma once
 
 #include <atomic>
@@ -23,6 +34,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/server_callback.h"
 #include "router/admission.h"
 #include "router/router.h"
 #include "services/common/drain.h"
@@ -44,7 +56,11 @@ struct InferenceServiceOptions {
   std::shared_ptr<grpc::ChannelCredentials> upstream_credentials;
 };
 
-class InferenceService final : public tessera::v1::Inference::Service, public UpstreamSink {
+class GenerateCall;
+
+class InferenceService final
+    : public tessera::v1::Inference::WithCallbackMethod_Generate<tessera::v1::Inference::Service>,
+      public UpstreamSink {
  public:
   // `tokenizer` may be null: then only token-id prompts are accepted.
   // REQUIRES: router, drain and metrics outlive the service.
@@ -57,8 +73,9 @@ class InferenceService final : public tessera::v1::Inference::Service, public Up
   void SetWorkers(const std::vector<std::string>& addresses);
   void StopUpstreams();
 
-  grpc::Status Generate(grpc::ServerContext* context, const tessera::v1::GenerateRequest* request,
-                        grpc::ServerWriter<tessera::v1::GenerateResponse>* writer) override;
+  // The reactor deletes itself when the call is done.
+  grpc::ServerWriteReactor<tessera::v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const tessera::v1::GenerateRequest* request) override;
   grpc::Status Tokenize(grpc::ServerContext* context, const tessera::v1::TokenizeRequest* request,
                         tessera::v1::TokenizeResponse* response) override;
   grpc::Status ListModels(grpc::ServerContext* context,
@@ -71,7 +88,9 @@ class InferenceService final : public tessera::v1::Inference::Service, public Up
   void OnLoad(const std::string& address, const tessera::v1::LoadReport& report) override;
 
  private:
-  grpc::Status Authenticate(const grpc::ServerContext& context) const;
+  friend class GenerateCall;
+
+  grpc::Status Authenticate(const grpc::ServerContextBase& context) const;
   tessera::v1::Worker::Stub* StubFor(const std::string& address);
 
   InferenceServiceOptions options_;

@@ -435,5 +435,136 @@ TEST(RouterTest, ApiKeysAreRequiredWhenConfigured) {
   EXPECT_TRUE(with_key("secret-two").ok());
 }
 
+// The router's threads (Threads: in /proc/<pid>/status), or -1.
+int ThreadCount(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// True once the router's in-flight gauge reads 0 (within 5 s).
+bool InFlightDrops(int metrics_port) {
+  absl::Time until = absl::Now() + absl::Seconds(5);
+  while (MetricValue(metrics_port, "tessera_router_requests_in_flight") != 0) {
+    if (absl::Now() > until) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+TEST(RouterTest, HundredsOfConcurrentStreamsRunOnAFewRouterThreads) {
+  // 50 ms decode steps: 320 streams of 16 tokens stay in flight together for
+  // about a second.
+  Cluster c = StartCluster(
+      2, {"--simulate=vocab=1024,context=8192,prefill_us_per_token=1,decode_step_us=50000,"
+          "decode_us_per_seq=0",
+          "--max_num_seqs=256", "--kv_cache_blocks=4096"});
+  const pid_t router_pid = c.router.process->pid();
+  const int idle_threads = ThreadCount(router_pid);
+  ASSERT_GT(idle_threads, 0);
+  const int kStreams = 320, kTokens = 16;
+  std::vector<Result> results(kStreams);
+  std::atomic<int> finished{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = RunStream(c.stub.get(), Greedy({7, 8, 9, 10 + i % 900}, kTokens));
+      finished.fetch_add(1);
+    });
+  }
+  // Sample while the streams are in flight.
+  int peak_in_flight = 0, peak_threads = 0;
+  absl::Time until = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < until && finished.load() < kStreams) {
+    const int in_flight =
+        static_cast<int>(MetricValue(c.router.metrics_port, "tessera_router_requests_in_flight"));
+    peak_in_flight = std::max(peak_in_flight, in_flight);
+    peak_threads = std::max(peak_threads, ThreadCount(router_pid));
+    if (peak_in_flight >= 300) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  for (int i = 0; i < 5; ++i) {  // a few more samples with everything in flight
+    peak_threads = std::max(peak_threads, ThreadCount(router_pid));
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  for (auto& t : threads) t.join();
+  int ok = 0;
+  for (int i = 0; i < kStreams; ++i) {
+    SCOPED_TRACE(absl::StrCat("stream ", i));
+    EXPECT_TRUE(results[i].status.ok()) << results[i].status.error_message();
+    ok += results[i].status.ok();
+    EXPECT_EQ(results[i].tokens.size(), static_cast<size_t>(kTokens));
+    EXPECT_EQ(results[i].complete.usage().completion_tokens(), kTokens);
+  }
+  EXPECT_EQ(ok, kStreams);
+  EXPECT_GE(peak_in_flight, 300) << "the streams were meant to overlap";
+  // One thread per stream would be 300 more; the router's own threads (gRPC
+  // pollers and callback threads, two watchers per worker, metrics) stay
+  // a small, fixed set.
+  EXPECT_LT(peak_threads, idle_threads + 48)
+      << "idle " << idle_threads << " threads, " << peak_threads << " with " << peak_in_flight
+      << " streams in flight";
+  RecordProperty("router_threads_idle", idle_threads);
+  RecordProperty("router_threads_peak", peak_threads);
+  RecordProperty("peak_in_flight", peak_in_flight);
+  EXPECT_TRUE(InFlightDrops(c.router.metrics_port));
+}
+
+TEST(RouterTest, LeavingTheAdmissionQueueFreesTheQueuePlace) {
+  // One slot and one queue place per class.
+  Cluster c = StartCluster(1, {kSlowSim}, {"--max_in_flight=1", "--max_queue_per_priority=1"});
+  const std::string rejected = "tessera_router_requests_total{outcome=\"rejected\"}";
+  // A holds the slot for about 2 s (100 tokens at 20 ms).
+  std::atomic<bool> a_started{false};
+  Result a;
+  std::thread a_thread([&] {
+    a = RunStream(c.stub.get(), Greedy({4, 5, 6}, 100), [&](int) { a_started = true; });
+  });
+  absl::Time until = absl::Now() + absl::Seconds(30);
+  while (!a_started.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(a_started.load());
+
+  // B waits in the queue and is cancelled by its client.
+  grpc::ClientContext b_ctx;
+  Result b;
+  std::thread b_thread([&] { b = RunStream(c.stub.get(), Greedy({7, 8}, 5), nullptr, &b_ctx); });
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time cancel_at = absl::Now();
+  b_ctx.TryCancel();
+  b_thread.join();
+  EXPECT_EQ(b.status.error_code(), grpc::StatusCode::CANCELLED);
+  // The router notices at once (no polling interval): B counts as rejected.
+  double r = 0;
+  while ((r = MetricValue(c.router.metrics_port, rejected)) < 1 &&
+         absl::Now() < cancel_at + absl::Seconds(10)) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(r, 1) << "the cancelled wait was not ended";
+
+  // C's client deadline passes while it waits: it leaves the queue too.
+  grpc::ClientContext c_ctx;
+  c_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  Result waited = RunStream(c.stub.get(), Greedy({9, 10}, 5), nullptr, &c_ctx);
+  EXPECT_EQ(waited.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  until = absl::Now() + absl::Seconds(10);
+  while ((r = MetricValue(c.router.metrics_port, rejected)) < 2 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(r, 2);
+
+  // The queue place is free again: D waits (not RESOURCE_EXHAUSTED) and gets
+  // the slot when A ends; neither cancelled waiter took it.
+  Result d = RunStream(c.stub.get(), Greedy({11, 12}, 5));
+  a_thread.join();
+  EXPECT_TRUE(a.status.ok()) << a.status.error_message();
+  EXPECT_EQ(a.tokens.size(), 100u);
+  EXPECT_TRUE(d.status.ok()) << d.status.error_message();
+  EXPECT_EQ(d.tokens.size(), 5u);
+  EXPECT_TRUE(InFlightDrops(c.router.metrics_port));
+}
+
 }  // namespace
 }  // namespace tessera::testing
