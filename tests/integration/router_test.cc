@@ -566,5 +566,41 @@ TEST(RouterTest, LeavingTheAdmissionQueueFreesTheQueuePlace) {
   EXPECT_TRUE(InFlightDrops(c.router.metrics_port));
 }
 
+TEST(RouterTest, SigtermLetsOpenStreamsFinishRefusesNewOnesAndExitsZero) {
+  Cluster c = StartCluster(1, {kSlowSim}, {"--drain_deadline=20s"});
+  // Two streams of about 1 s each (50 tokens at 20 ms).
+  std::atomic<int> started{0};
+  std::vector<Result> open(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      bool counted = false;
+      open[i] = RunStream(c.stub.get(), Greedy({4, 5, 6 + i}, 50), [&](int) {
+        if (!counted) {
+          counted = true;
+          started.fetch_add(1);
+        }
+      });
+    });
+  }
+  absl::Time until = absl::Now() + absl::Seconds(30);
+  while (started.load() < 2 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(started.load(), 2);
+  c.router.process->Signal(SIGTERM);
+  absl::SleepFor(absl::Milliseconds(300));  // past the 100 ms grace: new work is refused
+  Result refused = RunStream(c.stub.get(), Greedy({1, 2}, 2));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << refused.status.error_message();
+  for (auto& t : threads) t.join();
+  for (const Result& r : open) {
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens.size(), 50u);
+  }
+  auto exit = c.router.process->Wait(absl::Seconds(20));
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_TRUE(exit->exited);
+  EXPECT_EQ(exit->code, 0) << c.router.process->ReadLog();
+}
+
 }  // namespace
 }  // namespace tessera::testing
