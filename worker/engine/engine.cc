@@ -258,6 +258,7 @@ bool Engine::Step() {
   if (batch->empty()) return false;
 
   runner::ForwardBatch forward = ToForwardBatch(*batch);
+  ApplyDraftTrees(*batch, &forward);
   std::vector<float> logits;
   std::vector<runner::DeviceSamplingRow> device_rows;
   std::vector<int32_t> device_tokens;
@@ -317,6 +318,40 @@ runner::ForwardBatch ToForwardBatch(const ScheduledBatch& batch) {
   return f;
 }
 
+bool Engine::IsTreeDraft(SequenceId id) const {
+  auto it = step_drafts_.find(id);
+  return it != step_drafts_.end() && !spec::IsChain(it->second);
+}
+
+void Engine::ApplyDraftTrees(const ScheduledBatch& batch, runner::ForwardBatch* f) const {
+  bool any = false;
+  for (const ScheduledSequence& s : batch.sequences) {
+    any |= s.num_draft_tokens > 0 && IsTreeDraft(s.id);
+  }
+  if (!any) return;
+  f->tree_parents.resize(f->token_ids.size());
+  int begin = 0;
+  for (const ScheduledSequence& s : batch.sequences) {
+    for (int j = 0; j < s.num_tokens; ++j) f->tree_parents[begin + j] = j - 1;
+    if (s.num_draft_tokens > 0 && IsTreeDraft(s.id)) {
+      // The drafts follow the decode token: node i is chunk token first + i.
+      const std::vector<int32_t>& parents = step_drafts_.at(s.id).parents;
+      const int first = s.num_tokens - s.num_draft_tokens;
+      std::vector<int32_t> depth(s.num_tokens);
+      for (int j = 0; j < s.num_tokens; ++j) {
+        if (j >= first) {
+          const int32_t p = parents[j - first];
+          f->tree_parents[begin + j] = p < 0 ? first - 1 : first + p;
+        }
+        const int32_t parent = f->tree_parents[begin + j];
+        depth[j] = parent < 0 ? 0 : depth[parent] + 1;
+        f->positions[begin + j] = s.start_position + depth[j];
+      }
+    }
+    begin += s.num_tokens;
+  }
+}
+
 DraftTokens Engine::CollectDrafts() {
   step_drafts_.clear();
   spec::DraftProvider* provider = options_.draft_provider.get();
@@ -348,6 +383,8 @@ DraftTokens Engine::CollectDrafts() {
       LogDebug("draft dropped", {{"seq", wanted[i].seq}, {"why", std::string(s.message())}});
       continue;
     }
+    // A runner without tree attention verifies the first-child chain.
+    if (!runner_->SupportsTreeAttention() && !spec::IsChain(d)) d = spec::FirstChildChain(d);
     drafts[wanted[i].seq] = d.tokens;
     step_drafts_[wanted[i].seq] = std::move(d);
   }
@@ -458,10 +495,10 @@ bool Engine::DeviceSamplingRows(const ScheduledBatch& batch,
       return false;
     }
     if (s.num_draft_tokens > 0) {
-      // Verifying drafts on the device: greedy requests only (the argmax of
-      // each of the k + 1 rows decides; sampled verification needs the
-      // target's probabilities on the host).
-      if (!p.greedy()) return false;
+      // Verifying drafts on the device: greedy requests with chains only
+      // (the argmax of each of the k + 1 rows decides; sampled verification
+      // needs the target's probabilities on the host, a tree the host walk).
+      if (!p.greedy() || IsTreeDraft(s.id)) return false;
       for (int i = 0; i <= s.num_draft_tokens; ++i) {
         runner::DeviceSamplingRow row;
         row.temperature = 0.0f;
@@ -539,6 +576,7 @@ absl::Status Engine::SampleEntry(const ScheduledSequence& s, Request& req,
   // Speculative decode: verify the drafts against the k + 1 rows.
   const spec::Draft& draft = step_drafts_.at(s.id);
   const int k = s.num_draft_tokens;
+  if (!spec::IsChain(draft)) return VerifyTreeEntry(s, req, rows, position, out);
   absl::Span<const TokenId> tokens = absl::MakeConstSpan(draft.tokens).first(k);
   absl::Span<const spec::DraftDistribution> q;
   if (!draft.q.empty()) q = absl::MakeConstSpan(draft.q).first(k);
@@ -555,6 +593,51 @@ absl::Status Engine::SampleEntry(const ScheduledSequence& s, Request& req,
     report.token = v->tokens[i];
     if (req.request.logprobs) {
       spec::RawLogprobs(rows.subspan(i * vocab, vocab), report.token,
+                        req.request.sampling.top_logprobs, &report.logprob, &report.top_logprobs);
+    }
+    reports.push_back(std::move(report));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::VerifyTreeEntry(const ScheduledSequence& s, Request& req,
+                                     absl::Span<const float> rows, int64_t position,
+                                     SampledTokens* out) {
+  const int64_t vocab = runner_->config().vocab_size;
+  const spec::Draft& draft = step_drafts_.at(s.id);
+  const int k = s.num_draft_tokens;
+  absl::StatusOr<spec::VerifyResult> v = spec::VerifyTree(
+      rows, vocab, absl::MakeConstSpan(draft.tokens).first(k),
+      absl::MakeConstSpan(draft.parents).first(k), req.request.sampling, &req.counts, position);
+  if (!v.ok()) return v.status();
+  // KV compaction: accepted node path[m] (chunk token first + path[m]) moves
+  // to the slot after the decode token and the accepted nodes before it
+  // (chunk token first + m), so the kept prefix is contiguous. path is
+  // increasing with path[m] >= m: no copy overwrites a later source.
+  const int first = s.num_tokens - k;
+  std::vector<int64_t> from, to;
+  for (size_t m = 0; m < v->path.size(); ++m) {
+    if (v->path[m] == static_cast<int32_t>(m)) continue;
+    from.push_back(s.slot_mapping[first + v->path[m]]);
+    to.push_back(s.slot_mapping[first + m]);
+  }
+  if (!from.empty()) {
+    if (absl::Status c = runner_->CopyKvSlots(from, to); !c.ok()) return c;
+  }
+  req.draft_tokens += k;
+  req.accepted_tokens += v->num_accepted;
+  req.draft_length->Observe(options_.speculation, k, v->num_accepted);
+  observer_->OnDraftVerified(k, v->num_accepted);
+  out->token_ids = v->tokens;
+  out->draft_path = v->path;
+  std::vector<TokenReport>& reports = pending_reports_[s.id];
+  for (size_t m = 0; m < v->tokens.size(); ++m) {
+    TokenReport report;
+    report.token = v->tokens[m];
+    if (req.request.logprobs) {
+      // Token m comes from the row of the node before it (row 0: the context).
+      const int64_t row = m == 0 ? 0 : 1 + v->path[m - 1];
+      spec::RawLogprobs(rows.subspan(row * vocab, vocab), report.token,
                         req.request.sampling.top_logprobs, &report.logprob, &report.top_logprobs);
     }
     reports.push_back(std::move(report));

@@ -120,7 +120,8 @@ class EngineObserver {
   // Cumulative scheduler counters after each step (preemptions, prefix-cache
   // queries and hits, ...); observers turn them into deltas.
   virtual void OnSchedulerStats(const SchedulerStats& stats) {}
-  // One draft verified: `proposed` tokens, the first `accepted` accepted.
+  // One draft verified: `proposed` tokens (a tree's nodes), `accepted` of
+  // them accepted.
   virtual void OnDraftVerified(int proposed, int accepted) {}
 };
 
@@ -204,9 +205,18 @@ class Engine {
   // Samples (or verifies drafts for) one entry from its logits rows.
   absl::Status SampleEntry(const ScheduledSequence& s, Request& req, absl::Span<const float> rows,
                            SampledTokens* out);
+  // A token tree's walk (spec::VerifyTree), then the accepted nodes' K/V
+  // moved to contiguous slots (runner::ModelRunner::CopyKvSlots).
+  absl::Status VerifyTreeEntry(const ScheduledSequence& s, Request& req,
+                               absl::Span<const float> rows, int64_t position, SampledTokens* out);
   // Speculation: drafts for this step's decodes, and keeping the provider
   // in step with each request's tokens.
   DraftTokens CollectDrafts();
+  // Token trees among this step's drafts: sets the forward batch's
+  // tree_parents and the nodes' positions (their depths).
+  void ApplyDraftTrees(const ScheduledBatch& batch, runner::ForwardBatch* forward) const;
+  // Whether the step's draft for `id` is a tree (not a chain).
+  bool IsTreeDraft(SequenceId id) const;
   void SyncDrafts(Request& req, const SequenceOutput& out);
   void CloseDrafts(Request& req);
   void Emit(const std::vector<SequenceOutput>& outputs);

@@ -345,11 +345,33 @@ absl::Status Scheduler::ValidateSampled(absl::Span<const SampledTokens> sampled)
     }
     if (auto d = drafts.find(s.id); d != drafts.end()) {
       const std::vector<TokenId>& draft = d->second->draft;
-      if (s.token_ids.size() > draft.size() + 1 ||
-          !std::equal(s.token_ids.begin(), s.token_ids.end() - 1, draft.begin())) {
+      if (s.token_ids.size() > draft.size() + 1) {
         return absl::InvalidArgumentError(absl::StrCat(
             "the tokens for sequence ", s.id, " are not accepted drafts followed by one token"));
       }
+      if (s.draft_path.empty()) {
+        if (!std::equal(s.token_ids.begin(), s.token_ids.end() - 1, draft.begin())) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "the tokens for sequence ", s.id, " are not accepted drafts followed by one token"));
+        }
+      } else {
+        if (s.draft_path.size() + 1 != s.token_ids.size()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "sequence ", s.id, ": draft_path must list every accepted token, and only those"));
+        }
+        for (size_t m = 0; m < s.draft_path.size(); ++m) {
+          const int32_t node = s.draft_path[m];
+          if (node < static_cast<int32_t>(m) || node >= static_cast<int32_t>(draft.size()) ||
+              (m > 0 && node <= s.draft_path[m - 1]) || draft[node] != s.token_ids[m]) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("sequence ", s.id, ": draft_path entry ", m, " (node ", node,
+                             ") is not an accepted draft node in order"));
+          }
+        }
+      }
+    } else if (!s.draft_path.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", s.id, " has a draft_path but verified no drafts"));
     }
   }
   for (const InFlight& e : *in_flight_) {

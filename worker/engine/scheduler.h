@@ -115,9 +115,16 @@ using DraftTokens = absl::flat_hash_map<SequenceId, std::vector<TokenId>>;
 // one), which are appended in order until a stop condition. For an entry
 // with draft tokens, token_ids must be a prefix of the drafts (the accepted
 // ones) followed by one token; the KV of rejected drafts is rolled back.
+// Token trees: the drafts are a tree's nodes and draft_path lists the
+// accepted nodes (increasing indices into the drafts, root to leaf), with
+// token_ids[m] == drafts[draft_path[m]]; the caller has already moved those
+// nodes' K/V to the slots right after the decode token (in path order), so
+// the rollback is the same as for a chain. (The parent links are the
+// caller's to check: the scheduler does not see them.)
 struct SampledTokens {
   SequenceId id = 0;
   std::vector<TokenId> token_ids;
+  std::vector<int32_t> draft_path;  // empty: a chain's accepted prefix
 };
 
 // What a step produced for one sequence, for its stream.

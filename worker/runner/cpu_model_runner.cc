@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -274,7 +275,7 @@ absl::Status CpuModelRunner::ValidateBatch(const ForwardBatch& b) const {
       return absl::InvalidArgumentError(
           absl::StrCat("sequence ", i, ": ", q_len, " new tokens but seq_len ", b.seq_lens[i]));
     }
-    for (int j = 0; j < q_len; ++j) {
+    for (int j = 0; j < q_len && b.tree_parents.empty(); ++j) {
       int t = b.query_start_loc[i] + j;
       if (b.positions[t] != b.seq_lens[i] - q_len + j) {
         return absl::InvalidArgumentError(absl::StrCat("token ", t, ": position ", b.positions[t],
@@ -288,6 +289,7 @@ absl::Status CpuModelRunner::ValidateBatch(const ForwardBatch& b) const {
                                                      model_->config.max_position_embeddings));
     }
   }
+  if (auto st = ValidateTreeParents(b); !st.ok()) return st;
   for (int32_t idx : b.logits_indices) {
     if (idx < 0 || idx >= n) {
       return absl::InvalidArgumentError(absl::StrCat("logits index ", idx, " outside the batch"));
@@ -360,6 +362,7 @@ void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
   args.scale = 1.0f / std::sqrt(static_cast<float>(D));
   args.out = attn_.data();
   (k.attention_prefill(ctx_, args)).IgnoreError();
+  if (!batch.tree_parents.empty()) TreeAttention(l, batch, args.scale);
   const float* o_bias = l.o_bias.empty() ? nullptr : l.o_bias.data();
   k.gemm(ctx_, attn_.data(), n, l.o, o_bias, x_.data());
   AllReduce(x_.data(), n * H);
@@ -372,6 +375,105 @@ void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
   const float* down_bias = l.down_bias.empty() ? nullptr : l.down_bias.data();
   k.gemm(ctx_, act_.data(), n, l.down, down_bias, x_.data());
   AllReduce(x_.data(), n * H);
+}
+
+void CpuModelRunner::TreeAttention(const Layer& l, const ForwardBatch& batch, float scale) {
+  const int D = l.cache.head_dim;
+  const int heads = static_cast<int>(plan_.q_heads.size);
+  const int group = heads / l.cache.num_kv_heads;
+  const int64_t Q = int64_t{heads} * D;
+  const int64_t stride = l.cache.slot_stride();
+  const int bs = l.cache.block_size;
+  // (token, head) pairs of the chunks that branch.
+  std::vector<int32_t> work;
+  for (int s = 0; s < batch.num_seqs(); ++s) {
+    const int begin = batch.query_start_loc[s], end = batch.query_start_loc[s + 1];
+    bool chain = true;
+    for (int t = begin; t < end; ++t) chain &= batch.tree_parents[t] == t - begin - 1;
+    if (chain) continue;
+    for (int t = begin; t < end; ++t) {
+      for (int h = 0; h < heads; ++h) work.push_back(t * heads + h);
+    }
+  }
+  if (work.empty()) return;
+  std::vector<int32_t> seq_of(batch.num_tokens());
+  for (int s = 0; s < batch.num_seqs(); ++s) {
+    for (int t = batch.query_start_loc[s]; t < batch.query_start_loc[s + 1]; ++t) seq_of[t] = s;
+  }
+  auto run = [&](int64_t from, int64_t to) {
+    std::vector<int64_t> slots;
+    std::vector<float> scores;
+    std::vector<float> acc(D);
+    for (int64_t w = from; w < to; ++w) {
+      const int t = work[w] / heads, h = work[w] % heads;
+      const int s = seq_of[t];
+      const int begin = batch.query_start_loc[s];
+      const int q_len = batch.query_start_loc[s + 1] - begin;
+      const int start = batch.seq_lens[s] - q_len;
+      const int32_t* table = batch.block_tables.data() + s * batch.block_table_stride;
+      auto slot_of = [&](int index) { return int64_t{table[index / bs]} * bs + index % bs; };
+      // The cached context, then the token's ancestors (root first) and itself.
+      slots.clear();
+      for (int c = 0; c < start; ++c) slots.push_back(slot_of(c));
+      const size_t context = slots.size();
+      for (int j = t - begin; j >= 0; j = batch.tree_parents[begin + j]) {
+        slots.push_back(slot_of(start + j));
+      }
+      std::reverse(slots.begin() + context, slots.end());
+      const float* q = q_.data() + t * Q + int64_t{h} * D;
+      const int64_t head_offset = int64_t{h / group} * D;
+      scores.resize(slots.size());
+      float max_score = -std::numeric_limits<float>::infinity();
+      for (size_t i = 0; i < slots.size(); ++i) {
+        const float* key = l.cache.k + slots[i] * stride + head_offset;
+        float dot = 0;
+        for (int d = 0; d < D; ++d) dot += q[d] * key[d];
+        scores[i] = dot * scale;
+        max_score = std::max(max_score, scores[i]);
+      }
+      float total = 0;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (size_t i = 0; i < slots.size(); ++i) {
+        const float e = std::exp(scores[i] - max_score);
+        total += e;
+        const float* value = l.cache.v + slots[i] * stride + head_offset;
+        for (int d = 0; d < D; ++d) acc[d] += e * value[d];
+      }
+      float* out = attn_.data() + t * Q + int64_t{h} * D;
+      for (int d = 0; d < D; ++d) out[d] = acc[d] / total;
+    }
+  };
+  const int64_t n = static_cast<int64_t>(work.size());
+  if (ctx_.pool != nullptr) {
+    ctx_.pool->ParallelFor(n, 4, run);
+  } else {
+    run(0, n);
+  }
+}
+
+absl::Status CpuModelRunner::CopyKvSlots(absl::Span<const int64_t> from,
+                                         absl::Span<const int64_t> to) {
+  if (from.size() != to.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyKvSlots: ", from.size(), " sources but ", to.size(), " destinations"));
+  }
+  const int64_t num_slots = options_.num_kv_blocks * options_.block_size;
+  for (size_t i = 0; i < from.size(); ++i) {
+    if (from[i] < 0 || from[i] >= num_slots || to[i] < 0 || to[i] >= num_slots) {
+      return absl::InvalidArgumentError(absl::StrCat("CopyKvSlots: slot pair ", i, " (", from[i],
+                                                     " -> ", to[i], ") outside the cache of ",
+                                                     num_slots, " slots"));
+    }
+  }
+  for (const Layer& l : layers_) {
+    const int64_t stride = l.cache.slot_stride();
+    for (size_t i = 0; i < from.size(); ++i) {
+      if (from[i] == to[i]) continue;
+      std::memcpy(l.cache.k + to[i] * stride, l.cache.k + from[i] * stride, sizeof(float) * stride);
+      std::memcpy(l.cache.v + to[i] * stride, l.cache.v + from[i] * stride, sizeof(float) * stride);
+    }
+  }
+  return absl::OkStatus();
 }
 
 void CpuModelRunner::AllReduce(float* data, int64_t n) {

@@ -15,6 +15,12 @@
 // checkpoint's dtype); other matrices are used in place from the memory map
 // when aligned, else copied. Norm weights and biases are widened to fp32.
 //
+// Token trees (ForwardBatch::tree_parents): the attention kernel runs over
+// the whole batch as for chains, then the rows of the chunks that branch are
+// recomputed here with the tree mask (the cached context plus the token's
+// ancestors and itself); K/V are written to each token's own slot as usual.
+// CopyKvSlots moves K/V between slots in every layer.
+//
 // Tensor parallelism: with CpuRunnerOptions::shard the runner is one rank of
 // a group (worker/parallel/shard_plan.h): it reads only its slice of each
 // matrix from the memory map (row slices in place, column slices of o_proj
@@ -73,6 +79,8 @@ class CpuModelRunner final : public ModelRunner {
   // With a shard, rank 0 returns the full logits (gathered from the ranks)
   // and the other ranks an empty vector.
   absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
+  bool SupportsTreeAttention() const override { return true; }
+  absl::Status CopyKvSlots(absl::Span<const int64_t> from, absl::Span<const int64_t> to) override;
 
   // The part of the model this runner holds (the full plan when unsharded).
   const parallel::ShardPlan& shard_plan() const { return plan_; }
@@ -85,6 +93,8 @@ class CpuModelRunner final : public ModelRunner {
   absl::Status ValidateBatch(const ForwardBatch& batch) const;
   void Embed(const ForwardBatch& batch, int64_t num_tokens);
   void RunLayer(int index, const ForwardBatch& batch, int64_t num_tokens);
+  // Attention rows of the chunks in `batch` that branch, with the tree mask.
+  void TreeAttention(const Layer& l, const ForwardBatch& batch, float scale);
   void AllReduce(float* data, int64_t n);  // no-op when unsharded
 
   const model::LoadedModel* model_;

@@ -172,6 +172,117 @@ TEST_P(CpuModelRunnerTest, MalformedBatchesAreRejectedWithoutComputing) {
   EXPECT_EQ(runner->Forward(ForwardBatch{}, &logits).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Token trees: one forward pass over a tree (tree_parents) gives every node
+// the logits of its root-to-node path computed as a chain; after the K/V of
+// one path are moved to contiguous slots (CopyKvSlots), decoding continues
+// exactly as if the path had been decoded as a chain. Both kernel sets.
+TEST_P(CpuModelRunnerTest, TreeForwardEqualsEachPathAsAChain) {
+  for (const std::string backend : {"cpu", "cpu_reference"}) {
+    auto tree = MakeRunner(backend);
+    auto chain = MakeRunner(backend);
+    ASSERT_TRUE(tree && chain);
+    ASSERT_TRUE(tree->SupportsTreeAttention());
+    const std::vector<int32_t> prompt = Prompt(11, 3);
+    const std::vector<int32_t> blocks = Blocks(0, 8);
+    std::vector<float> logits;
+    // The prompt but its last token, cached.
+    ForwardBatch pre;
+    pre.block_table_stride = 8;
+    pre.AddSequence(std::vector<int32_t>(prompt.begin(), prompt.end() - 1), 0, blocks,
+                    tree->block_size(), false);
+    ASSERT_TRUE(tree->Forward(pre, &logits).ok());
+    // The last prompt token, then 8 draft nodes (node i hangs off 1 + parents[i]).
+    const std::vector<int32_t> nodes = {17, 42, 99, 5, 42, 7, 63, 8};
+    const std::vector<int32_t> parents = {-1, -1, 0, 0, 1, 2, 4, 6};
+    std::vector<int32_t> chunk = {prompt.back()};
+    chunk.insert(chunk.end(), nodes.begin(), nodes.end());
+    ForwardBatch b;
+    b.block_table_stride = 8;
+    b.AddSequence(chunk, 10, blocks, tree->block_size(), false);
+    b.tree_parents = {-1};
+    std::vector<int> depth = {0};
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      b.tree_parents.push_back(parents[i] + 1);
+      depth.push_back(depth[parents[i] + 1] + 1);
+    }
+    for (size_t j = 0; j < chunk.size(); ++j) {
+      b.positions[j] = 10 + depth[j];
+      b.logits_indices.push_back(static_cast<int32_t>(j));
+    }
+    ASSERT_TRUE(tree->Forward(b, &logits).ok());
+    const int64_t vocab = model_->config.vocab_size;
+    for (size_t j = 0; j < chunk.size(); ++j) {
+      // The root-to-node path as a chain, on a fresh cache.
+      std::vector<int32_t> path;
+      for (int32_t k = static_cast<int32_t>(j); k >= 0; k = b.tree_parents[k]) {
+        path.insert(path.begin(), chunk[k]);
+      }
+      std::vector<int32_t> seq(prompt.begin(), prompt.end() - 1);
+      seq.insert(seq.end(), path.begin(), path.end());
+      const std::vector<float> all = PrefillAll(*chain, seq, blocks);
+      const std::vector<float> want(all.end() - vocab, all.end());
+      const std::vector<float> got(logits.begin() + j * vocab, logits.begin() + (j + 1) * vocab);
+      EXPECT_LT(MaxAbsDiff(got, want), 1e-4f) << backend << " node " << j;
+    }
+    // Keep the path 42 (chunk 2), 42 (chunk 5), 63 (chunk 7): move their K/V
+    // to chunk indices 1, 2, 3 (slots of logical indices 11, 12, 13).
+    auto slot = [&](int index) { return int64_t{blocks[index / 4]} * 4 + index % 4; };
+    ASSERT_TRUE(tree->CopyKvSlots({slot(12), slot(15), slot(17)}, {slot(11), slot(12), slot(13)})
+                    .ok());
+    ForwardBatch next;
+    next.block_table_stride = 8;
+    next.AddSequence({77}, 14, blocks, tree->block_size(), true);
+    ASSERT_TRUE(tree->Forward(next, &logits).ok());
+    std::vector<int32_t> seq = prompt;
+    seq.insert(seq.end(), {42, 42, 63, 77});
+    const std::vector<float> all = PrefillAll(*chain, seq, blocks);
+    EXPECT_LT(MaxAbsDiff(logits, std::vector<float>(all.end() - vocab, all.end())), 1e-4f)
+        << backend;
+  }
+}
+
+TEST_P(CpuModelRunnerTest, MalformedTreesAreRejected) {
+  auto runner = MakeRunner();
+  std::vector<float> logits;
+  auto tree_batch = [&](std::vector<int32_t> parents, std::vector<int32_t> depths) {
+    ForwardBatch b;
+    b.block_table_stride = 2;
+    b.AddSequence({5, 6, 7, 8}, 0, Blocks(0, 2), runner->block_size(), true);
+    b.tree_parents = std::move(parents);
+    for (size_t j = 0; j < depths.size(); ++j) b.positions[j] = depths[j];
+    return b;
+  };
+  ASSERT_TRUE(runner->Forward(tree_batch({-1, 0, 0, 1}, {0, 1, 1, 2}), &logits).ok());
+  struct Bad {
+    std::vector<int32_t> parents, depths;
+    const char* message;
+  };
+  for (const Bad& bad : {Bad{{-1, 0, 2, 1}, {0, 1, 1, 2}, "tree parent 2"},   // itself
+                         Bad{{-1, 0, 3, 1}, {0, 1, 1, 2}, "tree parent 3"},   // a later token
+                         Bad{{-1, -2, 0, 1}, {0, 1, 1, 2}, "tree parent -2"},  // below -1
+                         Bad{{-1, 0, 0}, {0, 1, 1, 2}, "tree_parents has 3"},
+                         Bad{{-1, 0, 0, 1}, {0, 1, 2, 3}, "depth"}}) {
+    absl::Status s = runner->Forward(tree_batch(bad.parents, bad.depths), &logits);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad.message;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(bad.message));
+  }
+  // Runners without tree attention refuse tree_parents outright.
+  BatchLimits limits{model_->config.vocab_size, model_->config.max_position_embeddings,
+                     runner->block_size(), runner->num_kv_blocks()};
+  ForwardBatch ok = tree_batch({-1, 0, 0, 1}, {0, 1, 1, 2});
+  EXPECT_THAT(std::string(ValidateForwardBatch(ok, limits).message()),
+              HasSubstr("no tree attention"));
+  limits.tree_attention = true;
+  EXPECT_TRUE(ValidateForwardBatch(ok, limits).ok());
+  EXPECT_EQ(ValidateForwardBatch(tree_batch({-1, 1, 0, 1}, {0, 1, 1, 2}), limits).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Slot copies stay inside the cache.
+  EXPECT_EQ(runner->CopyKvSlots({0, 1}, {2}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(runner->CopyKvSlots({256}, {0}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(runner->CopyKvSlots({0}, {-1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(runner->CopyKvSlots({3}, {2}).ok());
+}
+
 // The engine's guarantee that a request's output does not depend on what it
 // is batched with (or on chunking and preemption) rests on this: a token's
 // logits are bitwise identical whether it is computed alone, in a batch,

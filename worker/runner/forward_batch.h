@@ -9,6 +9,15 @@
 // seq_lens[s] - q_len ... seq_lens[s] - 1. Slot of position p:
 // block_table[p / block_size] * block_size + p % block_size.
 //
+// Token trees (speculative decoding): with tree_parents set, a sequence's
+// chunk may branch. Chunk token j names the chunk token it follows
+// (tree_parents, local index < j) or -1 for the context cached before the
+// chunk; a chain has j - 1. Token j's K/V still goes to its own slot, that
+// of logical index seq_len - q_len + j, but it sits at position
+// seq_len - q_len + depth(j), where a token following the cached context has
+// depth 0 and any other one its parent's depth + 1, and it attends to the
+// cached context, its ancestors in the chunk and itself only.
+//
 // Thread-safety: a plain value.
 #pragma once
 
@@ -30,6 +39,10 @@ struct ForwardBatch {
   // Token indices (into token_ids) whose logits are returned, in order;
   // usually the last token of each sequence that samples this step.
   std::vector<int32_t> logits_indices;
+  // Empty: every chunk is a chain. Otherwise [num_tokens]: each token's
+  // parent inside its own chunk (-1 = the cached context). Only runners
+  // whose ModelRunner::SupportsTreeAttention() is true accept it.
+  std::vector<int32_t> tree_parents;
 
   int num_tokens() const { return static_cast<int>(token_ids.size()); }
   int num_seqs() const { return static_cast<int>(seq_lens.size()); }
@@ -49,6 +62,8 @@ struct BatchLimits {
   int64_t max_position_embeddings = 0;
   int block_size = 16;
   int64_t num_kv_blocks = 0;
+  // Whether tree_parents may be set (the runner masks attention by them).
+  bool tree_attention = false;
 };
 
 // OK when `batch` is well formed for a runner with `limits`: one position
@@ -56,10 +71,19 @@ struct BatchLimits {
 // sequence's new tokens at the positions its seq_len implies, within the
 // context, with a block table that covers them using blocks inside the
 // cache and slots that match it (a negative slot skips the KV write); token
-// ids in the vocabulary; logits indices inside the batch. Otherwise
+// ids in the vocabulary; logits indices inside the batch; tree_parents empty,
+// or (limits.tree_attention) one per token, each -1 or an earlier token of
+// its chunk, with positions at the depths they imply. Otherwise
 // INVALID_ARGUMENT naming the first problem. Runners call it before any
 // kernel runs.
 absl::Status ValidateForwardBatch(const ForwardBatch& batch, const BatchLimits& limits);
+
+// The tree part of ValidateForwardBatch, for runners that check the rest
+// themselves: tree_parents well formed and every token's position at
+// seq_len - q_len + its depth (chunks without a tree: + its index).
+// REQUIRES: positions, query_start_loc and seq_lens sized consistently.
+absl::Status ValidateTreeParents(const ForwardBatch& batch);
+
 
 inline void ForwardBatch::AddSequence(const std::vector<int32_t>& tokens, int32_t start,
                                       const std::vector<int32_t>& block_table, int block_size,

@@ -42,6 +42,21 @@ class ModelRunner {
   // position beyond the context, slot or block outside the cache, ...).
   virtual absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) = 0;
 
+  // Whether Forward accepts ForwardBatch::tree_parents (token trees: each
+  // token attends to the cached context and its ancestors only) and
+  // CopyKvSlots is available. Runners without it get chains only (the
+  // engine keeps the first-child chain of a proposed tree).
+  virtual bool SupportsTreeAttention() const { return false; }
+
+  // Copies the K/V of slot from[i] to slot to[i] in every layer, in order
+  // (i = 0, 1, ...): after a tree verification the accepted nodes' K/V move
+  // to the contiguous slots after the committed tokens. INVALID_ARGUMENT,
+  // copying nothing, when the spans differ in length or a slot is outside
+  // the cache; UNIMPLEMENTED where SupportsTreeAttention() is false.
+  virtual absl::Status CopyKvSlots(absl::Span<const int64_t> from, absl::Span<const int64_t> to) {
+    return absl::UnimplementedError("this runner has no tree attention");
+  }
+
   // Whether ForwardSample is available.
   virtual bool SupportsDeviceSampling() const { return false; }
 

@@ -6,8 +6,9 @@
 // for sources with state (the draft model's KV cache), runs ahead: the
 // proposed tokens are kept as if they were accepted, so a Commit that agrees
 // costs nothing and one that disagrees truncates to the common prefix
-// (Update). Every proposal is a chain today (parents empty = token i hangs
-// off token i-1).
+// (Update). A proposal is a chain (parents empty: token i hangs off token
+// i-1) or, with TreeOptions::max_branching > 1, a token tree: several
+// candidates for one position, each node listing its parent.
 //
 // Thread-safety: not thread-safe; one owner (an engine loop or one drafter
 // stream) calls every method.
@@ -40,8 +41,9 @@ struct DraftDistribution {
 struct Draft {
   int64_t base_len = 0;
   std::vector<TokenId> tokens;
-  // parents[i] = index of token i's parent, -1 = the last committed token.
-  // Empty = a chain.
+  // parents[i] = index of token i's parent (< i), -1 = the last committed
+  // token. Empty = a chain. Node i sits at depth(i) = 1 + depth(parent)
+  // (depth(-1) = 0): it proposes the token at base_len - 1 + depth(i).
   std::vector<int32_t> parents;
   // Empty = one-hot; otherwise one entry per token.
   std::vector<DraftDistribution> q;
@@ -80,10 +82,38 @@ class DraftSource {
   virtual bool runs_ahead() const { return false; }
 };
 
+// Token trees. max_branching <= 1: chains (the default). Otherwise a node
+// has at most max_branching children; a proposal has at most the queried
+// max_tokens nodes; the first child of every node (the lowest index) is the
+// source's best guess, so the first-child chain is what a chain-only
+// verifier keeps (FirstChildChain).
+struct TreeOptions {
+  int max_branching = 1;
+  // The draft model: positions (from the first) that get siblings, the next
+  // most likely tokens of the draft's distribution, as leaves.
+  int branch_depth = 1;
+  bool enabled() const { return max_branching > 1; }
+};
+
+// True when `d` is a chain (parents empty or parents[i] == i - 1).
+bool IsChain(const Draft& d);
+// The chain from the root following each node's first child; q kept per
+// node. A chain is returned unchanged.
+Draft FirstChildChain(const Draft& d);
+// The nodes below `node` (its descendants, in order), re-rooted: node's
+// children hang off the last committed token; base_len + depth(node).
+// REQUIRES: d is well formed (ValidateDraft) and node < d.tokens.size().
+Draft SubtreeBelow(const Draft& d, int node);
+
 // Options of the model-free sources.
 struct NgramOptions {
   int min_ngram = 1;  // shortest suffix looked up
   int max_ngram = 4;  // longest suffix looked up (tried first)
+  // Trees: the continuations of up to max_occurrences earlier occurrences
+  // (the longest matching n first, latest first, then shorter n) merged
+  // into a trie and cut best first to the budget.
+  TreeOptions tree;
+  int max_occurrences = 8;
 };
 
 struct SuffixOptions {
@@ -94,6 +124,9 @@ struct SuffixOptions {
   int min_history_match = 2;
   // Longest suffix of a sequence matched against the shared history.
   int max_history_window = 64;
+  // Trees: the continuations of the first and the latest earlier occurrence
+  // of the match in the sequence and in the history, merged into a trie.
+  TreeOptions tree;
 };
 
 // Prompt lookup: the latest earlier occurrence of the sequence's last n

@@ -1,13 +1,16 @@
 // The model-free draft sources: n-gram prompt lookup and the suffix
-// automaton (draft_source.h). Both propose one-hot chains from token ids
-// only and keep no run-ahead state: a proposal does not change the
-// sequence, only Update does.
+// automaton (draft_source.h). Both propose one-hot drafts from token ids
+// only (chains, or with TreeOptions token trees built by BuildDraftTree) and
+// keep no run-ahead state: a proposal does not change the sequence, only
+// Update does.
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "worker/spec/draft_source.h"
+#include "worker/spec/draft_tree.h"
 
 namespace tessera::spec {
 namespace {
@@ -80,12 +83,48 @@ class NgramSource final : public DraftSource {
       const std::vector<TokenId>* t = table_.Find(queries[i].seq);
       if (t == nullptr) continue;
       out[i].base_len = static_cast<int64_t>(t->size());
-      out[i].tokens = Lookup(*t, queries[i].max_tokens);
+      if (o_.tree.enabled()) {
+        Draft d = BuildDraftTree(Occurrences(*t, queries[i].max_tokens), queries[i].max_tokens,
+                                 o_.tree.max_branching);
+        out[i].tokens = std::move(d.tokens);
+        out[i].parents = std::move(d.parents);
+      } else {
+        out[i].tokens = Lookup(*t, queries[i].max_tokens);
+      }
     }
     return out;
   }
 
  private:
+  // Trees: what followed up to max_occurrences earlier occurrences of the
+  // sequence's last n tokens, n from the longest that matches down to
+  // min_ngram, latest first; a shorter n or an older occurrence weighs less.
+  std::vector<Continuation> Occurrences(const std::vector<TokenId>& t, int k) const {
+    std::vector<Continuation> out;
+    const int n_tokens = static_cast<int>(t.size());
+    if (k <= 0) return out;
+    std::vector<int> used;  // continuation starts already taken
+    int longest = 0;
+    for (int n = std::min(o_.max_ngram, n_tokens - 1); n >= o_.min_ngram; --n) {
+      const TokenId* suffix = t.data() + n_tokens - n;
+      int rank = 0;
+      for (int s = n_tokens - n - 1; s >= 0; --s) {
+        if (static_cast<int>(out.size()) >= o_.max_occurrences) return out;
+        if (!std::equal(suffix, suffix + n, t.data() + s)) continue;
+        const int from = s + n;
+        if (std::find(used.begin(), used.end(), from) != used.end()) continue;
+        used.push_back(from);
+        if (longest == 0) longest = n;
+        Continuation c;
+        const int count = std::min(k, n_tokens - from);
+        c.tokens.assign(t.begin() + from, t.begin() + from + count);
+        c.weight = std::pow(0.5, longest - n) * std::pow(0.8, rank++);
+        out.push_back(std::move(c));
+      }
+    }
+    return out;
+  }
+
   std::vector<TokenId> Lookup(const std::vector<TokenId>& t, int k) const {
     const int n_tokens = static_cast<int>(t.size());
     if (k <= 0) return {};
@@ -111,9 +150,14 @@ class NgramSource final : public DraftSource {
 // A suffix automaton (the minimal DFA of all suffixes) built online. Each
 // state keeps `first_end`, the end position of its first occurrence, so a
 // match can be continued with the tokens that followed it.
+//
+// With `track_latest` > 0 each state also keeps the end of its latest
+// occurrence and of the one before it (last_end, prev_end), updated along
+// the first `track_latest` suffix links from each new state (a state deeper
+// in the chain keeps an older, still valid, occurrence).
 class SuffixAutomaton {
  public:
-  SuffixAutomaton() { Clear(); }
+  explicit SuffixAutomaton(int track_latest = 0) : track_latest_(track_latest) { Clear(); }
 
   void Clear() {
     states_.assign(1, State{});
@@ -141,6 +185,8 @@ class SuffixAutomaton {
         const int clone = NewState(states_[p].len + 1, states_[q].first_end);
         states_[clone].next = states_[q].next;
         states_[clone].link = states_[q].link;
+        states_[clone].last_end = states_[q].last_end;
+        states_[clone].prev_end = states_[q].prev_end;
         while (p != -1) {
           auto it = states_[p].next.find(c);
           if (it == states_[p].next.end() || it->second != q) break;
@@ -152,6 +198,19 @@ class SuffixAutomaton {
       }
     }
     last_ = cur;
+    int s = cur;
+    for (int i = 0; i < track_latest_ && s > 0; ++i, s = states_[s].link) {
+      if (states_[s].last_end == pos) continue;
+      states_[s].prev_end = states_[s].last_end;
+      states_[s].last_end = pos;
+    }
+  }
+
+  // With track_latest >= 2: the end of the latest earlier occurrence of the
+  // longest repeated suffix, or -1.
+  int LatestEarlierEnd() const {
+    const int s = states_[last_].link;
+    return s <= 0 ? -1 : states_[s].prev_end;
   }
 
   // The longest suffix of the whole text that also ends earlier: (length,
@@ -162,8 +221,9 @@ class SuffixAutomaton {
     return {states_[s].len, states_[s].first_end};
   }
 
-  // The longest suffix of `window` occurring in the text: (length, end).
-  std::pair<int, int> Match(absl::Span<const TokenId> window) const {
+  // The longest suffix of `window` occurring in the text: (length, end);
+  // `latest` (optional) gets the end of its latest known occurrence.
+  std::pair<int, int> Match(absl::Span<const TokenId> window, int* latest = nullptr) const {
     int state = 0, len = 0;
     for (TokenId c : window) {
       while (state != 0 && !states_[state].next.contains(c)) {
@@ -177,6 +237,7 @@ class SuffixAutomaton {
       }
     }
     if (len == 0) return {0, -1};
+    if (latest != nullptr) *latest = states_[state].last_end;
     return {len, states_[state].first_end};
   }
 
@@ -185,29 +246,33 @@ class SuffixAutomaton {
     int len = 0;
     int link = -1;
     int first_end = -1;
+    int last_end = -1;
+    int prev_end = -1;
     absl::flat_hash_map<TokenId, int> next;
   };
   int NewState(int len, int first_end) {
-    states_.push_back(State{len, -1, first_end, {}});
+    states_.push_back(State{len, -1, first_end, -1, -1, {}});
     return static_cast<int>(states_.size()) - 1;
   }
 
   std::vector<State> states_;
   std::vector<TokenId> text_;
   int last_ = 0;
+  int track_latest_ = 0;
 };
 
 constexpr TokenId kSeparator = -1;  // between sequences in the shared history
 
 class SuffixSource final : public DraftSource {
  public:
-  explicit SuffixSource(SuffixOptions o) : o_(o) {}
+  explicit SuffixSource(SuffixOptions o)
+      : o_(o), track_(o.tree.enabled() ? kTrackLatest : 0), history_(track_) {}
   std::string name() const override { return "suffix"; }
 
   absl::Status Open(SeqKey seq, absl::Span<const TokenId> tokens,
                     const sampling::SamplingParams&) override {
     if (absl::Status s = table_.Open(seq, tokens); !s.ok()) return s;
-    SuffixAutomaton& a = own_[seq];
+    SuffixAutomaton& a = own_.try_emplace(seq, track_).first->second;
     for (TokenId t : tokens) a.Extend(t);
     return absl::OkStatus();
   }
@@ -215,7 +280,7 @@ class SuffixSource final : public DraftSource {
   absl::Status Update(SeqKey seq, int64_t base_len, absl::Span<const TokenId> tokens) override {
     auto t = table_.Update(seq, base_len, tokens);
     if (!t.ok()) return t.status();
-    SuffixAutomaton& a = own_[seq];
+    SuffixAutomaton& a = own_.try_emplace(seq, track_).first->second;
     const std::vector<TokenId>& now = **t;
     // Committed tokens only grow; rebuild in the rare other case.
     size_t common = 0;
@@ -259,13 +324,45 @@ class SuffixSource final : public DraftSource {
       out[i].base_len = static_cast<int64_t>(t->size());
       const int k = queries[i].max_tokens;
       if (k <= 0) continue;
-      const SuffixAutomaton& a = own_[queries[i].seq];
+      const SuffixAutomaton& a = own_.try_emplace(queries[i].seq, track_).first->second;
       auto [own_len, own_end] = a.LongestRepeatedSuffix();
       const size_t window = std::min<size_t>(t->size(), o_.max_history_window);
+      int hist_latest = -1;
       auto [hist_len, hist_end] =
-          history_.Match(absl::MakeConstSpan(*t).subspan(t->size() - window));
+          history_.Match(absl::MakeConstSpan(*t).subspan(t->size() - window), &hist_latest);
       if (hist_len < o_.min_history_match) hist_len = 0;
       if (own_len == 0 && hist_len == 0) continue;
+      if (o_.tree.enabled()) {
+        // The first and the latest earlier occurrence in the sequence and in
+        // the history, the one the chain would take first.
+        std::vector<Continuation> c;
+        auto add = [&](const std::vector<TokenId>& text, int end, int len) {
+          if (end < 0 || len == 0) return;
+          Continuation x;
+          x.weight = len;
+          for (int j = end + 1; j < static_cast<int>(text.size()) && j <= end + k; ++j) {
+            if (text[j] == kSeparator) break;
+            x.tokens.push_back(text[j]);
+          }
+          c.push_back(std::move(x));
+        };
+        const int own_latest = a.LatestEarlierEnd();
+        if (own_len >= hist_len) {
+          add(*t, own_end, own_len);
+          if (own_latest != own_end) add(*t, own_latest, own_len);
+          add(history_.text(), hist_end, hist_len);
+          if (hist_latest != hist_end) add(history_.text(), hist_latest, hist_len);
+        } else {
+          add(history_.text(), hist_end, hist_len);
+          if (hist_latest != hist_end) add(history_.text(), hist_latest, hist_len);
+          add(*t, own_end, own_len);
+          if (own_latest != own_end) add(*t, own_latest, own_len);
+        }
+        Draft d = BuildDraftTree(c, k, o_.tree.max_branching);
+        out[i].tokens = std::move(d.tokens);
+        out[i].parents = std::move(d.parents);
+        continue;
+      }
       const std::vector<TokenId>& text = own_len >= hist_len ? *t : history_.text();
       const int end = own_len >= hist_len ? own_end : hist_end;
       for (int j = end + 1; j < static_cast<int>(text.size()) && j <= end + k; ++j) {
@@ -277,7 +374,10 @@ class SuffixSource final : public DraftSource {
   }
 
  private:
+  static constexpr int kTrackLatest = 32;  // suffix links updated per token (trees)
+
   SuffixOptions o_;
+  int track_;
   TokenTable table_;
   absl::flat_hash_map<SeqKey, SuffixAutomaton> own_;
   SuffixAutomaton history_;

@@ -6,6 +6,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -97,10 +98,25 @@ class ModelSource final : public DraftSource {
   std::vector<Draft> Propose(absl::Span<const DraftQuery> queries) override {
     std::vector<Draft> out(queries.size());
     std::vector<int> active;  // query indices still drafting
+    // Trees: chain nodes per query, and the sibling leaves found so far
+    // (depth, token, q) with the room left for more.
+    std::vector<int> chain_len(queries.size(), 0), sibling_room(queries.size(), 0);
+    struct Sibling {
+      int depth;
+      TokenId token;
+      DraftDistribution q;
+    };
+    std::vector<std::vector<Sibling>> siblings(queries.size());
     for (size_t i = 0; i < queries.size(); ++i) {
       auto it = seqs_.find(queries[i].seq);
       if (it == seqs_.end()) continue;
       out[i].base_len = static_cast<int64_t>(it->second.tokens.size());
+      chain_len[i] = queries[i].max_tokens;
+      if (o_.tree.enabled() && chain_len[i] > 1) {
+        sibling_room[i] = std::min((o_.tree.max_branching - 1) * std::max(0, o_.tree.branch_depth),
+                                   chain_len[i] - 1);
+        chain_len[i] -= sibling_room[i];
+      }
       if (queries[i].max_tokens > 0) active.push_back(static_cast<int>(i));
     }
     const int64_t vocab = runner_->config().vocab_size;
@@ -158,7 +174,7 @@ class ModelSource final : public DraftSource {
           if (device_tokens[r] < 0) continue;  // non-finite row: no draft
           out[qi].tokens.push_back(device_tokens[r]);
           s.tokens.push_back(device_tokens[r]);  // run ahead: as if accepted
-          if (static_cast<int>(out[qi].tokens.size()) < queries[qi].max_tokens) next.push_back(qi);
+          if (static_cast<int>(out[qi].tokens.size()) < chain_len[qi]) next.push_back(qi);
           continue;
         }
         absl::Span<const float> row(logits.data() + r * vocab, vocab);
@@ -181,17 +197,39 @@ class ModelSource final : public DraftSource {
         }
         const TokenId token = dist->tokens[chosen];
         Draft& d = out[qi];
-        d.tokens.push_back(token);
+        DraftDistribution q;
         if (!s.params.greedy()) {
-          DraftDistribution q;
           q.tokens = dist->tokens;
           q.probs.assign(dist->probs.begin(), dist->probs.end());
-          d.q.push_back(std::move(q));
         }
+        const int depth = static_cast<int>(d.tokens.size()) + 1;
+        if (sibling_room[qi] > 0 && depth <= o_.tree.branch_depth) {
+          const int n = std::min(o_.tree.max_branching - 1, sibling_room[qi]);
+          for (TokenId alt : RunnersUp(row, *dist, token, n, s.params.greedy())) {
+            siblings[qi].push_back({depth, alt, q});
+            --sibling_room[qi];
+          }
+        }
+        d.tokens.push_back(token);
+        if (!s.params.greedy()) d.q.push_back(std::move(q));
         s.tokens.push_back(token);  // run ahead: as if accepted
-        if (static_cast<int>(d.tokens.size()) < queries[qi].max_tokens) next.push_back(qi);
+        if (static_cast<int>(d.tokens.size()) < chain_len[qi]) next.push_back(qi);
       }
       active = std::move(next);
+    }
+    // Sibling leaves after the chain: one at depth d hangs off chain node
+    // d - 2 (the last committed token for d = 1).
+    for (size_t i = 0; i < queries.size(); ++i) {
+      if (siblings[i].empty()) continue;
+      Draft& d = out[i];
+      const int chain = static_cast<int>(d.tokens.size());
+      for (int j = 0; j < chain; ++j) d.parents.push_back(j - 1);
+      for (Sibling& x : siblings[i]) {
+        if (x.depth > chain) continue;
+        d.tokens.push_back(x.token);
+        d.parents.push_back(x.depth - 2);
+        if (!d.q.empty()) d.q.push_back(std::move(x.q));
+      }
     }
     return out;
   }
@@ -205,6 +243,32 @@ class ModelSource final : public DraftSource {
     int computed = 0;  // tokens whose KV is in the cache
     sampling::SamplingParams params;
   };
+
+  // Up to n tokens other than `chosen`, most likely first: by raw logit for
+  // a greedy draft (ties to the lower id), else by probability in `dist`.
+  static std::vector<TokenId> RunnersUp(absl::Span<const float> row,
+                                        const sampling::SamplingDistribution& dist,
+                                        TokenId chosen, int n, bool greedy) {
+    std::vector<std::pair<float, TokenId>> c;
+    if (greedy) {
+      for (size_t t = 0; t < row.size(); ++t) {
+        if (static_cast<TokenId>(t) != chosen && std::isfinite(row[t])) {
+          c.push_back({row[t], static_cast<TokenId>(t)});
+        }
+      }
+    } else {
+      for (size_t j = 0; j < dist.tokens.size(); ++j) {
+        if (dist.tokens[j] != chosen && dist.probs[j] > 0) c.push_back({dist.probs[j], dist.tokens[j]});
+      }
+    }
+    const size_t m = std::min<size_t>(std::max(0, n), c.size());
+    std::partial_sort(c.begin(), c.begin() + m, c.end(), [](const auto& a, const auto& b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    });
+    std::vector<TokenId> out;
+    for (size_t j = 0; j < m; ++j) out.push_back(c[j].second);
+    return out;
+  }
 
   // Keeps the KV of the first `keep` tokens.
   void RollBack(SeqKey seq, State& s, size_t keep) {

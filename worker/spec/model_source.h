@@ -12,7 +12,8 @@
 // samples with the target's temperature, top-k/top-p/min-p (no penalties),
 // further truncated to `max_q_support` tokens, from a Philox stream keyed by
 // (seed ^ kDraftSeedMix, position); q is that exact distribution, so the
-// verifier stays lossless.
+// verifier stays lossless. With ModelSourceOptions::tree the proposal is
+// the chain plus sibling leaves at its first positions.
 //
 // Thread-safety: not thread-safe (draft_source.h).
 #pragma once
@@ -32,6 +33,15 @@ inline constexpr uint64_t kDraftSeedMix = 0x5DEECE66DULL;
 struct ModelSourceOptions {
   int max_model_len = 4096;
   int max_q_support = 64;  // top-k applied to the draft's sampling distribution
+  // Trees: the first tree.branch_depth positions get up to
+  // tree.max_branching - 1 siblings each, the draft's next most likely
+  // tokens there (greedy: by logit; sampled: by probability), as leaves
+  // listed after the chain, whose length shrinks to keep the node count.
+  // Siblings carry the distribution of their position as q (they were not
+  // drawn from it: tree verification does not use q, and the first-child
+  // chain holds only drawn tokens). Not with device sampling (the runner
+  // returns only the argmax).
+  TreeOptions tree;
 };
 
 // Takes a runner (which must outlive nothing else: the source owns it).

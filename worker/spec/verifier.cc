@@ -52,13 +52,24 @@ absl::Status ValidateDraft(const Draft& draft, int64_t vocab) {
           absl::StrCat("draft token ", i, " is ", draft.tokens[i], ", outside [0, ", vocab, ")"));
     }
   }
-  for (size_t i = 0; i < draft.parents.size(); ++i) {
-    if (draft.parents[i] != static_cast<int32_t>(i) - 1) {
-      return absl::InvalidArgumentError("token trees are not verified yet; send chains");
-    }
-  }
   if (!draft.parents.empty() && draft.parents.size() != draft.tokens.size()) {
-    return absl::InvalidArgumentError("parents must be empty or one per draft token");
+    return absl::InvalidArgumentError(absl::StrCat("parents has ", draft.parents.size(),
+                                                   " entries for ", draft.tokens.size(),
+                                                   " draft tokens; expected none or one each"));
+  }
+  for (size_t i = 0; i < draft.parents.size(); ++i) {
+    const int32_t p = draft.parents[i];
+    if (p < -1 || p >= static_cast<int32_t>(i)) {
+      return absl::InvalidArgumentError(absl::StrCat("draft node ", i, " has parent ", p,
+                                                     "; a parent must be -1 or an earlier node"));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (draft.parents[j] == p && draft.tokens[j] == draft.tokens[i]) {
+        return absl::InvalidArgumentError(absl::StrCat("draft nodes ", j, " and ", i,
+                                                       " are siblings with the same token ",
+                                                       draft.tokens[i]));
+      }
+    }
   }
   if (draft.q.empty()) return absl::OkStatus();
   if (draft.q.size() != draft.tokens.size()) {
@@ -154,6 +165,45 @@ absl::StatusOr<VerifyResult> VerifyChain(absl::Span<const float> logits, int64_t
   result.tokens.push_back(bonus->token);
   counts->AddOutput(bonus->token);
   return result;
+}
+
+absl::StatusOr<VerifyResult> VerifyTree(absl::Span<const float> logits, int64_t vocab,
+                                        absl::Span<const TokenId> tokens,
+                                        absl::Span<const int32_t> parents,
+                                        const sampling::SamplingParams& params,
+                                        sampling::TokenCounts* counts, int64_t position) {
+  const size_t k = tokens.size();
+  if (vocab <= 0 || logits.size() != (k + 1) * static_cast<size_t>(vocab)) {
+    return absl::InvalidArgumentError(absl::StrCat("verification needs ", k + 1, " logits rows of ",
+                                                   vocab, ", got ", logits.size(), " values"));
+  }
+  if (parents.size() != k) {
+    return absl::InvalidArgumentError("a tree needs one parent per draft token");
+  }
+  for (size_t i = 0; i < k; ++i) {
+    if (parents[i] < -1 || parents[i] >= static_cast<int32_t>(i)) {
+      return absl::InvalidArgumentError(absl::StrCat("draft node ", i, " has parent ", parents[i],
+                                                     "; a parent must be -1 or an earlier node"));
+    }
+  }
+  VerifyResult result;
+  int32_t at = -1;  // the node whose row decides next (-1: the context)
+  for (int64_t depth = 0;; ++depth) {
+    absl::Span<const float> row = logits.subspan((at + 1) * vocab, vocab);
+    auto drawn = sampling::Sample(row, params, *counts, position + depth);
+    if (!drawn.ok()) return drawn.status();
+    const TokenId t = drawn->token;
+    result.tokens.push_back(t);
+    counts->AddOutput(t);
+    int32_t next = -1;
+    for (size_t i = at + 1; i < k && next < 0; ++i) {
+      if (parents[i] == at && tokens[i] == t) next = static_cast<int32_t>(i);
+    }
+    if (next < 0) return result;  // no child drew it (or a leaf: the bonus token)
+    result.path.push_back(next);
+    ++result.num_accepted;
+    at = next;
+  }
 }
 
 void RawLogprobs(absl::Span<const float> row, TokenId token, int top_n, float* logprob,

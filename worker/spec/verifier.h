@@ -1,4 +1,5 @@
-// Lossless verification of a draft chain against the target model's logits.
+// Lossless verification of a draft chain (or token tree, VerifyTree) against
+// the target model's logits.
 //
 // Input: k draft tokens d_1..d_k for a sequence whose next token has index
 // `position`, and the target's logits for k+1 positions (row i predicts the
@@ -42,6 +43,8 @@ struct VerifyResult {
   // Accepted drafts followed by one token from the target (k+1 at most).
   std::vector<TokenId> tokens;
   int num_accepted = 0;
+  // VerifyTree: the accepted nodes' indices, root to leaf (num_accepted).
+  std::vector<int32_t> path;
 };
 
 // `logits` holds draft.size() + 1 rows of `vocab` floats. `q` is empty or
@@ -55,8 +58,30 @@ absl::StatusOr<VerifyResult> VerifyChain(absl::Span<const float> logits, int64_t
                                          const sampling::SamplingParams& params,
                                          sampling::TokenCounts* counts, int64_t position);
 
-// Checks a draft before it is scheduled: token ids inside the vocabulary, a
-// chain (parents empty or i-1), q empty or one well-formed distribution per
+// Token trees (parents not a chain): the target-only "sample and match"
+// walk. Row 0 of `logits` belongs to the last committed token, row 1 + i to
+// draft node i (computed with the tree attention mask: node i saw the
+// context and its ancestors). From the root, at each node the target's token
+// is drawn from that node's row exactly as plain decoding draws it
+// (sampling::Sample: penalties, temperature, top-k/p, min-p, the counts
+// updated by the tokens emitted so far, Philox keyed by seed and position +
+// depth, stream kSample); when a child of the node carries that token the
+// walk moves there (an accepted draft), otherwise the token is emitted and
+// the walk stops (at a leaf this is the bonus token). Every emitted token is
+// drawn from the target's distribution given the tokens before it, so the
+// walk is lossless for any tree, and with the same seed it emits exactly
+// the tokens plain decoding would. q is not used. INVALID_ARGUMENT for
+// malformed input (parents not each -1 or an earlier node, row count) or
+// non-finite logits.
+absl::StatusOr<VerifyResult> VerifyTree(absl::Span<const float> logits, int64_t vocab,
+                                        absl::Span<const TokenId> tokens,
+                                        absl::Span<const int32_t> parents,
+                                        const sampling::SamplingParams& params,
+                                        sampling::TokenCounts* counts, int64_t position);
+
+// Checks a draft before it is scheduled: token ids inside the vocabulary,
+// parents empty or one per token, each -1 or an earlier node, no two
+// siblings with the same token; q empty or one well-formed distribution per
 // token that gives its token a positive probability.
 absl::Status ValidateDraft(const Draft& draft, int64_t vocab);
 

@@ -1,13 +1,18 @@
 // The verifier: the greedy rule, draft validation, and losslessness of the
 // rejection rule at temperature > 0 (chi-square against the exact target
-// distribution), including that the test rejects biased rules.
+// distribution), including that the test rejects biased rules; token trees:
+// malformed parents refused, the greedy walk, the sampling walk lossless
+// (chi-square over random trees) and a first-child-preferring walk caught.
 #include "worker/spec/verifier.h"
 
+#include <functional>
+#include <iostream>
 #include <random>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/spec/chi_square.h"
+#include "worker/sampling/philox.h"
 
 namespace tessera::spec {
 namespace {
@@ -54,6 +59,86 @@ TEST(VerifierTest, GreedyAcceptsWhileDraftIsArgmaxThenTakesTheTargetsToken) {
   EXPECT_THAT(r->tokens, ElementsAre(0, 1));
 }
 
+TEST(VerifierTest, MalformedTreesAreRefusedWithAClearError) {
+  Draft d;
+  d.tokens = {1, 2, 3};
+  struct Bad {
+    std::vector<int32_t> parents;
+    const char* message;
+  };
+  for (const Bad& bad : {Bad{{-1, 1, 0}, "node 1 has parent 1"},    // itself
+                         Bad{{-1, 2, 0}, "node 1 has parent 2"},    // a later node
+                         Bad{{0, -1, 0}, "node 0 has parent 0"},    // the first node
+                         Bad{{-1, -2, 0}, "node 1 has parent -2"},  // below -1
+                         Bad{{-1, 0}, "parents has 2 entries for 3"}}) {
+    d.parents = bad.parents;
+    absl::Status s = ValidateDraft(d, 4);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad.message;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(bad.message));
+  }
+  d.tokens = {1, 1, 3};
+  d.parents = {-1, -1, 0};
+  EXPECT_THAT(std::string(ValidateDraft(d, 4).message()), ::testing::HasSubstr("siblings"));
+  d.parents = {-1, 0, 0};
+  EXPECT_TRUE(ValidateDraft(d, 4).ok());
+  // VerifyTree checks on its own too.
+  sampling::TokenCounts counts;
+  std::vector<float> rows(4 * 4, 0.0f);
+  EXPECT_FALSE(VerifyTree(rows, 4, {1, 1, 3}, {-1, 2, 0}, Greedy(), &counts, 0).ok());
+  EXPECT_FALSE(VerifyTree(rows, 4, {1, 1, 3}, {-1, 0}, Greedy(), &counts, 0).ok());
+  EXPECT_FALSE(VerifyTree(absl::MakeConstSpan(rows).first(12), 4, {1, 1, 3}, {-1, 0, 0}, Greedy(),
+                          &counts, 0)
+                   .ok());
+}
+
+TEST(VerifierTest, TreeHelpers) {
+  Draft d;
+  d.base_len = 10;
+  d.tokens = {5, 6, 7, 8, 9};
+  d.parents = {-1, -1, 0, 2, 1};
+  d.q = {{{5}, {1.0f}}, {{6}, {1.0f}}, {{7}, {1.0f}}, {{8}, {1.0f}}, {{9}, {1.0f}}};
+  EXPECT_FALSE(IsChain(d));
+  Draft chain = FirstChildChain(d);
+  EXPECT_THAT(chain.tokens, ElementsAre(5, 7, 8));
+  EXPECT_TRUE(chain.parents.empty());
+  ASSERT_EQ(chain.q.size(), 3u);
+  EXPECT_EQ(chain.q[1].tokens[0], 7);
+  Draft below = SubtreeBelow(d, 0);
+  EXPECT_EQ(below.base_len, 11);
+  EXPECT_THAT(below.tokens, ElementsAre(7, 8));
+  EXPECT_TRUE(below.parents.empty());
+  d.parents = {-1, 0, 0, 1};
+  d.tokens = {5, 6, 7, 8};
+  d.q.clear();
+  below = SubtreeBelow(d, 0);
+  EXPECT_THAT(below.tokens, ElementsAre(6, 7, 8));
+  EXPECT_THAT(below.parents, ElementsAre(-1, -1, 0));
+}
+
+TEST(VerifierTest, GreedyTreeWalkFollowsTheArgmax) {
+  // Row 0 (the context) argmax 2; node rows: 0:(2) argmax 0, 1:(1) argmax 3,
+  // 2:(0 under 0) argmax 1, 3:(3 under 0) argmax 1.
+  const std::vector<int32_t> parents = {-1, -1, 0, 0};
+  std::vector<float> logits =
+      Rows({{0, 1, 5, 2}, {9, 1, 0, 2}, {0, 1, 2, 3}, {0, 4, 1, 1}, {0, 4, 1, 1}});
+  sampling::TokenCounts counts;
+  auto r = VerifyTree(logits, 4, {2, 1, 0, 3}, parents, Greedy(), &counts, 10);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->tokens, ElementsAre(2, 0, 1));  // 2 and 0 accepted, then a bonus from node 2
+  EXPECT_THAT(r->path, ElementsAre(0, 2));
+  EXPECT_EQ(r->num_accepted, 2);
+  // The argmax of the context is no child: it is emitted alone.
+  r = VerifyTree(logits, 4, {1, 3, 0, 2}, parents, Greedy(), &counts, 10);
+  ASSERT_TRUE(r.ok());
+  EXPECT_THAT(r->tokens, ElementsAre(2));
+  EXPECT_TRUE(r->path.empty());
+  // The second root candidate matches.
+  r = VerifyTree(logits, 4, {1, 2, 0, 3}, parents, Greedy(), &counts, 10);
+  ASSERT_TRUE(r.ok());
+  EXPECT_THAT(r->tokens, ElementsAre(2, 3));  // node 1's row: argmax 3
+  EXPECT_THAT(r->path, ElementsAre(1));
+}
+
 TEST(VerifierTest, MalformedInputIsRefused) {
   sampling::TokenCounts counts;
   std::vector<float> two = Rows({{0, 1}, {1, 0}});
@@ -66,7 +151,7 @@ TEST(VerifierTest, MalformedInputIsRefused) {
   d.tokens = {1, 2};
   EXPECT_TRUE(ValidateDraft(d, 4).ok());
   d.parents = {-1, -1};
-  EXPECT_FALSE(ValidateDraft(d, 4).ok());  // a tree
+  EXPECT_TRUE(ValidateDraft(d, 4).ok());  // a tree: two candidates for one position
   d.parents = {-1, 0};
   EXPECT_TRUE(ValidateDraft(d, 4).ok());
   d.q = {{{1}, {1.0f}}};
@@ -166,6 +251,237 @@ TEST(VerifierTest, RejectionSamplingIsLossless) {
     ChiSquareResult always =
         ChiSquareGoodnessOfFit(FirstTokenHistogram(s, Rule::kAcceptAlways, kSamples), target);
     EXPECT_LT(always.p_value, kAlpha) << "chi2=" << always.statistic;
+  }
+}
+
+// ---- Token trees at temperature > 0 ----
+//
+// A synthetic model: the logits of the next token depend on the last two
+// tokens. Generation runs speculative steps with random trees (shapes and
+// tokens from a test RNG, independent of the request seed) until three
+// tokens are out; the joint distribution of those three over many seeds
+// must equal the model's (with the same processing: temperature, top-p,
+// presence penalty on the counts).
+constexpr int kTreeVocab = 4;
+
+std::vector<float> SyntheticLogits(const std::vector<TokenId>& context) {
+  const int a = context[context.size() - 2], b = context.back();
+  std::vector<float> row(kTreeVocab);
+  for (int v = 0; v < kTreeVocab; ++v) {
+    row[v] = 1.4f * std::sin(1.3f * v + 0.7f * a + 1.9f * b + 0.3f * v * b);
+  }
+  return row;
+}
+
+// A walk: (rows, tokens, parents, params, counts, position) -> emitted tokens.
+using Walk = std::function<std::vector<TokenId>(absl::Span<const float>, absl::Span<const TokenId>,
+                                                absl::Span<const int32_t>,
+                                                const sampling::SamplingParams&,
+                                                sampling::TokenCounts*, int64_t)>;
+
+std::vector<TokenId> RightWalk(absl::Span<const float> rows, absl::Span<const TokenId> tokens,
+                               absl::Span<const int32_t> parents,
+                               const sampling::SamplingParams& params,
+                               sampling::TokenCounts* counts, int64_t position) {
+  auto r = VerifyTree(rows, kTreeVocab, tokens, parents, params, counts, position);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? r->tokens : std::vector<TokenId>{0};
+}
+
+// Deliberately wrong: at each node the first child is taken with the
+// target's probability of its token (from an extra uniform), and only
+// otherwise is a token drawn and matched. The first child's token then
+// comes out with probability p + (1 - p) p.
+std::vector<TokenId> FirstChildWalk(absl::Span<const float> rows, absl::Span<const TokenId> tokens,
+                                    absl::Span<const int32_t> parents,
+                                    const sampling::SamplingParams& params,
+                                    sampling::TokenCounts* counts, int64_t position) {
+  std::vector<TokenId> out;
+  int32_t at = -1;
+  for (int64_t depth = 0;; ++depth) {
+    absl::Span<const float> row = rows.subspan((at + 1) * kTreeVocab, kTreeVocab);
+    int32_t first = -1;
+    for (size_t i = 0; i < tokens.size() && first < 0; ++i) {
+      if (parents[i] == at) first = static_cast<int32_t>(i);
+    }
+    if (first >= 0) {
+      auto p = sampling::ComputeSamplingDistribution(row, params, *counts);
+      double pf = 0;
+      for (size_t j = 0; j < p->tokens.size(); ++j) {
+        if (p->tokens[j] == tokens[first]) pf = p->probs[j];
+      }
+      const double u = sampling::UniformFromSeed(params.seed, position + depth,
+                                                 sampling::RandomStream::kSpeculativeAccept);
+      if (u < pf) {
+        out.push_back(tokens[first]);
+        counts->AddOutput(tokens[first]);
+        at = first;
+        continue;
+      }
+    }
+    auto drawn = sampling::Sample(row, params, *counts, position + depth);
+    out.push_back(drawn->token);
+    counts->AddOutput(drawn->token);
+    int32_t next = -1;
+    for (size_t i = at + 1; i < tokens.size() && next < 0; ++i) {
+      if (parents[i] == at && tokens[i] == drawn->token) next = static_cast<int32_t>(i);
+    }
+    if (next < 0) return out;
+    at = next;
+  }
+}
+
+sampling::SamplingParams TreeParams(bool penalties) {
+  sampling::SamplingParams p;
+  p.temperature = penalties ? 0.8f : 1.0f;
+  p.top_p = penalties ? 0.95f : 1.0f;
+  p.presence_penalty = penalties ? 0.7f : 0.0f;
+  return p;
+}
+
+std::vector<double> ExactTreeJoint(const std::vector<TokenId>& prompt,
+                                   const sampling::SamplingParams& params) {
+  std::vector<double> joint(kTreeVocab * kTreeVocab * kTreeVocab);
+  auto dist = [&](const std::vector<TokenId>& context) {
+    sampling::TokenCounts counts;
+    counts.AddPrompt(prompt);
+    for (size_t i = prompt.size(); i < context.size(); ++i) counts.AddOutput(context[i]);
+    auto d = sampling::ComputeSamplingDistribution(SyntheticLogits(context), params, counts);
+    std::vector<double> p(kTreeVocab);
+    for (size_t i = 0; i < d->tokens.size(); ++i) p[d->tokens[i]] = d->probs[i];
+    return p;
+  };
+  const auto p1 = dist(prompt);
+  for (int a = 0; a < kTreeVocab; ++a) {
+    std::vector<TokenId> ca = prompt;
+    ca.push_back(a);
+    const auto p2 = dist(ca);
+    for (int b = 0; b < kTreeVocab; ++b) {
+      std::vector<TokenId> cb = ca;
+      cb.push_back(b);
+      const auto p3 = dist(cb);
+      for (int c = 0; c < kTreeVocab; ++c) {
+        joint[(a * kTreeVocab + b) * kTreeVocab + c] = p1[a] * p2[b] * p3[c];
+      }
+    }
+  }
+  return joint;
+}
+
+std::vector<int64_t> TreeHistogram(const Walk& walk, const std::vector<TokenId>& prompt,
+                                   const sampling::SamplingParams& base, int n,
+                                   int64_t* accepted) {
+  std::mt19937 tree_rng(99);
+  std::vector<int64_t> hist(kTreeVocab * kTreeVocab * kTreeVocab);
+  *accepted = 0;
+  for (int trial = 0; trial < n; ++trial) {
+    sampling::SamplingParams params = base;
+    params.seed = 5000 + trial;
+    sampling::TokenCounts counts;
+    counts.AddPrompt(prompt);
+    std::vector<TokenId> seq = prompt;
+    while (seq.size() < prompt.size() + 3) {
+      // A random tree of 1..6 nodes, siblings with distinct tokens, first
+      // children usually the guess.
+      std::vector<TokenId> tokens;
+      std::vector<int32_t> parents;
+      const int nodes = 1 + static_cast<int>(tree_rng() % 6);
+      for (int i = 0; i < nodes; ++i) {
+        const int32_t parent = static_cast<int32_t>(tree_rng() % (tokens.size() + 1)) - 1;
+        // Mostly a fixed guess from the parent's token (a draft model's
+        // habit), else any token.
+        const TokenId before = parent < 0 ? seq.back() : tokens[parent];
+        const TokenId token = tree_rng() % 4 != 0 ? (before + 1) % kTreeVocab
+                                                  : static_cast<TokenId>(tree_rng() % kTreeVocab);
+        bool dup = false;
+        for (size_t j = 0; j < tokens.size(); ++j) dup |= parents[j] == parent && tokens[j] == token;
+        if (dup) continue;
+        parents.push_back(parent);
+        tokens.push_back(token);
+      }
+      // Rows: the context, then each node's root-to-node path.
+      std::vector<float> rows = SyntheticLogits(seq);
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        std::vector<TokenId> path;
+        for (int32_t k = static_cast<int32_t>(i); k >= 0; k = parents[k]) {
+          path.insert(path.begin(), tokens[k]);
+        }
+        std::vector<TokenId> context = seq;
+        context.insert(context.end(), path.begin(), path.end());
+        const std::vector<float> r = SyntheticLogits(context);
+        rows.insert(rows.end(), r.begin(), r.end());
+      }
+      const std::vector<TokenId> out = walk(rows, tokens, parents, params, &counts,
+                                            static_cast<int64_t>(seq.size()));
+      *accepted += static_cast<int64_t>(out.size()) - 1;
+      seq.insert(seq.end(), out.begin(), out.end());
+    }
+    const size_t p = prompt.size();
+    ++hist[(seq[p] * kTreeVocab + seq[p + 1]) * kTreeVocab + seq[p + 2]];
+  }
+  return hist;
+}
+
+TEST(VerifierTest, TreeWalkIsLosslessAndTheTestCatchesAWrongWalk) {
+  constexpr int kSamples = 40000;
+  const std::vector<TokenId> prompt = {1, 3, 0};
+  for (bool penalties : {false, true}) {
+    const sampling::SamplingParams params = TreeParams(penalties);
+    const std::vector<double> exact = ExactTreeJoint(prompt, params);
+    int64_t accepted = 0;
+    ChiSquareResult right =
+        ChiSquareGoodnessOfFit(TreeHistogram(RightWalk, prompt, params, kSamples, &accepted),
+                               exact);
+    EXPECT_GT(accepted, kSamples / 2) << "the trees were accepted from at times";
+    EXPECT_GT(right.p_value, kAlpha)
+        << "chi2=" << right.statistic << " df=" << right.degrees_of_freedom;
+    ChiSquareResult wrong =
+        ChiSquareGoodnessOfFit(TreeHistogram(FirstChildWalk, prompt, params, kSamples, &accepted),
+                               exact);
+    EXPECT_LT(wrong.p_value, kAlpha)
+        << "chi2=" << wrong.statistic << " df=" << wrong.degrees_of_freedom;
+    std::cout << (penalties ? "penalties: " : "plain: ") << "walk p=" << right.p_value
+              << ", first-child walk p=" << wrong.p_value << "\n";
+  }
+}
+
+TEST(VerifierTest, TreeWalkEmitsWhatPlainDecodingDrawsWithTheSameSeed) {
+  // Each emitted token is sampling::Sample's draw at its position: with one
+  // seed, the walk's output equals plain decoding token by token.
+  const std::vector<TokenId> prompt = {2, 2, 1};
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    sampling::SamplingParams params = TreeParams(trial % 2 == 1);
+    params.seed = 77 + trial;
+    sampling::TokenCounts plain_counts;
+    plain_counts.AddPrompt(prompt);
+    std::vector<TokenId> plain = prompt;
+    for (int i = 0; i < 3; ++i) {
+      auto s = sampling::Sample(SyntheticLogits(plain), params, plain_counts,
+                                static_cast<int64_t>(plain.size()));
+      plain_counts.AddOutput(s->token);
+      plain.push_back(s->token);
+    }
+    // A chain of the first two plain tokens plus a wrong sibling: the walk
+    // accepts both and draws the third from node 1's row.
+    const std::vector<TokenId> tokens = {static_cast<TokenId>((plain[3] + 1) % kTreeVocab),
+                                         plain[3], plain[4]};
+    const std::vector<int32_t> parents = {-1, -1, 1};
+    std::vector<float> rows = SyntheticLogits(prompt);
+    for (const std::vector<TokenId>& path :
+         {std::vector<TokenId>{tokens[0]}, std::vector<TokenId>{plain[3]},
+          std::vector<TokenId>{plain[3], plain[4]}}) {
+      std::vector<TokenId> c = prompt;
+      c.insert(c.end(), path.begin(), path.end());
+      const auto r = SyntheticLogits(c);
+      rows.insert(rows.end(), r.begin(), r.end());
+    }
+    sampling::TokenCounts counts;
+    counts.AddPrompt(prompt);
+    auto r = VerifyTree(rows, kTreeVocab, tokens, parents, params, &counts, 3);
+    ASSERT_TRUE(r.ok());
+    EXPECT_THAT(r->tokens, ElementsAre(plain[3], plain[4], plain[5]));
+    EXPECT_THAT(r->path, ElementsAre(1, 2));
   }
 }
 
