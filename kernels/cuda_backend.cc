@@ -120,6 +120,26 @@ void AddCudaCandidates(Registry* registry) {
                       }});
         break;
       case Op::kAllReduce:
+        (void)registry->Add(Candidate{
+            S(kP2pBackend), op,
+            [](const DeviceDescription& d) -> std::optional<std::string> {
+              if (auto reason = CommonWhyNot(d)) return reason;
+              if (d.tensor_parallel_size < 2) return std::string("one rank: nothing to reduce");
+              if (d.tensor_parallel_size > kP2pMaxRanks) {
+                return absl::StrCat("at most ", kP2pMaxRanks, " ranks (group of ",
+                                    d.tensor_parallel_size, ")");
+              }
+              if (!d.tensor_parallel_peer_access) {
+                return std::string(
+                    "the group's GPUs cannot all access each other's memory (no P2P path)");
+              }
+              return std::nullopt;
+            },
+            [](const DeviceDescription& d) {
+              return absl::StrCat("peer-to-peer one-shot all-reduce over ", d.tensor_parallel_size,
+                                  " GPUs for bf16 messages up to ", kP2pAllReduceMaxBytes >> 10,
+                                  " KiB, NCCL above");
+            }});
         (void)registry->Add(Candidate{S(kNcclBackend), op,
                                       [](const DeviceDescription& d) -> std::optional<std::string> {
                                         if (auto reason = CommonWhyNot(d)) return reason;
@@ -137,7 +157,7 @@ void AddCudaCandidates(Registry* registry) {
               if (auto reason = CommonWhyNot(d)) return reason;
               if (d.tensor_parallel_size > 1) {
                 return absl::StrCat("a tensor-parallel group of ", d.tensor_parallel_size,
-                                    " ranks needs a real collective (nccl)");
+                                    " ranks needs a real collective (p2p or nccl)");
               }
               return std::nullopt;
             },

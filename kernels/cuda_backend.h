@@ -6,7 +6,12 @@
 // Candidates (ahead of the CPU ones):
 //   gemm                      cublas   cuBLASLt bf16 GEMM, fp32 accumulate
 //   every other op            cuda     Tessera's portable CUDA kernels (SM 8.0+)
-//   all_reduce                nccl     NCCL between the GPUs of a tensor-parallel group
+//   all_reduce                p2p      peer-to-peer one-shot all-reduce (kernels/cuda/
+//                                      p2p_all_reduce.h) for bf16 messages up to
+//                                      kP2pAllReduceMaxBytes, NCCL for larger and fp32
+//                                      ones; needs every pair of the group's GPUs to
+//                                      reach each other's memory
+//                             nccl     NCCL between the GPUs of a tensor-parallel group
 //                             single_rank  a group of one rank (nothing to reduce)
 //
 // A candidate runs on a device only when: the device is a CUDA device; this
@@ -20,6 +25,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -34,6 +40,11 @@ inline constexpr std::string_view kCudaBackend = "cuda";
 inline constexpr std::string_view kCublasBackend = "cublas";
 inline constexpr std::string_view kSingleRankBackend = "single_rank";
 inline constexpr std::string_view kNcclBackend = "nccl";
+inline constexpr std::string_view kP2pBackend = "p2p";
+// Messages above this go through NCCL under the p2p candidate: up to here the
+// one-shot kernel beat NCCL on 2 x H200 (tests/bench/results/gpu_tp_h200x2.json).
+inline constexpr int64_t kP2pAllReduceMaxBytes = int64_t{1} << 20;
+inline constexpr int kP2pMaxRanks = 8;
 
 // Adds the CUDA candidates (see above) to `registry`.
 void AddCudaCandidates(Registry* registry);

@@ -22,6 +22,17 @@ std::string NormalizeBusId(std::string_view id) {
   return s;
 }
 
+// Sets tensor_parallel_peer_access on every device of a CUDA group.
+void MarkPeerAccess(std::vector<DeviceDescription>* group) {
+  bool all = false;
+#if TESSERA_HAVE_CUDA
+  std::vector<int> ordinals;
+  for (const DeviceDescription& d : *group) ordinals.push_back(d.ordinal);
+  all = cuda::AllPeersAccessible(ordinals);
+#endif
+  for (DeviceDescription& d : *group) d.tensor_parallel_peer_access = all;
+}
+
 }  // namespace
 
 DetectedCudaDevices DetectCudaDevices() {
@@ -113,6 +124,7 @@ absl::StatusOr<std::vector<DeviceDescription>> ResolveDevices(std::string_view s
     }
     found.devices.resize(n);
     for (DeviceDescription& d : found.devices) d.tensor_parallel_size = n;
+    MarkPeerAccess(&found.devices);
     return found.devices;
   }
   if (selector.substr(0, 5) != "cuda:") {
@@ -132,6 +144,7 @@ absl::StatusOr<std::vector<DeviceDescription>> ResolveDevices(std::string_view s
     d->tensor_parallel_size = n;
     out.push_back(*d);
   }
+  MarkPeerAccess(&out);
   return out;
 }
 

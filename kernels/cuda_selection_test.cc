@@ -214,6 +214,37 @@ TEST(CudaSelectionTest, TensorParallelGroupNeedsARealCollective) {
   EXPECT_EQ(report->Find(Op::kAllReduce)->rejected[0].reason, "one rank: nothing to reduce");
 }
 
+// The peer-to-peer all-reduce is chosen only when every pair of the group's
+// GPUs reaches the other's memory (measured when the group is resolved), and
+// only up to 8 ranks; NCCL otherwise. Forcing it where it cannot run is an
+// error naming the reason.
+TEST(CudaSelectionTest, PeerToPeerAllReduceNeedsPeerAccess) {
+  DeviceDescription gpu = FakeGpu({9, 0}, Build(kDefaultArchs));
+  gpu.tensor_parallel_size = 2;
+  gpu.tensor_parallel_peer_access = true;
+  absl::StatusOr<SelectionReport> report = BuiltinRegistry().SelectAll(gpu);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->Find(Op::kAllReduce)->chosen, "p2p");
+  EXPECT_THAT(report->Find(Op::kAllReduce)->why, HasSubstr("NCCL above"));
+
+  gpu.tensor_parallel_peer_access = false;
+  report = BuiltinRegistry().SelectAll(gpu);
+  ASSERT_TRUE(report.ok());
+  EXPECT_EQ(report->Find(Op::kAllReduce)->chosen, "nccl");
+  EXPECT_THAT(report->Find(Op::kAllReduce)->rejected[0].reason, HasSubstr("no P2P path"));
+  absl::StatusOr<SelectionReport> forced =
+      BuiltinRegistry().SelectAll(gpu, {{"all_reduce_backend", "p2p"}});
+  ASSERT_FALSE(forced.ok());
+  EXPECT_THAT(forced.status().message(), HasSubstr("no P2P path"));
+
+  gpu.tensor_parallel_peer_access = true;
+  gpu.tensor_parallel_size = 16;
+  report = BuiltinRegistry().SelectAll(gpu);
+  ASSERT_TRUE(report.ok());
+  EXPECT_EQ(report->Find(Op::kAllReduce)->chosen, "nccl");
+  EXPECT_THAT(report->Find(Op::kAllReduce)->rejected[0].reason, HasSubstr("at most 8 ranks"));
+}
+
 // Arch-specific kernels: a registry like the built-in one with an sm_100a-only
 // (tcgen05) and an sm_90a-only (wgmma) candidate ahead of the portable one.
 Registry ArchSpecificRegistry() {

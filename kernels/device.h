@@ -58,6 +58,9 @@ struct DeviceDescription {
   arch::BuildManifest build = arch::ThisBuildManifest();
   // Ranks of the tensor-parallel group this device belongs to.
   int tensor_parallel_size = 1;
+  // Every pair of the group's GPUs can access each other's memory
+  // (cudaDeviceCanAccessPeer), measured when the group is resolved.
+  bool tensor_parallel_peer_access = false;
 
   // e.g. "cpu:0 AMD EPYC 9654 (2 logical CPUs; features: sse4.2 avx avx2 fma f16c ...)",
   // "cuda:0000:18:00.0 NVIDIA H200 (SM 9.0, 132 SMs, 140 GiB, driver CUDA 13.0)".

@@ -28,6 +28,7 @@ const std::vector<Family>& Families() {
       {"sampling_backend",
        "logits processing and sampling",
        {Op::kLogitsProcessing, Op::kSampling}},
+      {"all_reduce_backend", "the all-reduce between tensor-parallel ranks", {Op::kAllReduce}},
   };
   return *families;
 }

@@ -9,9 +9,9 @@
 // only between interchangeable implementations of the same op.
 //
 // The backend override flags (`--gemm_backend`, `--attention_backend`,
-// `--norm_backend`, `--sampling_backend`) each control a family of ops; a
-// backend named by a flag must implement every op of its family.
-// all_reduce has no flag: the collective follows the device.
+// `--norm_backend`, `--sampling_backend`, `--all_reduce_backend`) each
+// control a family of ops; a backend named by a flag must implement every op
+// of its family.
 //
 // Thread-safety: a Registry is immutable after its candidates are added;
 // const methods are safe from any thread. BuiltinRegistry() is built once.
@@ -43,7 +43,7 @@ const std::vector<BackendFlag>& BackendFlags();
 // The ops a flag controls (empty for an unknown flag).
 std::vector<Op> OpsOfFlag(std::string_view flag);
 
-// The flag that controls `op`, or empty when none does (all_reduce).
+// The flag that controls `op`, or empty when none does.
 std::string_view FlagOfOp(Op op);
 
 // Names a user may pass to `flag` ("auto" is always valid): the candidates

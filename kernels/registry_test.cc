@@ -17,6 +17,9 @@ TEST(BackendOverrideTest, AutoAndKnownNamesAreValid) {
     EXPECT_TRUE(ValidateBackendOverride(f.flag, "auto").ok()) << f.flag;
     if (f.flag == "gemm_backend") {
       EXPECT_THAT(KnownBackends(f.flag), ElementsAre("cublas", "cpu", "cpu_reference"));
+    } else if (f.flag == "all_reduce_backend") {
+      EXPECT_THAT(KnownBackends(f.flag),
+                  ElementsAre("p2p", "nccl", "single_rank", "cpu", "cpu_reference"));
     } else {
       EXPECT_THAT(KnownBackends(f.flag), ElementsAre("cuda", "cpu", "cpu_reference")) << f.flag;
     }
@@ -38,16 +41,12 @@ TEST(BackendOverrideTest, UnknownFlagIsAnError) {
   EXPECT_THAT(KnownBackends("warp_backend"), IsEmpty());
 }
 
-TEST(OpTest, NamesRoundTripAndEveryOpButAllReduceHasOneFlag) {
+TEST(OpTest, NamesRoundTripAndEveryOpHasOneFlag) {
   std::set<std::string_view> names;
   for (Op op : kAllOps) {
     EXPECT_EQ(OpFromName(OpName(op)), op);
     names.insert(OpName(op));
     const std::string_view flag = FlagOfOp(op);
-    if (op == Op::kAllReduce) {
-      EXPECT_TRUE(flag.empty());
-      continue;
-    }
     ASSERT_FALSE(flag.empty()) << OpName(op);
     EXPECT_THAT(OpsOfFlag(flag), ::testing::Contains(op));
   }
@@ -56,6 +55,7 @@ TEST(OpTest, NamesRoundTripAndEveryOpButAllReduceHasOneFlag) {
   EXPECT_THAT(OpsOfFlag("attention_backend"),
               ElementsAre(Op::kAttentionPrefill, Op::kAttentionDecode, Op::kKvCacheWrite));
   EXPECT_THAT(OpsOfFlag("sampling_backend"), ElementsAre(Op::kLogitsProcessing, Op::kSampling));
+  EXPECT_THAT(OpsOfFlag("all_reduce_backend"), ElementsAre(Op::kAllReduce));
 }
 
 DeviceDescription FakeCpu() {
@@ -174,9 +174,9 @@ TEST(BuiltinRegistryTest, HostCpuGetsTheOptimizedBackendEverywhere) {
     ASSERT_NE(s, nullptr);
     EXPECT_EQ(s->chosen, "cpu");
     EXPECT_THAT(s->why, HasSubstr(isa + " kernels"));
-    // The CUDA candidates (rejected: not a CUDA device; all_reduce has two,
-    // nccl and single_rank), then cpu_reference.
-    const size_t cuda = op == Op::kAllReduce ? 2 : 1;
+    // The CUDA candidates (rejected: not a CUDA device; all_reduce has
+    // three, p2p, nccl and single_rank), then cpu_reference.
+    const size_t cuda = op == Op::kAllReduce ? 3 : 1;
     ASSERT_EQ(s->rejected.size(), cuda + 1);
     for (size_t i = 0; i < cuda; ++i) {
       EXPECT_THAT(s->rejected[i].reason, HasSubstr("needs a CUDA device"));

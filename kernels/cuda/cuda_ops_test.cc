@@ -277,6 +277,64 @@ TEST(CudaOpsTest, WriteKvCache) {
   }
 }
 
+// Rope with the KV-cache write fused: q/k in place and the cache equal, bit
+// for bit, to Rope followed by WriteKvCache.
+TEST(CudaOpsTest, RopeWritesKvCache) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  for (int head_dim : {64, 128}) {
+    for (bool qk_norm : {false, true}) {
+      const int heads = 8, kv_heads = 2;
+      const int64_t row = int64_t{kv_heads} * head_dim;
+      const int64_t stride = int64_t{heads} * head_dim + 2 * row;
+      const int64_t tokens = 7, num_slots = 32;
+      std::vector<float> qkv = RandomBf16Floats(tokens * stride, 21 + head_dim, -2.f, 2.f);
+      std::vector<int32_t> positions = {0, 5, 17, 300, 4095, 9, 1};
+      std::vector<int64_t> slots = {3, 0, -1, 31, 12, num_slots, 7};
+      const std::vector<float> inv_freq = Llama3InvFreq(head_dim, 500000.0);
+      std::vector<float> q_norm = RandomFloats(head_dim, 22, 0.5f, 1.5f);
+      std::vector<float> k_norm = RandomFloats(head_dim, 23, 0.5f, 1.5f);
+      const Bf16 kSentinel = 0x7fc1;
+      std::vector<Bf16> cache_init(num_slots * row, kSentinel);
+      DeviceBuffer d_pos = Upload(positions), d_slots = Upload(slots), d_freq = Upload(inv_freq);
+      DeviceBuffer d_qn = Upload(q_norm), d_kn = Upload(k_norm);
+      const float* qn = qk_norm ? d_qn.as<float>() : nullptr;
+      const float* kn = qk_norm ? d_kn.as<float>() : nullptr;
+      // Two kernels.
+      DeviceBuffer a_qkv = Upload(ToBf16(qkv)), a_k = Upload(cache_init), a_v = Upload(cache_init);
+      Bf16* aq = a_qkv.as<Bf16>();
+      Bf16* ak = aq + int64_t{heads} * head_dim;
+      ASSERT_TRUE(Rope(aq, stride, heads, ak, stride, kv_heads, head_dim, d_pos.as<int32_t>(),
+                       tokens, d_freq.as<float>(), qn, kn, 1e-6f, nullptr)
+                      .ok());
+      ASSERT_TRUE(WriteKvCache(ak, stride, ak + row, stride, tokens, kv_heads, head_dim,
+                               d_slots.as<int64_t>(), a_k.as<Bf16>(), a_v.as<Bf16>(), num_slots,
+                               nullptr)
+                      .ok());
+      // One.
+      DeviceBuffer b_qkv = Upload(ToBf16(qkv)), b_k = Upload(cache_init), b_v = Upload(cache_init);
+      Bf16* bq = b_qkv.as<Bf16>();
+      Bf16* bk = bq + int64_t{heads} * head_dim;
+      RopeKvWrite kv;
+      kv.v = bk + row;
+      kv.v_token_stride = stride;
+      kv.slots = d_slots.as<int64_t>();
+      kv.k_cache = b_k.as<Bf16>();
+      kv.v_cache = b_v.as<Bf16>();
+      kv.num_slots = num_slots;
+      ASSERT_TRUE(Rope(bq, stride, heads, bk, stride, kv_heads, head_dim, d_pos.as<int32_t>(),
+                       tokens, d_freq.as<float>(), qn, kn, 1e-6f, nullptr, &kv)
+                      .ok());
+      EXPECT_EQ(Download<Bf16>(b_qkv, tokens * stride), Download<Bf16>(a_qkv, tokens * stride));
+      EXPECT_EQ(Download<Bf16>(b_k, cache_init.size()), Download<Bf16>(a_k, cache_init.size()));
+      EXPECT_EQ(Download<Bf16>(b_v, cache_init.size()), Download<Bf16>(a_v, cache_init.size()));
+      kv.slots = nullptr;  // incomplete: refused
+      EXPECT_FALSE(Rope(bq, stride, heads, bk, stride, kv_heads, head_dim, d_pos.as<int32_t>(),
+                        tokens, d_freq.as<float>(), qn, kn, 1e-6f, nullptr, &kv)
+                       .ok());
+    }
+  }
+}
+
 TEST(CudaOpsTest, GatherRows) {
   TESSERA_REQUIRE_CUDA_DEVICE();
   for (int64_t cols : {8, 13, 4096}) {
@@ -303,7 +361,7 @@ TEST(CudaOpsTest, SoftmaxLogSoftmaxArgmax) {
   TESSERA_REQUIRE_CUDA_DEVICE();
   const float kInf = std::numeric_limits<float>::infinity();
   for (int64_t rows : {1, 4, 33}) {
-    for (int64_t vocab : {1, 7, 1000, 151936}) {
+    for (int64_t vocab : {1, 7, 1000, 4099, 128256, 151936}) {
       SCOPED_TRACE(::testing::Message() << rows << "x" << vocab);
       std::vector<float> x = RandomFloats(rows * vocab, 14 + vocab, -20.f, 20.f);
       for (int64_t r = 0; r < rows; ++r) {

@@ -69,4 +69,18 @@ CudaQueryResult QueryCudaDevices() {
   return result;
 }
 
+bool AllPeersAccessible(const std::vector<int>& ordinals) {
+  for (int a : ordinals) {
+    for (int b : ordinals) {
+      if (a == b) continue;
+      int can = 0;
+      if (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || can == 0) {
+        cudaGetLastError();
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace tessera::kernels::cuda

@@ -52,4 +52,8 @@ ImageProbeResult ProbeImage(int ordinal);
 // Free and total memory of the current device (cudaMemGetInfo); false on error.
 bool CurrentDeviceMemory(size_t* free_bytes, size_t* total_bytes);
 
+// Whether every ordered pair of `ordinals` can access each other's memory
+// (cudaDeviceCanAccessPeer); false on any error.
+bool AllPeersAccessible(const std::vector<int>& ordinals);
+
 }  // namespace tessera::kernels::cuda

@@ -1,14 +1,17 @@
-// P2pAllReduce: a one-shot all-reduce for small messages between the GPUs of
-// one process, through peer-to-peer (NVLink) loads instead of NCCL.
+// P2pAllReduce: a one-shot all-reduce for small and medium messages between
+// the GPUs of one process, through peer-to-peer (NVLink) stores instead of
+// NCCL.
 //
-// Each rank copies its data into its own staging buffer, tells every peer
-// (a flag written into the peer's memory), waits for all peers' flags, then
-// sums every rank's staging buffer in rank order (so all ranks get bitwise
-// the same result) into its data. One CTA per rank; the call is enqueued on
-// the rank's stream, needs no host synchronisation and can be captured into
-// CUDA graphs (the round counter lives in device memory). Staging is double
-// buffered by round parity, which makes one barrier per call enough: a rank
-// reuses a half only after every peer has entered the next round.
+// The message is cut into slices, one CTA each (16 KiB per CTA, 1 to 32
+// CTAs). CTA c of a rank pushes its slice into every peer's inbox with
+// 16-byte stores, fences, writes a flag into each peer's memory, waits for
+// the peers' flags in its own memory, then sums all ranks' copies of the
+// slice in rank order (fp32, so every rank gets bitwise the same result)
+// into data. Pushing instead of pulling means no NVLink round trip per load:
+// the only waits are the fence and one flag. The call is enqueued on the
+// rank's stream, needs no host synchronisation, can be captured into CUDA
+// graphs (round counters live in device memory). Inbox halves
+// alternate by round parity, which makes one barrier per call enough.
 //
 // REQUIRES: every rank makes the same sequence of calls with the same
 // counts (lockstep ranks); count <= max_count. A rank whose peers never
@@ -48,10 +51,10 @@ class P2pAllReduce {
   P2pAllReduce() = default;
   std::vector<int> ordinals_;
   int64_t max_count_ = 0;
-  std::vector<DeviceBuffer> staging_;  // per rank: 2 x max_count bf16
-  std::vector<DeviceBuffer> flags_;    // per rank: [size] uint32 written by peers
-  std::vector<DeviceBuffer> state_;    // per rank: {round, timeouts} uint32
-  std::vector<DeviceBuffer> tables_;   // per rank: staging and flag pointers of every rank
+  std::vector<DeviceBuffer> inbox_;   // per rank: [2][8 senders][max_count] bf16
+  std::vector<DeviceBuffer> flags_;   // per rank: [32 CTAs][8 senders] uint32 written by peers
+  std::vector<DeviceBuffer> state_;   // per rank: 32 round counters, then the timeouts
+  std::vector<DeviceBuffer> tables_;  // per rank: staging and flag pointers of every rank
 };
 
 }  // namespace tessera::kernels::cuda

@@ -18,7 +18,7 @@ __global__ void RopeKernel(uint16_t* __restrict__ q, int64_t q_stride, int num_h
                            uint16_t* __restrict__ k, int64_t k_stride, int num_kv_heads,
                            int head_dim, const int32_t* __restrict__ positions,
                            const float* __restrict__ inv_freq, const float* __restrict__ q_norm,
-                           const float* __restrict__ k_norm, float eps) {
+                           const float* __restrict__ k_norm, float eps, RopeKvWrite kv) {
   const int64_t t = blockIdx.x;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -26,6 +26,16 @@ __global__ void RopeKernel(uint16_t* __restrict__ q, int64_t q_stride, int num_h
   const float pos = static_cast<float>(positions[t]);
   const int q_heads = q != nullptr ? num_heads : 0;
   const int k_heads = k != nullptr ? num_kv_heads : 0;
+  // KV-cache destination of this token (none without kv or for a bad slot).
+  const int64_t row_elems = int64_t{num_kv_heads} * head_dim;
+  const int64_t slot = kv.slots != nullptr ? kv.slots[t] : -1;
+  const bool store = slot >= 0 && slot < kv.num_slots;
+  uint16_t* k_dst = store ? kv.k_cache + slot * row_elems : nullptr;
+  if (store) {  // V: copied as is, one warp per head after the rotated heads
+    const uint16_t* v_src = kv.v + t * kv.v_token_stride;
+    uint16_t* v_dst = kv.v_cache + slot * row_elems;
+    for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) v_dst[i] = v_src[i];
+  }
   for (int h = warp; h < q_heads + k_heads; h += kWarpsPerBlock) {
     const bool is_q = h < q_heads;
     uint16_t* head = is_q ? q + t * q_stride + static_cast<int64_t>(h) * head_dim
@@ -60,8 +70,15 @@ __global__ void RopeKernel(uint16_t* __restrict__ q, int64_t q_stride, int num_h
         }
         float s, c;
         sincosf(pos * inv_freq[i], &s, &c);
-        head[i] = FloatToBf16Bits(a * c - b * s);
-        head[i + half] = FloatToBf16Bits(b * c + a * s);
+        const uint16_t lo = FloatToBf16Bits(a * c - b * s);
+        const uint16_t hi = FloatToBf16Bits(b * c + a * s);
+        head[i] = lo;
+        head[i + half] = hi;
+        if (!is_q && k_dst != nullptr) {
+          uint16_t* d = k_dst + static_cast<int64_t>(h - q_heads) * head_dim;
+          d[i] = lo;
+          d[i + half] = hi;
+        }
       }
     }
   }
@@ -72,7 +89,7 @@ __global__ void RopeKernel(uint16_t* __restrict__ q, int64_t q_stride, int num_h
 absl::Status Rope(Bf16* q, int64_t q_token_stride, int num_heads, Bf16* k, int64_t k_token_stride,
                   int num_kv_heads, int head_dim, const int32_t* positions, int64_t tokens,
                   const float* inv_freq, const float* q_norm, const float* k_norm, float norm_eps,
-                  CudaStream stream) {
+                  CudaStream stream, const RopeKvWrite* kv) {
   if (head_dim < 2 || head_dim % 2 != 0 || head_dim > kMaxHeadDim) {
     return absl::InvalidArgumentError(
         absl::StrCat("Rope: head_dim must be even and in [2, 512], got ", head_dim));
@@ -89,9 +106,19 @@ absl::Status Rope(Bf16* q, int64_t q_token_stride, int num_heads, Bf16* k, int64
     return absl::InvalidArgumentError("Rope: null positions or inv_freq");
   }
   if (tokens > 2147483647) return absl::InvalidArgumentError("Rope: too many tokens");
+  RopeKvWrite store;
+  if (kv != nullptr && kv->num_slots > 0) {
+    if (k == nullptr || kv->v == nullptr || kv->slots == nullptr || kv->k_cache == nullptr ||
+        kv->v_cache == nullptr || kv->v_token_stride < int64_t{num_kv_heads} * head_dim) {
+      return absl::InvalidArgumentError(
+          "Rope: the KV-cache write needs k, v (with a stride of at least one row), slots and both "
+          "caches");
+    }
+    store = *kv;
+  }
   RopeKernel<<<static_cast<unsigned>(tokens), kWarpsPerBlock * 32, 0, AsCuda(stream)>>>(
       q, q_token_stride, num_heads, k, k_token_stride, num_kv_heads, head_dim, positions, inv_freq,
-      q_norm, k_norm, norm_eps);
+      q_norm, k_norm, norm_eps, store);
   return CheckLastLaunch("Rope");
 }
 

@@ -12,6 +12,12 @@
 // fp32, one rounding to bf16 at the end. head_dim even, 2..512. q or k may
 // be null (that part is skipped).
 //
+// With `kv` (optional), the same kernel also stores each token's K (after
+// RoPE, the bf16 values written to k) and V into the paged KV cache, exactly
+// as WriteKvCache (kv_cache_write.h) would: slot = kv->slots[t], rows of
+// num_kv_heads * head_dim elements, tokens with a slot outside
+// [0, num_slots) skipped. Saves one launch per layer and step.
+//
 // Thread-safety: enqueues on `stream`; concurrent calls must not write
 // overlapping outputs.
 #pragma once
@@ -23,9 +29,18 @@
 
 namespace tessera::kernels::cuda {
 
+struct RopeKvWrite {
+  const Bf16* v = nullptr;  // [tokens, num_kv_heads, head_dim], token stride v_token_stride
+  int64_t v_token_stride = 0;
+  const int64_t* slots = nullptr;  // [tokens]
+  Bf16* k_cache = nullptr;         // [num_slots, num_kv_heads * head_dim]
+  Bf16* v_cache = nullptr;
+  int64_t num_slots = 0;
+};
+
 absl::Status Rope(Bf16* q, int64_t q_token_stride, int num_heads, Bf16* k, int64_t k_token_stride,
                   int num_kv_heads, int head_dim, const int32_t* positions, int64_t tokens,
                   const float* inv_freq, const float* q_norm, const float* k_norm, float norm_eps,
-                  CudaStream stream);
+                  CudaStream stream, const RopeKvWrite* kv = nullptr);
 
 }  // namespace tessera::kernels::cuda

@@ -36,6 +36,8 @@ ABSL_FLAG(std::string, attention_backend, "auto", "Backend for paged attention, 
 ABSL_FLAG(std::string, norm_backend, "auto",
           "Backend for RMSNorm, RoPE, SiLU-mul, embedding and KV writes, or auto");
 ABSL_FLAG(std::string, sampling_backend, "auto", "Backend for logits processing and sampling");
+ABSL_FLAG(std::string, all_reduce_backend, "auto",
+          "Backend for the all-reduce between tensor-parallel ranks (p2p, nccl, ...), or auto");
 ABSL_FLAG(int, tensor_parallel_size, 1,
           "Tensor-parallel ranks the model is sharded over (CPU: one thread per rank)");
 ABSL_FLAG(int, block_size, 16, "Tokens per KV-cache block");
@@ -87,7 +89,8 @@ int main(int argc, char** argv) {
   lo.backends = {{"gemm_backend", absl::GetFlag(FLAGS_gemm_backend)},
                  {"attention_backend", absl::GetFlag(FLAGS_attention_backend)},
                  {"norm_backend", absl::GetFlag(FLAGS_norm_backend)},
-                 {"sampling_backend", absl::GetFlag(FLAGS_sampling_backend)}};
+                 {"sampling_backend", absl::GetFlag(FLAGS_sampling_backend)},
+                 {"all_reduce_backend", absl::GetFlag(FLAGS_all_reduce_backend)}};
   for (const auto& [flag, value] : lo.backends) {
     if (auto s = tessera::kernels::ValidateBackendOverride(flag, value); !s.ok()) {
       return ts::StartupError(s);

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +34,8 @@
 ABSL_FLAG(std::vector<std::string>, tp_sizes, std::vector<std::string>({"1", "2"}), "TP sizes");
 ABSL_FLAG(std::vector<std::string>, batch_sizes, std::vector<std::string>({"1", "64"}),
           "decode batch sizes");
+ABSL_FLAG(std::vector<std::string>, all_reduce_backends, std::vector<std::string>({"nccl", "p2p"}),
+          "all-reduce backends to run each TP > 1 size with");
 ABSL_FLAG(int, prompt_len, 128, "prompt tokens per sequence");
 ABSL_FLAG(int, decode_steps, 64, "decode steps timed");
 ABSL_FLAG(std::string, out, "", "write the JSON here too");
@@ -182,9 +185,20 @@ int Run() {
   const int block = 16;
   const int blocks_per_seq = (prompt_len + steps + 1 + block - 1) / block;
   nlohmann::json results = nlohmann::json::array();
-  std::map<int, double> tp1;  // batch -> tok/s at TP=1
+  std::map<int, double> tp1;            // batch -> tok/s at TP=1
+  std::set<std::pair<int, int>> timed;  // (TP, batch) whose collectives were timed
+  // (TP size, all-reduce backend) in run order: TP=1 once, larger groups
+  // once per backend.
+  std::vector<std::pair<int, std::string>> configs;
   for (const auto& tp_text : absl::GetFlag(FLAGS_tp_sizes)) {
     const int tp = std::stoi(tp_text);
+    if (tp == 1) {
+      configs.emplace_back(1, "none");
+      continue;
+    }
+    for (const auto& b : absl::GetFlag(FLAGS_all_reduce_backends)) configs.emplace_back(tp, b);
+  }
+  for (const auto& [tp, backend] : configs) {
     if (tp > static_cast<int>(found.devices.size())) {
       std::fprintf(stderr, "TP=%d skipped: %zu GPUs visible\n", tp, found.devices.size());
       continue;
@@ -192,6 +206,7 @@ int Run() {
     std::vector<kernels::DeviceDescription> devices(found.devices.begin(),
                                                     found.devices.begin() + tp);
     runner::CudaRunnerOptions o;
+    if (tp > 1) o.all_reduce_backend = backend;
     o.block_size = block;
     o.num_kv_blocks = int64_t{max_batch} * blocks_per_seq + 16;
     o.max_num_seqs = max_batch;
@@ -227,12 +242,16 @@ int Run() {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double tps = batch * steps / s;
       if (tp == 1) tp1[batch] = tps;
-      const AllReduceTimes ar =
-          tp > 1 ? TimeAllReduce(devices, int64_t{batch} * config->hidden_size) : AllReduceTimes{};
+      // The collectives alone, once per (TP, batch).
+      const bool time_collectives = tp > 1 && timed.insert({tp, batch}).second;
+      const AllReduceTimes ar = time_collectives
+                                    ? TimeAllReduce(devices, int64_t{batch} * config->hidden_size)
+                                    : AllReduceTimes{};
       const double eager_us = ar.nccl_eager_us, graph_us = ar.nccl_graph_us;
       const int reduces_per_step = 2 * static_cast<int>(config->num_hidden_layers) + 1;
       nlohmann::json r = {
           {"tp", tp},
+          {"all_reduce_backend", backend},
           {"batch", batch},
           {"decode_ms_per_step", 1e3 * s / steps},
           {"decode_tokens_per_second", tps},

@@ -166,6 +166,9 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineO
     ro.max_num_tokens = o.max_num_batched_tokens + 8 * o.max_num_seqs;
     ro.cuda_graphs = o.cuda_graphs;
     if (tp > 1) {
+      if (const kernels::Selection* ar = report->Find(kernels::Op::kAllReduce)) {
+        ro.all_reduce_backend = ar->chosen;
+      }
       auto runner = parallel::CudaTensorParallelRunner::Create(local->model.get(),
                                                                local->model->config, *devices, ro);
       if (!runner.ok()) return runner.status();

@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/nccl_group.h"
+#include "kernels/cuda/p2p_all_reduce.h"
+#include "kernels/cuda_backend.h"
 
 namespace tessera::parallel {
 
@@ -31,6 +33,19 @@ absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunn
     auto nccl = kernels::cuda::NcclGroup::Create(ordinals);
     if (!nccl.ok()) return nccl.status();
     tp->nccl_ = std::move(*nccl);
+    if (options.all_reduce_backend == kernels::kP2pBackend) {
+      auto p2p = kernels::cuda::P2pAllReduce::Create(ordinals, kernels::kP2pAllReduceMaxBytes / 2);
+      if (!p2p.ok()) {
+        return absl::Status(p2p.status().code(),
+                            absl::StrCat("all_reduce backend p2p: ", p2p.status().message(),
+                                         "; choose --all_reduce_backend=nccl"));
+      }
+      tp->p2p_ = std::move(*p2p);
+    } else if (options.all_reduce_backend != kernels::kNcclBackend) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a CUDA tensor-parallel group reduces with nccl or p2p, not '",
+                       options.all_reduce_backend, "'"));
+    }
   }
   for (int r = 0; r < n; ++r) {
     auto plan = PlanShard(config, r, n);
@@ -38,6 +53,7 @@ absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunn
     runner::CudaRunnerOptions ro = options;
     ro.shard = *plan;
     ro.nccl = tp->nccl_.get();
+    ro.p2p = tp->p2p_.get();
     auto rank = model != nullptr ? runner::CudaModelRunner::Create(model, devices[r], ro)
                                  : runner::CudaModelRunner::CreateWithRandomWeights(
                                        config, devices[r], ro, random_seed + 7919 * r);
@@ -58,7 +74,7 @@ absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunn
 
 CudaTensorParallelRunner::~CudaTensorParallelRunner() {
   lockstep_.reset();
-  ranks_.clear();  // before the communicators go
+  ranks_.clear();  // before the communicators and the P2P buffers go
 }
 
 int64_t CudaTensorParallelRunner::num_kv_blocks() const {

@@ -26,7 +26,8 @@
 
 namespace tessera::kernels::cuda {
 class NcclGroup;
-}
+class P2pAllReduce;
+}  // namespace tessera::kernels::cuda
 
 namespace tessera::parallel {
 
@@ -34,7 +35,8 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
  public:
   // `devices`: one CUDA device per rank (rank r on devices[r]). With
   // `model` null, random weights for `config` (benchmarks); else `model`
-  // must outlive the runner. `options.shard`/`nccl` are set per rank.
+  // must outlive the runner. `options.shard`/`nccl`/`p2p` are set per rank;
+  // options.all_reduce_backend picks the collective ("nccl" or "p2p").
   static absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> Create(
       const model::LoadedModel* model, const model::ModelConfig& config,
       const std::vector<kernels::DeviceDescription>& devices, runner::CudaRunnerOptions options,
@@ -62,6 +64,7 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   absl::Status RunAll(const runner::ForwardBatch& batch);
 
   std::unique_ptr<kernels::cuda::NcclGroup> nccl_;
+  std::unique_ptr<kernels::cuda::P2pAllReduce> p2p_;  // all_reduce_backend "p2p"
   std::vector<std::unique_ptr<runner::CudaModelRunner>> ranks_;
   std::vector<ShardPlan> plans_;
   std::vector<std::vector<float>> local_logits_;  // per rank

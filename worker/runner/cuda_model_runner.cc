@@ -11,9 +11,9 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gather_rows.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/kv_cache_write.h"
 #include "kernels/cuda/logits.h"
 #include "kernels/cuda/nccl_group.h"
+#include "kernels/cuda/p2p_all_reduce.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/rmsnorm.h"
@@ -21,6 +21,7 @@
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/silu_mul.h"
 #include "kernels/cuda/top_one.h"
+#include "kernels/cuda_backend.h"
 #include "worker/model/rope.h"
 
 namespace tessera::runner {
@@ -559,8 +560,12 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
   const int kv_heads = static_cast<int>(m.kv_heads);
   // Sum of the ranks' partial results, in place (no-op on one rank).
   auto all_reduce = [&](void* data, int64_t count, kcu::NcclGroup::DType dtype) {
-    return m.nccl == nullptr ? absl::OkStatus()
-                             : m.nccl->AllReduceSum(m.rank, data, count, dtype, st);
+    if (m.nccl == nullptr) return absl::OkStatus();
+    if (options_.p2p != nullptr && dtype == kcu::NcclGroup::DType::kBf16 &&
+        count * 2 <= kernels::kP2pAllReduceMaxBytes && count <= options_.p2p->max_count()) {
+      return options_.p2p->AllReduceSumBf16(m.rank, static_cast<Bf16*>(data), count, st);
+    }
+    return m.nccl->AllReduceSum(m.rank, data, count, dtype, st);
   };
   const float eps = static_cast<float>(c.rms_norm_eps);
   const int64_t slots = num_kv_blocks_ * options_.block_size;
@@ -583,14 +588,20 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
           kcu::FusedAddRmsNorm(delta, residual, T, H, l.input_norm.as<float>(), eps, xb, st));
     }
     RETURN_IF_ERROR(m.gemm->Gemm(xb, T, H, l.qkv_w.as<Bf16>(), QKV, f32(l.qkv_b), qkv, st));
-    RETURN_IF_ERROR(kcu::Rope(qkv, QKV, heads, qkv + Q, QKV, kv_heads, static_cast<int>(D),
-                              m.MetaPtr<int32_t>(m.off_positions), T, m.inv_freq.as<float>(),
-                              f32(l.q_norm), f32(l.k_norm), eps, st));
     Bf16* k_cache = m.k_cache.as<Bf16>() + i * layer_elems;
     Bf16* v_cache = m.v_cache.as<Bf16>() + i * layer_elems;
-    RETURN_IF_ERROR(kcu::WriteKvCache(qkv + Q, QKV, qkv + Q + K, QKV, T, kv_heads,
-                                      static_cast<int>(D), m.MetaPtr<int64_t>(m.off_slots), k_cache,
-                                      v_cache, slots, st));
+    // RoPE (and Qwen3's q/k norm) in place, and K/V into the paged cache, in
+    // one kernel.
+    kcu::RopeKvWrite kv_write;
+    kv_write.v = qkv + Q + K;
+    kv_write.v_token_stride = QKV;
+    kv_write.slots = m.MetaPtr<int64_t>(m.off_slots);
+    kv_write.k_cache = k_cache;
+    kv_write.v_cache = v_cache;
+    kv_write.num_slots = slots;
+    RETURN_IF_ERROR(kcu::Rope(qkv, QKV, heads, qkv + Q, QKV, kv_heads, static_cast<int>(D),
+                              m.MetaPtr<int32_t>(m.off_positions), T, m.inv_freq.as<float>(),
+                              f32(l.q_norm), f32(l.k_norm), eps, st, &kv_write));
     kcu::PagedAttentionParams p;
     p.q = qkv;
     p.q_token_stride = QKV;

@@ -47,7 +47,8 @@
 
 namespace tessera::kernels::cuda {
 class NcclGroup;
-}
+class P2pAllReduce;
+}  // namespace tessera::kernels::cuda
 
 namespace tessera::runner {
 
@@ -68,6 +69,12 @@ struct CudaRunnerOptions {
   // rank must run the same batches in lockstep.
   std::optional<parallel::ShardPlan> shard;
   kernels::cuda::NcclGroup* nccl = nullptr;
+  // The group's all-reduce, as the registry chose it (kernels/cuda_backend.h):
+  // "nccl", or "p2p" = bf16 messages up to kP2pAllReduceMaxBytes through
+  // `p2p` (set per rank by the tensor-parallel runner), the rest through
+  // `nccl`.
+  std::string all_reduce_backend = "nccl";
+  kernels::cuda::P2pAllReduce* p2p = nullptr;
 };
 
 class CudaModelRunner final : public ModelRunner {
