@@ -1,6 +1,8 @@
 // Draft sources: n-gram lookup, the suffix automaton (own tokens and the
 // shared history), and the draft model (batched proposals, run-ahead and
-// rollback agreeing with a fresh source).
+// rollback agreeing with a fresh source); token trees from each (branching
+// where earlier occurrences continue differently, the draft model's
+// runner-up tokens as siblings), within the node and branching bounds.
 #include <cstdlib>
 #include <random>
 
@@ -9,6 +11,7 @@
 #include "worker/runner/cpu_model_runner.h"
 #include "worker/runner/test_model.h"
 #include "worker/spec/model_source.h"
+#include "worker/spec/verifier.h"
 
 namespace tessera::spec {
 namespace {
@@ -61,6 +64,56 @@ TEST(SuffixSourceTest, LongestRepeatedSuffixAndSharedHistory) {
   EXPECT_THAT(src->Propose({{2, 2}})[0].tokens, ElementsAre(40, 41));
 }
 
+TEST(NgramSourceTest, TreesBranchWhereOccurrencesContinueDifferently) {
+  NgramOptions o;
+  o.tree.max_branching = 2;
+  auto src = MakeNgramSource(o);
+  // "5 6" is followed by 7 9 5 6 at 0 and by 8 1 5 6 at 4 (the latest).
+  const std::vector<TokenId> seq = {5, 6, 7, 9, 5, 6, 8, 1, 5, 6};
+  ASSERT_TRUE(src->Open(1, seq, Greedy()).ok());
+  Draft d = src->Propose({{1, 4}})[0];
+  EXPECT_EQ(d.base_len, 10);
+  // Best first: 8 (latest, the first child), 7, then each one's next token.
+  EXPECT_THAT(d.tokens, ElementsAre(8, 7, 1, 9));
+  EXPECT_THAT(d.parents, ElementsAre(-1, -1, 0, 1));
+  EXPECT_TRUE(ValidateDraft(d, 16).ok());
+  EXPECT_THAT(FirstChildChain(d).tokens, ElementsAre(8, 1));
+  // One node: the best guess only.
+  d = src->Propose({{1, 1}})[0];
+  EXPECT_THAT(d.tokens, ElementsAre(8));
+  EXPECT_TRUE(d.parents.empty());
+  // Three continuations, branching 2: at most two children per node.
+  ASSERT_TRUE(src->Update(1, 10, {3, 4, 5, 6}).ok());  // "5 6" now also followed by 3 4
+  d = src->Propose({{1, 6}})[0];
+  ASSERT_EQ(d.tokens.size(), 6u);
+  int roots = 0;
+  for (int32_t p : d.parents) roots += p == -1;
+  EXPECT_EQ(roots, 2);
+  EXPECT_TRUE(ValidateDraft(d, 16).ok());
+  // A single occurrence gives a chain, as without trees.
+  ASSERT_TRUE(src->Open(2, {1, 2, 3, 9, 1, 2}, Greedy()).ok());
+  d = src->Propose({{2, 3}})[0];
+  EXPECT_THAT(d.tokens, ElementsAre(3, 9, 1));
+  EXPECT_TRUE(d.parents.empty());
+}
+
+TEST(SuffixSourceTest, TreesJoinTheFirstAndLatestOccurrence) {
+  SuffixOptions o;
+  o.tree.max_branching = 2;
+  auto src = MakeSuffixSource(o);
+  // "1 2 3" first followed by 4 9, most recently by 5 1.
+  ASSERT_TRUE(src->Open(1, {1, 2, 3, 4, 9, 1, 2, 3, 5, 1, 2, 3}, Greedy()).ok());
+  Draft d = src->Propose({{1, 4}})[0];
+  EXPECT_THAT(d.tokens, ElementsAre(4, 5, 9, 1));
+  EXPECT_THAT(d.parents, ElementsAre(-1, -1, 0, 1));
+  EXPECT_TRUE(ValidateDraft(d, 16).ok());
+  // Without trees the first occurrence's chain, as before.
+  auto chain = MakeSuffixSource();
+  ASSERT_TRUE(chain->Open(1, {1, 2, 3, 4, 9, 1, 2, 3, 5, 1, 2, 3}, Greedy()).ok());
+  EXPECT_THAT(chain->Propose({{1, 3}})[0].tokens, ElementsAre(4, 9, 1));
+  EXPECT_TRUE(chain->Propose({{1, 3}})[0].parents.empty());
+}
+
 class ModelSourceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -76,10 +129,11 @@ class ModelSourceTest : public ::testing::Test {
     spec.head_dim = 16;
     ASSERT_TRUE(runner::WriteTestModel(*dir_, spec).ok());
   }
-  std::unique_ptr<DraftSource> Make(int blocks = 64) {
+  std::unique_ptr<DraftSource> Make(int blocks = 64, TreeOptions tree = {}) {
     ModelSourceFromDirOptions o;
     o.block_size = 4;
     o.num_kv_blocks = blocks;
+    o.source.tree = tree;
     auto s = MakeModelSourceFromDir(*dir_, o);
     EXPECT_TRUE(s.ok()) << s.status();
     return std::move(*s);
@@ -141,6 +195,43 @@ TEST_F(ModelSourceTest, SamplingDraftsCarryTheirDistribution) {
     EXPECT_GT(own, 0);
     EXPECT_LE(d.q[i].tokens.size(), 64u);
   }
+}
+
+TEST_F(ModelSourceTest, TreesAddRunnersUpAsSiblings) {
+  TreeOptions tree;
+  tree.max_branching = 2;
+  tree.branch_depth = 2;
+  auto t = Make(64, tree);
+  auto c = Make();
+  const std::vector<TokenId> prompt = {4, 9, 17, 33, 2};
+  ASSERT_TRUE(t->Open(1, prompt, Greedy()).ok());
+  ASSERT_TRUE(c->Open(1, prompt, Greedy()).ok());
+  // 5 nodes: a chain of 3 and a sibling at depths 1 and 2.
+  Draft d = t->Propose({{1, 5}})[0];
+  const std::vector<TokenId> chain = c->Propose({{1, 3}})[0].tokens;
+  ASSERT_EQ(d.tokens.size(), 5u);
+  EXPECT_EQ(std::vector<TokenId>(d.tokens.begin(), d.tokens.begin() + 3), chain);
+  EXPECT_THAT(d.parents, ElementsAre(-1, 0, 1, -1, 0));
+  EXPECT_NE(d.tokens[3], d.tokens[0]);
+  EXPECT_NE(d.tokens[4], d.tokens[1]);
+  EXPECT_TRUE(ValidateDraft(d, 64).ok());
+  EXPECT_EQ(FirstChildChain(d).tokens, chain);
+  // Only the chain runs ahead.
+  EXPECT_EQ(t->Length(1), static_cast<int64_t>(prompt.size() + 3));
+  // Sampled drafts: q per node, the sibling's q giving it probability.
+  sampling::SamplingParams p;
+  p.temperature = 0.9f;
+  p.seed = 5;
+  ASSERT_TRUE(t->Open(2, prompt, p).ok());
+  d = t->Propose({{2, 4}})[0];
+  ASSERT_EQ(d.tokens.size(), 4u);
+  ASSERT_EQ(d.q.size(), 4u);
+  EXPECT_TRUE(ValidateDraft(d, 64).ok());
+  // One token: no room for siblings.
+  ASSERT_TRUE(t->Open(3, prompt, Greedy()).ok());
+  d = t->Propose({{3, 1}})[0];
+  EXPECT_EQ(d.tokens.size(), 1u);
+  EXPECT_TRUE(d.parents.empty());
 }
 
 TEST_F(ModelSourceTest, ShortPoolStillProposesForWhatFits) {

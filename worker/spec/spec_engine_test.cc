@@ -8,6 +8,10 @@
 //    distribution (chi-square, fixed seeds, significance 1e-3), and the same
 //    test rejects a biased verifier input (drafts sent with a q other than
 //    the distribution they were drawn from);
+//  - token trees: the same identity with every source proposing trees, on
+//    the CPU runner (tree attention, KV compaction) and on a runner without
+//    tree attention (the engine keeps the first-child chain); the sampling
+//    walk's joint distribution at temperature > 0 with tree drafts;
 //  - adaptive draft length.
 #include <cstdlib>
 #include <iostream>
@@ -39,6 +43,7 @@ std::string WriteModel(runner::TestModelSpec spec) {
 
 struct Result {
   std::vector<TokenId> tokens;
+  std::vector<float> logprobs;  // when the request asked for them
   StreamEvent final_event;
 };
 
@@ -53,7 +58,10 @@ std::vector<Result> RunAll(Engine& engine, const std::vector<EngineRequest>& req
         return;
       }
       EXPECT_TRUE(e.error.ok()) << e.error;
-      for (const engine::TokenReport& t : e.tokens) r->tokens.push_back(t.token);
+      for (const engine::TokenReport& t : e.tokens) {
+        r->tokens.push_back(t.token);
+        r->logprobs.push_back(t.logprob);
+      }
       if (e.finished) break;
     }
     r->final_event = e;
@@ -75,6 +83,46 @@ std::vector<Result> RunAll(Engine& engine, const std::vector<EngineRequest>& req
   for (size_t i = 0; i < streams.size(); ++i) collect(*streams[i], &results[i]);
   return results;
 }
+
+// A runner without tree attention (as the CUDA and tensor-parallel runners
+// are): the CPU runner behind the default capability.
+class ChainOnlyRunner final : public runner::ModelRunner {
+ public:
+  explicit ChainOnlyRunner(std::unique_ptr<runner::ModelRunner> inner) : inner_(std::move(inner)) {}
+  const model::ModelConfig& config() const override { return inner_->config(); }
+  int block_size() const override { return inner_->block_size(); }
+  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  absl::Status Forward(const runner::ForwardBatch& batch, std::vector<float>* logits) override {
+    if (!batch.tree_parents.empty()) return absl::InvalidArgumentError("no tree attention here");
+    return inner_->Forward(batch, logits);
+  }
+
+ private:
+  std::unique_ptr<runner::ModelRunner> inner_;
+};
+
+// Counts the proposals that are trees (and passes everything through).
+class TreeCounter final : public DraftProvider {
+ public:
+  explicit TreeCounter(std::shared_ptr<DraftProvider> inner) : inner_(std::move(inner)) {}
+  void Open(SeqKey s, absl::Span<const TokenId> t, const sampling::SamplingParams& p,
+            int k) override {
+    inner_->Open(s, t, p, k);
+  }
+  void Commit(SeqKey s, int64_t b, absl::Span<const TokenId> t, int k) override {
+    inner_->Commit(s, b, t, k);
+  }
+  void Close(SeqKey s) override { inner_->Close(s); }
+  std::vector<std::optional<Draft>> GetDrafts(absl::Span<const ProposalRequest> r) override {
+    auto d = inner_->GetDrafts(r);
+    for (const auto& x : d) trees += x && !IsChain(*x);
+    return d;
+  }
+  int trees = 0;
+
+ private:
+  std::shared_ptr<DraftProvider> inner_;
+};
 
 class SpecEngineTest : public ::testing::Test {
  protected:
@@ -106,17 +154,23 @@ class SpecEngineTest : public ::testing::Test {
 
   enum class Source { kNone, kNgram, kSuffix, kDraftModel, kSelfModel };
 
-  static std::shared_ptr<DraftProvider> MakeProvider(Source source, bool untied) {
+  static std::shared_ptr<DraftProvider> MakeProvider(Source source, bool untied,
+                                                     TreeOptions tree = {}) {
     ModelSourceFromDirOptions mo;
     mo.block_size = 8;
     mo.num_kv_blocks = 512;
+    mo.source.tree = tree;
+    NgramOptions no;
+    no.tree = tree;
+    SuffixOptions so;
+    so.tree = tree;
     switch (source) {
       case Source::kNone:
         return nullptr;
       case Source::kNgram:
-        return std::make_shared<LocalDraftProvider>(MakeNgramSource());
+        return std::make_shared<LocalDraftProvider>(MakeNgramSource(no));
       case Source::kSuffix:
-        return std::make_shared<LocalDraftProvider>(MakeSuffixSource());
+        return std::make_shared<LocalDraftProvider>(MakeSuffixSource(so));
       case Source::kDraftModel:
       case Source::kSelfModel: {
         auto s = MakeModelSourceFromDir(
@@ -130,22 +184,26 @@ class SpecEngineTest : public ::testing::Test {
   }
 
   static std::unique_ptr<Engine> MakeEngine(Source source, int num_blocks, int max_batched,
-                                            int k = 4, bool adaptive = true, bool untied = false) {
+                                            int k = 4, bool adaptive = true, bool untied = false,
+                                            std::shared_ptr<DraftProvider> provider = nullptr,
+                                            bool chain_only_runner = false) {
     runner::CpuRunnerOptions ro;
     ro.block_size = 8;
     ro.num_kv_blocks = num_blocks;
-    auto r = runner::CpuModelRunner::Create(untied ? untied_ : target_, ro);
-    EXPECT_TRUE(r.ok()) << r.status();
+    auto cpu = runner::CpuModelRunner::Create(untied ? untied_ : target_, ro);
+    EXPECT_TRUE(cpu.ok()) << cpu.status();
+    std::unique_ptr<runner::ModelRunner> r = std::move(*cpu);
+    if (chain_only_runner) r = std::make_unique<ChainOnlyRunner>(std::move(r));
     EngineOptions eo;
     eo.scheduler.max_num_batched_tokens = max_batched;
     eo.scheduler.max_num_seqs = 32;
     eo.scheduler.max_model_len = 1024;
     eo.scheduler.watermark = 0;
     eo.eos_token_ids = {2};
-    eo.draft_provider = MakeProvider(source, untied);
+    eo.draft_provider = provider ? provider : MakeProvider(source, untied);
     eo.speculation.num_speculative_tokens = source == Source::kNone ? 0 : k;
     eo.speculation.adaptive = adaptive;
-    auto e = Engine::Create(std::move(*r), eo);
+    auto e = Engine::Create(std::move(r), eo);
     EXPECT_TRUE(e.ok()) << e.status();
     (*e)->Start();
     return std::move(*e);
@@ -234,6 +292,77 @@ TEST_F(SpecEngineTest, GreedyOutputsAreIdenticalForEverySourceAndBatchCompositio
         }
         if (source == Source::kSelfModel) {
           EXPECT_EQ(accepted, drafted) << "a model drafting for itself is always right";
+        }
+      }
+    }
+  }
+}
+
+TEST_F(SpecEngineTest, GreedyOutputsAreIdenticalWithTokenTrees) {
+  TreeOptions tree;
+  tree.max_branching = 3;
+  tree.branch_depth = 2;
+  for (bool untied : {false, true}) {
+    std::vector<EngineRequest> requests = GreedyRequests();
+    // Logprobs too: they see every context token's K/V, so a node's K/V left
+    // in the wrong slot after a tree verification shows even where the
+    // argmax does not change.
+    for (EngineRequest& r : requests) r.logprobs = true;
+    {
+      auto plain = MakeEngine(Source::kNone, 512, 256, 4, true, untied);
+      std::vector<Result> base = RunAll(*plain, requests, /*one_at_a_time=*/false);
+      for (size_t i = 0; i < requests.size(); i += 2) {
+        if (base[i].tokens.size() > 6) requests[i].stop_token_ids = {base[i].tokens[5]};
+      }
+    }
+    auto plain = MakeEngine(Source::kNone, 512, 256, 4, true, untied);
+    const std::vector<Result> expected = RunAll(*plain, requests, false);
+    plain.reset();
+    for (Source source :
+         {Source::kNgram, Source::kSuffix, Source::kDraftModel, Source::kSelfModel}) {
+      struct Shape {
+        const char* name;
+        int blocks, batched;
+        bool alone;
+        int k;
+        bool adaptive;
+        bool chain_only_runner;
+      };
+      for (const Shape& shape : {Shape{"alone", 512, 256, true, 6, true, false},
+                                 Shape{"batched-preempting", 40, 48, false, 5, false, false},
+                                 Shape{"batched-tight-budget", 512, 20, false, 4, true, false},
+                                 Shape{"chain-only-runner", 512, 256, false, 5, false, true}}) {
+        auto counter = std::make_shared<TreeCounter>(MakeProvider(source, untied, tree));
+        auto engine = MakeEngine(source, shape.blocks, shape.batched, shape.k, shape.adaptive,
+                                 untied, counter, shape.chain_only_runner);
+        std::vector<Result> got = RunAll(*engine, requests, shape.alone);
+        int drafted = 0, accepted = 0;
+        for (size_t i = 0; i < requests.size(); ++i) {
+          EXPECT_EQ(got[i].tokens, expected[i].tokens)
+              << "source " << static_cast<int>(source) << " " << shape.name << " request " << i;
+          EXPECT_EQ(got[i].final_event.finish_reason, expected[i].final_event.finish_reason);
+          EXPECT_EQ(got[i].final_event.output_tokens, expected[i].final_event.output_tokens);
+          drafted += got[i].final_event.draft_tokens;
+          accepted += got[i].final_event.accepted_tokens;
+          EXPECT_LE(got[i].final_event.accepted_tokens, got[i].final_event.draft_tokens);
+          ASSERT_EQ(got[i].logprobs.size(), expected[i].logprobs.size());
+          for (size_t j = 0; j < got[i].logprobs.size(); ++j) {
+            EXPECT_NEAR(got[i].logprobs[j], expected[i].logprobs[j], 1e-3)
+                << "source " << static_cast<int>(source) << " " << shape.name << " request " << i
+                << " token " << j;
+          }
+        }
+        std::cout << (untied ? "untied " : "tied ") << "tree source " << static_cast<int>(source)
+                  << " " << shape.name << ": trees " << counter->trees << " drafted " << drafted
+                  << " accepted " << accepted << "\n";
+        EXPECT_GT(drafted, 0) << shape.name;
+        if (!(untied && source == Source::kDraftModel)) {
+          EXPECT_GT(accepted, 0) << shape.name;
+        }
+        // The draft model branches at every proposal of 2+ tokens; the
+        // model-free sources where earlier occurrences continue differently.
+        if (source == Source::kDraftModel || source == Source::kSelfModel) {
+          EXPECT_GT(counter->trees, 0) << shape.name;
         }
       }
     }
@@ -381,10 +510,11 @@ class LosslessTest : public ::testing::Test {
     return hist;
   }
 
-  static std::shared_ptr<DraftProvider> ModelProvider() {
+  static std::shared_ptr<DraftProvider> ModelProvider(TreeOptions tree = {}) {
     ModelSourceFromDirOptions mo;
     mo.block_size = 8;
     mo.num_kv_blocks = 2048;
+    mo.source.tree = tree;
     auto s = MakeModelSourceFromDir(*draft_dir_, mo);
     EXPECT_TRUE(s.ok()) << s.status();
     return std::make_shared<LocalDraftProvider>(std::move(*s));
@@ -416,13 +546,23 @@ TEST_F(LosslessTest, FirstTokensFollowTheTargetDistributionWithSpeculation) {
   ChiSquareResult ngram = ChiSquareGoodnessOfFit(
       Histogram(std::make_shared<LocalDraftProvider>(MakeSuffixSource()), prompt, &drafted), exact);
   EXPECT_GT(ngram.p_value, kAlpha) << "chi2=" << ngram.statistic;
+  // Token trees (the draft model branching at its first position): the
+  // sample-and-match walk.
+  TreeOptions tree;
+  tree.max_branching = 3;
+  auto tree_counter = std::make_shared<TreeCounter>(ModelProvider(tree));
+  ChiSquareResult trees =
+      ChiSquareGoodnessOfFit(Histogram(tree_counter, prompt, &drafted), exact);
+  EXPECT_GT(tree_counter->trees, kSamples / 2);
+  EXPECT_GT(trees.p_value, kAlpha) << "chi2=" << trees.statistic;
   // The deliberately wrong rule is caught.
   ChiSquareResult wrong = ChiSquareGoodnessOfFit(
       Histogram(std::make_shared<WrongQ>(ModelProvider(), kVocab), prompt, &drafted), exact);
   EXPECT_LT(wrong.p_value, kAlpha)
       << "chi2=" << wrong.statistic << " df=" << wrong.degrees_of_freedom;
   for (const auto& [name, r] : {std::pair{"plain", plain}, std::pair{"draft model", model},
-                                std::pair{"suffix", ngram}, std::pair{"wrong q", wrong}}) {
+                                std::pair{"suffix", ngram}, std::pair{"trees", trees},
+                                std::pair{"wrong q", wrong}}) {
     std::cout << name << ": chi2=" << r.statistic << " df=" << r.degrees_of_freedom
               << " p=" << r.p_value << "\n";
   }
