@@ -219,12 +219,14 @@ grpc::Status DrafterService::Speculate(
         spec::Draft& m = more[j++];
         if (m.tokens.size() < 2) continue;
         Ahead a;
+        // A tree's "all accepted" is its first-child chain (what the source
+        // ran ahead with); the next proposal is what hangs below the guessed
+        // bonus token (node 0).
         a.commit_base = d->base_len;
-        a.expect = d->tokens;
+        a.expect = spec::FirstChildChain(*d).tokens;
         a.expect.push_back(m.tokens[0]);
-        a.proposal.base_len = m.base_len + 1;
-        a.proposal.tokens.assign(m.tokens.begin() + 1, m.tokens.end());
-        if (!m.q.empty()) a.proposal.q.assign(m.q.begin() + 1, m.q.end());
+        a.proposal = spec::SubtreeBelow(m, 0);
+        if (a.proposal.tokens.empty()) continue;
         ahead[seq] = std::move(a);
       }
     }

@@ -15,7 +15,10 @@
 // every token were accepted and the worker's bonus token were the draft's
 // own next token, while the worker verifies. A Commit of exactly those
 // tokens is answered at once with that proposal; any other Commit
-// truncates the source to the common prefix and drafts afresh.
+// truncates the source to the common prefix and drafts afresh. For a token
+// tree "every token accepted" means its first-child chain (the path the
+// source ran ahead with), and the next proposal is the subtree below the
+// guessed bonus token.
 //
 // Errors in one sequence's messages (a base_len the drafter never had, an
 // unknown id) drop that sequence and never end the stream; the worker then

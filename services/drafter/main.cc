@@ -3,7 +3,8 @@
 // --draft_source picks the source: ngram (prompt lookup), suffix (suffix
 // automaton over each sequence and recent outputs) or model (a small model
 // of the target's tokenizer, --model, run on the CPU kernels with a KV cache
-// per worker stream).
+// per worker stream). --draft_tree_branching > 1 makes the proposals token
+// trees (worker/spec/README.md).
 #include <memory>
 #include <string>
 
@@ -24,6 +25,11 @@ ABSL_FLAG(int, draft_kv_cache_blocks, 2048, "KV blocks of the draft model, per w
 ABSL_FLAG(int, draft_block_size, 16, "Tokens per KV block of the draft model");
 ABSL_FLAG(int, draft_max_model_len, 0, "Context length of the draft model; 0 = the model's");
 ABSL_FLAG(int, cpu_threads, 0, "Threads for the draft model's CPU kernels; 0 = all cores");
+ABSL_FLAG(int, draft_tree_branching, 1,
+          "Token trees: most candidates per position (1 = chains). ngram/suffix branch where "
+          "earlier occurrences continue differently; model adds its runner-up tokens as siblings");
+ABSL_FLAG(int, draft_tree_depth, 1,
+          "With --draft_source=model and trees: positions (from the first) that get siblings");
 ABSL_FLAG(int, inject_delay_ms, 0,
           "Testing: delay every batch of proposals by this long (a slow drafter)");
 
@@ -36,12 +42,23 @@ int main(int argc, char** argv) {
   tessera::SetLogService("drafter");
 
   const std::string kind = absl::GetFlag(FLAGS_draft_source);
+  tessera::spec::TreeOptions tree;
+  tree.max_branching = absl::GetFlag(FLAGS_draft_tree_branching);
+  tree.branch_depth = absl::GetFlag(FLAGS_draft_tree_depth);
+  if (tree.max_branching < 1 || tree.max_branching > 16 || tree.branch_depth < 1) {
+    return ts::StartupError(absl::InvalidArgumentError(
+        "--draft_tree_branching must be in [1, 16] and --draft_tree_depth >= 1"));
+  }
   ts::DrafterService::SourceFactory factory;
   std::unique_ptr<tessera::model::LoadedModel> model;
   if (kind == "ngram") {
-    factory = [] { return tessera::spec::MakeNgramSource(); };
+    tessera::spec::NgramOptions no;
+    no.tree = tree;
+    factory = [no] { return tessera::spec::MakeNgramSource(no); };
   } else if (kind == "suffix") {
-    factory = [] { return tessera::spec::MakeSuffixSource(); };
+    tessera::spec::SuffixOptions so;
+    so.tree = tree;
+    factory = [so] { return tessera::spec::MakeSuffixSource(so); };
   } else if (kind == "model") {
     if (absl::GetFlag(FLAGS_model).empty()) {
       return ts::StartupError(
@@ -58,6 +75,7 @@ int main(int argc, char** argv) {
     so.max_model_len = absl::GetFlag(FLAGS_draft_max_model_len) > 0
                            ? absl::GetFlag(FLAGS_draft_max_model_len)
                            : static_cast<int>(model->config.max_position_embeddings);
+    so.tree = tree;
     // Check once at start-up that a runner can be built.
     if (auto probe = tessera::runner::CpuModelRunner::Create(model.get(), ro); !probe.ok()) {
       return ts::StartupError(probe.status());
@@ -84,7 +102,7 @@ int main(int argc, char** argv) {
   ts::DrafterService service(&host.drain(), factory, options);
   host.AddService(&service, "tessera.v1.Drafter");
   if (auto s = host.Start(); !s.ok()) return ts::StartupError(s);
-  tessera::LogInfo("ready", {{"draft_source", kind}});
+  tessera::LogInfo("ready", {{"draft_source", kind}, {"tree_branching", tree.max_branching}});
   host.SetReady(true);
   return host.RunUntilShutdown();
 }

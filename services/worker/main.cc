@@ -61,6 +61,10 @@ ABSL_FLAG(bool, spec_adaptive, true,
           "--num_speculative_tokens)");
 ABSL_FLAG(int, spec_disable_batch_size, 32,
           "With --spec_adaptive, no speculation at this many decoding sequences");
+ABSL_FLAG(int, spec_tree_branching, 1,
+          "With --draft_source: token trees with at most this many candidates per position "
+          "(1 = chains); verified in one pass with a tree attention mask on the CPU runner, "
+          "first-child chains elsewhere");
 
 namespace ts = tessera::services;
 
@@ -120,6 +124,11 @@ int main(int argc, char** argv) {
     return ts::StartupError(
         absl::InvalidArgumentError("--drafter and --draft_source exclude each other"));
   }
+  tessera::spec::TreeOptions tree;
+  tree.max_branching = absl::GetFlag(FLAGS_spec_tree_branching);
+  if (tree.max_branching < 1 || tree.max_branching > 16) {
+    return ts::StartupError(absl::InvalidArgumentError("--spec_tree_branching must be in [1, 16]"));
+  }
   if (absl::GetFlag(FLAGS_spec_deadline_ms) < 0 || lo.speculation.num_speculative_tokens < 0 ||
       lo.speculation.num_speculative_tokens > 64 || lo.speculation.disable_batch_size < 1) {
     return ts::StartupError(absl::InvalidArgumentError(
@@ -145,14 +154,19 @@ int main(int argc, char** argv) {
     dco.deadline = absl::Milliseconds(absl::GetFlag(FLAGS_spec_deadline_ms));
     lo.draft_provider = std::make_shared<ts::DraftClient>(dco, &metrics);
   } else if (draft_source == "ngram") {
+    tessera::spec::NgramOptions no;
+    no.tree = tree;
     lo.draft_provider =
-        std::make_shared<tessera::spec::LocalDraftProvider>(tessera::spec::MakeNgramSource());
+        std::make_shared<tessera::spec::LocalDraftProvider>(tessera::spec::MakeNgramSource(no));
   } else if (draft_source == "suffix") {
+    tessera::spec::SuffixOptions so;
+    so.tree = tree;
     lo.draft_provider =
-        std::make_shared<tessera::spec::LocalDraftProvider>(tessera::spec::MakeSuffixSource());
+        std::make_shared<tessera::spec::LocalDraftProvider>(tessera::spec::MakeSuffixSource(so));
   } else if (draft_source == "model") {
     // The draft model runs where the target does (the first rank's GPU).
     tessera::spec::ModelSourceFromDirOptions dopt;
+    dopt.source.tree = tree;
     if (lo.device != "cpu") {
       auto devices = tessera::kernels::ResolveDevices(lo.device, lo.tensor_parallel_size);
       if (!devices.ok()) return ts::StartupError(devices.status());
