@@ -196,14 +196,25 @@ class WorkerCall final : public grpc::ClientReadReactor<WorkerGenerateResponse> 
         on_read_(std::move(on_read)),
         on_done_(std::move(on_done)) {}
 
-  // Starts the call with the first read outstanding.
+  // Starts the call with the first read outstanding. The call is held (see
+  // StopReading) because later reads start outside this reactor's own
+  // reactions, from the client's OnWriteDone.
   void Start(tessera::v1::Worker::Stub* stub) {
     stub->async()->Generate(context_.get(), &request_, this);
+    AddHold();
     StartRead(&response_);
     StartCall();
   }
-  // REQUIRES: the previous read completed with ok, and OnDone has not run.
+  // REQUIRES: the previous read completed with ok, and StopReading was not
+  // called.
   void ReadNext() { StartRead(&response_); }
+  // No read will follow: lets the call end (OnDone runs once its status is
+  // in). Idempotent.
+  void StopReading() {
+    if (!held_) return;
+    held_ = false;
+    RemoveHold();
+  }
   void Cancel() { context_->TryCancel(); }
   const WorkerGenerateResponse& response() const { return response_; }
 
@@ -217,6 +228,7 @@ class WorkerCall final : public grpc::ClientReadReactor<WorkerGenerateResponse> 
   WorkerGenerateResponse response_;
   ReadDone on_read_;
   Done on_done_;
+  bool held_ = true;  // touched only by the owning GenerateCall's events
 };
 
 }  // namespace
@@ -484,16 +496,21 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
   void CancelWorker() {
     if (worker_ != nullptr && !worker_over_) worker_->Cancel();
   }
+  // No more reads on the current worker call: its OnDone may come.
+  void StopReading() {
+    if (worker_ != nullptr) worker_->StopReading();
+  }
 
   // A message of the worker's stream (ok), or its end (!ok: OnDone follows).
   void OnWorkerRead(bool ok) {
-    if (!ok) return;
+    if (!ok) return StopReading();
     if (first_message_) {
       service_->router_->RecordSuccess(decision_->worker_id);
       first_message_ = false;
     }
     if (client_cancelled_ || client_gone_) {
       CancelWorker();  // nothing more goes to the client; wait for the call's end
+      StopReading();
       return;
     }
     const WorkerGenerateResponse& wresp = worker_->response();
@@ -548,8 +565,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
       done_ = true;
     }
     if (worker_done_pending_) return OnWorkerDone(std::move(worker_status_));
-    if (!done_) worker_->ReadNext();
-    // When done, the worker's stream ends (or was cancelled): OnDone follows.
+    if (!done_) return worker_->ReadNext();
+    // Done: the worker's stream ends (or was cancelled); OnDone follows.
+    StopReading();
   }
 
   void OnWritten(bool ok) {
@@ -560,6 +578,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
           // The client went away: stop the worker, then finish.
           client_gone_ = true;
           CancelWorker();
+          StopReading();
           if (worker_done_pending_) OnWorkerDone(std::move(worker_status_));
           return;
         }
@@ -703,7 +722,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
   const GenerateRequest* const request_;  // valid until OnDone
   const absl::Time arrival_;
 
-  std::mutex mu_;  // guards events_, running_, call_done_
+  std::mutex mu_;  // guards events_ and running_
+  // events_: posted, not yet handled. call_done_ is written by the handling
+  // thread and read by it after the queue ran dry.
   std::deque<Event> events_;
   bool running_ = false;
   bool call_done_ = false;
