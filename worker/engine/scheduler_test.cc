@@ -169,6 +169,47 @@ TEST(SchedulerTest, AdmissionRefusesRequestsThatCanNeverRun) {
   EXPECT_EQ(h.final_output(1).finish_reason, FinishReason::kLength);
 }
 
+// A decode verifying a token tree: the accepted nodes are named by
+// draft_path (increasing, tokens matching); anything else is refused and
+// changes nothing; the kept KV is the decode token plus the path.
+TEST(SchedulerTest, TreeDraftPathsAreValidated) {
+  auto s = Scheduler::Create(BaseOptions());
+  ASSERT_TRUE(s.ok());
+  Scheduler& sched = **s;
+  ASSERT_TRUE(sched.AddSequence(1, {5, 6, 7, 8, 9}, Opts(20)).ok());
+  auto b = sched.Schedule();
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(sched.OnStepDone({{1, {30}, {}}}).ok());
+  DraftTokens drafts;
+  drafts[1] = {10, 11, 12, 13};  // a tree's nodes (parents are the engine's)
+  b = sched.Schedule(&drafts);
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ(b->sequences[0].num_draft_tokens, 4);
+  for (const SampledTokens& bad : {SampledTokens{1, {13, 11, 50}, {3, 1}},   // not increasing
+                                   SampledTokens{1, {11, 12, 50}, {1, 3}},   // token mismatch
+                                   SampledTokens{1, {11, 50}, {1, 3}},       // path too long
+                                   SampledTokens{1, {11, 13, 50}, {1, 4}},   // outside the draft
+                                   SampledTokens{1, {11, 50}, {0}}}) {       // node 0 is 10
+    absl::StatusOr<std::vector<SequenceOutput>> r = sched.OnStepDone({bad});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("sequence 1"));
+  }
+  auto done = sched.OnStepDone({{1, {11, 13, 50}, {1, 3}}});
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->size(), 1u);
+  EXPECT_THAT((*done)[0].new_token_ids, ElementsAreArray({11, 13, 50}));
+  const Sequence* seq = sched.FindSequence(1);
+  EXPECT_THAT(seq->token_ids(), ElementsAreArray({5, 6, 7, 8, 9, 30, 11, 13, 50}));
+  EXPECT_EQ(seq->num_computed_tokens(), 8);  // the decode token and the two accepted nodes
+  EXPECT_EQ(sched.block_manager().NumSlots(1), 8);
+  EXPECT_TRUE(sched.CheckInvariants().ok());
+  // A path on a step without drafts is refused.
+  b = sched.Schedule();
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(sched.OnStepDone({{1, {7}, {0}}}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(sched.OnStepDone({{1, {7}, {}}}).ok());
+}
+
 TEST(SchedulerTest, SingleRequestMatchesTheReference) {
   Harness h(BaseOptions());
   const auto prompt = RandomTokens(37, 2);
