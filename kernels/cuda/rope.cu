@@ -1,5 +1,7 @@
-// RoPE with optional fused per-head RMSNorm (see rope.h). One block per
-// token, one warp per head (q heads first, then kv heads); each lane holds
+// RoPE with optional fused per-head RMSNorm and KV-cache write (see rope.h).
+// Grid (token, head group): one warp per head (q heads, then k heads, then
+// the v heads copied to the cache), a few blocks per token so that a decode
+// step's handful of tokens still spreads over several SMs; each lane holds
 // pairs i = lane + 32 j of the head in registers.
 #include <cstdint>
 
@@ -31,12 +33,18 @@ __global__ void RopeKernel(uint16_t* __restrict__ q, int64_t q_stride, int num_h
   const int64_t slot = kv.slots != nullptr ? kv.slots[t] : -1;
   const bool store = slot >= 0 && slot < kv.num_slots;
   uint16_t* k_dst = store ? kv.k_cache + slot * row_elems : nullptr;
-  if (store) {  // V: copied as is, one warp per head after the rotated heads
-    const uint16_t* v_src = kv.v + t * kv.v_token_stride;
-    uint16_t* v_dst = kv.v_cache + slot * row_elems;
-    for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) v_dst[i] = v_src[i];
-  }
-  for (int h = warp; h < q_heads + k_heads; h += kWarpsPerBlock) {
+  // Tasks: the q heads, the k heads, then (when storing) the v heads, one
+  // warp each, spread over the token's gridDim.y blocks.
+  const int rotate = q_heads + k_heads;
+  const int tasks = rotate + (store ? num_kv_heads : 0);
+  for (int h = blockIdx.y * kWarpsPerBlock + warp; h < tasks; h += gridDim.y * kWarpsPerBlock) {
+    if (h >= rotate) {  // V: copied as is
+      const int64_t off = static_cast<int64_t>(h - rotate) * head_dim;
+      const uint16_t* v_src = kv.v + t * kv.v_token_stride + off;
+      uint16_t* v_dst = kv.v_cache + slot * row_elems + off;
+      for (int i = lane; i < head_dim; i += 32) v_dst[i] = v_src[i];
+      continue;
+    }
     const bool is_q = h < q_heads;
     uint16_t* head = is_q ? q + t * q_stride + static_cast<int64_t>(h) * head_dim
                           : k + t * k_stride + static_cast<int64_t>(h - q_heads) * head_dim;
@@ -116,7 +124,11 @@ absl::Status Rope(Bf16* q, int64_t q_token_stride, int num_heads, Bf16* k, int64
     }
     store = *kv;
   }
-  RopeKernel<<<static_cast<unsigned>(tokens), kWarpsPerBlock * 32, 0, AsCuda(stream)>>>(
+  const int tasks = (q != nullptr ? num_heads : 0) + (k != nullptr ? num_kv_heads : 0) +
+                    (store.slots != nullptr ? num_kv_heads : 0);
+  const dim3 grid(static_cast<unsigned>(tokens),
+                  static_cast<unsigned>((tasks + kWarpsPerBlock - 1) / kWarpsPerBlock));
+  RopeKernel<<<grid, kWarpsPerBlock * 32, 0, AsCuda(stream)>>>(
       q, q_token_stride, num_heads, k, k_token_stride, num_kv_heads, head_dim, positions, inv_freq,
       q_norm, k_norm, norm_eps, store);
   return CheckLastLaunch("Rope");
