@@ -113,8 +113,10 @@ class ModelSource final : public DraftSource {
       out[i].base_len = static_cast<int64_t>(it->second.tokens.size());
       chain_len[i] = queries[i].max_tokens;
       if (o_.tree.enabled() && chain_len[i] > 1) {
+        // A leaf sibling is accepted less often than a chain node a few
+        // positions deep: siblings take at most a third of the nodes.
         sibling_room[i] = std::min((o_.tree.max_branching - 1) * std::max(0, o_.tree.branch_depth),
-                                   chain_len[i] - 1);
+                                   chain_len[i] / 3);
         chain_len[i] -= sibling_room[i];
       }
       if (queries[i].max_tokens > 0) active.push_back(static_cast<int>(i));

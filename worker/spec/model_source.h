@@ -36,7 +36,8 @@ struct ModelSourceOptions {
   // Trees: the first tree.branch_depth positions get up to
   // tree.max_branching - 1 siblings each, the draft's next most likely
   // tokens there (greedy: by logit; sampled: by probability), as leaves
-  // listed after the chain, whose length shrinks to keep the node count.
+  // listed after the chain, whose length shrinks to keep the node count;
+  // siblings take at most a third of the queried nodes (none below 3).
   // Siblings carry the distribution of their position as q (they were not
   // drawn from it: tree verification does not use q, and the first-child
   // chain holds only drawn tokens). Not with device sampling (the runner

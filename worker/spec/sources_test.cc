@@ -206,18 +206,18 @@ TEST_F(ModelSourceTest, TreesAddRunnersUpAsSiblings) {
   const std::vector<TokenId> prompt = {4, 9, 17, 33, 2};
   ASSERT_TRUE(t->Open(1, prompt, Greedy()).ok());
   ASSERT_TRUE(c->Open(1, prompt, Greedy()).ok());
-  // 5 nodes: a chain of 3 and a sibling at depths 1 and 2.
-  Draft d = t->Propose({{1, 5}})[0];
-  const std::vector<TokenId> chain = c->Propose({{1, 3}})[0].tokens;
-  ASSERT_EQ(d.tokens.size(), 5u);
-  EXPECT_EQ(std::vector<TokenId>(d.tokens.begin(), d.tokens.begin() + 3), chain);
-  EXPECT_THAT(d.parents, ElementsAre(-1, 0, 1, -1, 0));
-  EXPECT_NE(d.tokens[3], d.tokens[0]);
-  EXPECT_NE(d.tokens[4], d.tokens[1]);
+  // 6 nodes: a chain of 4 and a sibling at depths 1 and 2 (a third).
+  Draft d = t->Propose({{1, 6}})[0];
+  const std::vector<TokenId> chain = c->Propose({{1, 4}})[0].tokens;
+  ASSERT_EQ(d.tokens.size(), 6u);
+  EXPECT_EQ(std::vector<TokenId>(d.tokens.begin(), d.tokens.begin() + 4), chain);
+  EXPECT_THAT(d.parents, ElementsAre(-1, 0, 1, 2, -1, 0));
+  EXPECT_NE(d.tokens[4], d.tokens[0]);
+  EXPECT_NE(d.tokens[5], d.tokens[1]);
   EXPECT_TRUE(ValidateDraft(d, 64).ok());
   EXPECT_EQ(FirstChildChain(d).tokens, chain);
   // Only the chain runs ahead.
-  EXPECT_EQ(t->Length(1), static_cast<int64_t>(prompt.size() + 3));
+  EXPECT_EQ(t->Length(1), static_cast<int64_t>(prompt.size() + 4));
   // Sampled drafts: q per node, the sibling's q giving it probability.
   sampling::SamplingParams p;
   p.temperature = 0.9f;
@@ -227,10 +227,11 @@ TEST_F(ModelSourceTest, TreesAddRunnersUpAsSiblings) {
   ASSERT_EQ(d.tokens.size(), 4u);
   ASSERT_EQ(d.q.size(), 4u);
   EXPECT_TRUE(ValidateDraft(d, 64).ok());
-  // One token: no room for siblings.
+  EXPECT_THAT(d.parents, ElementsAre(-1, 0, 1, -1));
+  // Two tokens: no room for siblings.
   ASSERT_TRUE(t->Open(3, prompt, Greedy()).ok());
-  d = t->Propose({{3, 1}})[0];
-  EXPECT_EQ(d.tokens.size(), 1u);
+  d = t->Propose({{3, 2}})[0];
+  EXPECT_EQ(d.tokens.size(), 2u);
   EXPECT_TRUE(d.parents.empty());
 }
 

@@ -473,7 +473,8 @@ class LosslessTest : public ::testing::Test {
   }
 
   static std::vector<int64_t> Histogram(std::shared_ptr<DraftProvider> provider,
-                                        const std::vector<TokenId>& prompt, int64_t* drafted) {
+                                        const std::vector<TokenId>& prompt, int64_t* drafted,
+                                        int k = 2) {
     runner::CpuRunnerOptions ro;
     ro.block_size = 8;
     ro.num_kv_blocks = 1024;
@@ -484,7 +485,7 @@ class LosslessTest : public ::testing::Test {
     eo.scheduler.max_model_len = 64;
     eo.max_waiting = kSamples + 1;
     eo.draft_provider = provider;
-    eo.speculation.num_speculative_tokens = provider ? 2 : 0;
+    eo.speculation.num_speculative_tokens = provider ? k : 0;
     eo.speculation.adaptive = false;
     auto engine = Engine::Create(std::move(*r), eo);
     (*engine)->Start();
@@ -492,7 +493,7 @@ class LosslessTest : public ::testing::Test {
     for (int i = 0; i < kSamples; ++i) {
       EngineRequest q;
       q.prompt = prompt;
-      q.max_tokens = 4;  // token 1 from the prefill, then 2 drafts + a bonus
+      q.max_tokens = k + 2;  // token 1 from the prefill, then k drafts + a bonus
       q.ignore_eos = true;
       q.sampling = Params();
       q.sampling.seed = 7777 + i;
@@ -502,7 +503,7 @@ class LosslessTest : public ::testing::Test {
     std::vector<int64_t> hist(kVocab * kVocab * kVocab);
     *drafted = 0;
     for (const Result& g : got) {
-      EXPECT_EQ(g.tokens.size(), 4u);
+      EXPECT_EQ(g.tokens.size(), static_cast<size_t>(k + 2));
       if (g.tokens.size() < 3) continue;
       ++hist[(g.tokens[0] * kVocab + g.tokens[1]) * kVocab + g.tokens[2]];
       *drafted += g.final_event.draft_tokens;
@@ -546,13 +547,13 @@ TEST_F(LosslessTest, FirstTokensFollowTheTargetDistributionWithSpeculation) {
   ChiSquareResult ngram = ChiSquareGoodnessOfFit(
       Histogram(std::make_shared<LocalDraftProvider>(MakeSuffixSource()), prompt, &drafted), exact);
   EXPECT_GT(ngram.p_value, kAlpha) << "chi2=" << ngram.statistic;
-  // Token trees (the draft model branching at its first position): the
-  // sample-and-match walk.
+  // Token trees (3 nodes: the draft model's chain of two and its runner-up
+  // at the first position): the sample-and-match walk.
   TreeOptions tree;
   tree.max_branching = 3;
   auto tree_counter = std::make_shared<TreeCounter>(ModelProvider(tree));
   ChiSquareResult trees =
-      ChiSquareGoodnessOfFit(Histogram(tree_counter, prompt, &drafted), exact);
+      ChiSquareGoodnessOfFit(Histogram(tree_counter, prompt, &drafted, /*k=*/3), exact);
   EXPECT_GT(tree_counter->trees, kSamples / 2);
   EXPECT_GT(trees.p_value, kAlpha) << "chi2=" << trees.statistic;
   // The deliberately wrong rule is caught.
