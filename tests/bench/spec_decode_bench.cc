@@ -12,8 +12,13 @@
 // --device runs the target elsewhere (e.g. cuda); --draft_device the draft
 // model source (default cpu).
 //
+// --tree_branching=B (> 1) adds, per source, a run with token trees (at most
+// B candidates per position; the draft model's runner-up tokens as siblings
+// at its first --tree_depth positions), verified in one pass with the tree
+// attention mask; the chain runs stay for comparison.
+//
 // Usage: spec_decode_bench [--requests=8] [--generate=128] [--batch=8] [--k=4] [--repeats=2]
-//                          [--out=FILE]
+//                          [--tree_branching=0] [--tree_depth=1] [--out=FILE]
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -46,6 +51,9 @@ ABSL_FLAG(double, temperature, 0,
           "are compared in distribution by the tests, not token by token here");
 ABSL_FLAG(std::string, draft_device, "cpu",
           "device of the draft model source (cpu, cuda, cuda:<bus id>)");
+ABSL_FLAG(int, tree_branching, 0,
+          "above 1: also run each source with token trees of this branching");
+ABSL_FLAG(int, tree_depth, 1, "draft model trees: positions that get siblings");
 ABSL_FLAG(int, repeats, 2, "fresh engines per configuration; the fastest run counts");
 ABSL_FLAG(std::string, out, "tests/bench/results/spec_decode_cpu.json", "result JSON");
 
@@ -53,6 +61,14 @@ namespace {
 
 using tessera::engine::EngineRequest;
 using tessera::engine::StreamEvent;
+
+// The 1-minute load average (the machine is shared; speeds vary with it).
+double LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  double load = -1;
+  in >> load;
+  return load;
+}
 
 bool IsDir(const std::string& p) {
   struct stat st;
@@ -171,14 +187,29 @@ int main(int argc, char** argv) {
     r.sampling.seed = 1000 + static_cast<uint64_t>(&r - requests.data());
   }
 
+  const double load_at_start = LoadAverage();
   nlohmann::json runs = nlohmann::json::array();
   std::vector<std::vector<int32_t>> reference;
   double plain_tps[2] = {0, 0};
   EngineRequest warmup = requests[0];
   for (auto& t : warmup.prompt) t = (t * 7 + 1) % 4000 + 3;
   warmup.max_tokens = 8;
-  for (const char* source : {"none", "ngram", "suffix", "model"}) {
-    const std::string s = source;
+  struct Config {
+    std::string source;
+    int branching;  // 1 = chains
+  };
+  std::vector<Config> configs = {{"none", 1}};
+  for (const char* source : {"ngram", "suffix", "model"}) {
+    configs.push_back({source, 1});
+    if (absl::GetFlag(FLAGS_tree_branching) > 1) {
+      configs.push_back({source, absl::GetFlag(FLAGS_tree_branching)});
+    }
+  }
+  for (const Config& config : configs) {
+    const std::string& s = config.source;
+    tessera::spec::TreeOptions tree;
+    tree.max_branching = config.branching;
+    tree.branch_depth = absl::GetFlag(FLAGS_tree_depth);
     int idx = 0;
     for (int batch : {1, absl::GetFlag(FLAGS_batch)}) {
       // A fresh engine (and source: the suffix source remembers finished
@@ -196,14 +227,19 @@ int main(int argc, char** argv) {
         if (s != "none") {
           lo.speculation.num_speculative_tokens = absl::GetFlag(FLAGS_k);
           if (s == "ngram") {
+            tessera::spec::NgramOptions no;
+            no.tree = tree;
             lo.draft_provider = std::make_shared<tessera::spec::LocalDraftProvider>(
-                tessera::spec::MakeNgramSource());
+                tessera::spec::MakeNgramSource(no));
           } else if (s == "suffix") {
+            tessera::spec::SuffixOptions so;
+            so.tree = tree;
             lo.draft_provider = std::make_shared<tessera::spec::LocalDraftProvider>(
-                tessera::spec::MakeSuffixSource());
+                tessera::spec::MakeSuffixSource(so));
           } else {
             tessera::spec::ModelSourceFromDirOptions dopt;
             dopt.device = absl::GetFlag(FLAGS_draft_device);
+            dopt.source.tree = tree;
             auto src = tessera::spec::MakeModelSourceFromDir(draft, dopt);
             if (!src.ok()) {
               std::fprintf(stderr, "%s\n", src.status().ToString().c_str());
@@ -236,6 +272,8 @@ int main(int argc, char** argv) {
       }
       nlohmann::json run = {
           {"source", s},
+          {"drafts_shape", config.branching > 1 ? "tree" : "chain"},
+          {"tree_branching", config.branching},
           {"batch", batch},
           {"seconds", best.seconds},
           {"output_tokens_per_second", tps},
@@ -268,6 +306,8 @@ int main(int argc, char** argv) {
       {"generated_tokens", absl::GetFlag(FLAGS_generate)},
       {"max_draft_tokens", absl::GetFlag(FLAGS_k)},
       {"adaptive", true},
+      {"tree_branching", absl::GetFlag(FLAGS_tree_branching)},
+      {"tree_depth", absl::GetFlag(FLAGS_tree_depth)},
       {"repeats_best_of", absl::GetFlag(FLAGS_repeats)},
       {"device", absl::GetFlag(FLAGS_device)},
       {"draft_device", absl::GetFlag(FLAGS_draft_device)},
@@ -275,6 +315,8 @@ int main(int argc, char** argv) {
       {"machine_note",
        "shared 2-core machine; other jobs ran at the same time, so absolute "
        "speeds vary run to run"},
+      {"load_average_1min_at_start", load_at_start},
+      {"load_average_1min_at_end", LoadAverage()},
       {"runs", runs},
   };
   tessera::bench::WriteResult(absl::GetFlag(FLAGS_out), argc, argv, result);

@@ -103,7 +103,9 @@ absl::Status ValidateForwardBatch(const ForwardBatch& b, const BatchLimits& limi
       const int64_t slot = int64_t{table[pos / bs]} * bs + pos % bs;
       if (b.slot_mapping[t] >= 0 && b.slot_mapping[t] != slot) {
         return absl::InvalidArgumentError(absl::StrCat("token ", t, ": slot ", b.slot_mapping[t],
-                                                       " but the block table puts index ", pos,
+                                                       " but the block table puts ",
+                                                       b.tree_parents.empty() ? "position " : "index ",
+                                                       pos,
                                                        " at slot ", slot));
       }
     }
