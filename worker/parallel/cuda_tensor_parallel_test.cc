@@ -1,5 +1,6 @@
 // Tensor parallelism on CUDA ranks (skipped without two GPUs): TP=2 over
-// NCCL reproduces TP=1's logits within the bf16 tolerance and transformers'
+// NCCL, and over the peer-to-peer all-reduce where the GPUs have peer
+// access, reproduces TP=1's logits within the bf16 tolerance and transformers'
 // greedy continuations of the trained model pair, eager and with CUDA
 // graphs; and a rank per GPU is enforced.
 //
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/reference_ops.h"
+#include "kernels/cuda/device_query.h"
 #include "kernels/cuda_devices.h"
 #include "nlohmann/json.hpp"
 #include "worker/parallel/cuda_tensor_parallel_runner.h"
@@ -47,48 +49,68 @@ TEST(CudaTensorParallelTest, TwoRanksMatchOneRankAndTransformers) {
   ss << in.rdbuf();
   const nlohmann::json expected = nlohmann::json::parse(ss.str());
   const int64_t vocab = (*model)->config.vocab_size;
-  for (bool graphs : {false, true}) {
-    SCOPED_TRACE(graphs ? "graphs" : "eager");
-    auto one = CudaTensorParallelRunner::Create(model->get(), (*model)->config, {found.devices[0]},
-                                                Options(graphs));
-    ASSERT_TRUE(one.ok()) << one.status();
-    auto two = CudaTensorParallelRunner::Create(
-        model->get(), (*model)->config, {found.devices[0], found.devices[1]}, Options(graphs));
-    ASSERT_TRUE(two.ok()) << two.status();
-    std::vector<int32_t> blocks(16);
-    std::iota(blocks.begin(), blocks.end(), 0);
-    size_t compared = 0;
-    for (const nlohmann::json& c : expected["cases"]) {
-      const std::vector<int32_t> prompt = c["prompt_ids"].get<std::vector<int32_t>>();
-      runner::ForwardBatch batch;
-      batch.block_table_stride = 16;
-      batch.AddSequence(prompt, 0, blocks, 16, true);
-      std::vector<float> a, b;
-      ASSERT_TRUE((*one)->Forward(batch, &a).ok());
-      ASSERT_TRUE((*two)->Forward(batch, &b).ok());
-      ASSERT_EQ(a.size(), b.size());
-      float scale = 1, err = 0;
-      for (size_t i = 0; i < a.size(); ++i) {
-        scale = std::max(scale, std::abs(a[i]));
-        err = std::max(err, std::abs(a[i] - b[i]));
+  const bool peers =
+      kernels::cuda::AllPeersAccessible({found.devices[0].ordinal, found.devices[1].ordinal});
+  for (const std::string backend : {"nccl", "p2p"}) {
+    if (backend == "p2p" && !peers) continue;
+    for (bool graphs : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(backend, graphs ? " graphs" : " eager"));
+      auto one = CudaTensorParallelRunner::Create(model->get(), (*model)->config,
+                                                  {found.devices[0]}, Options(graphs));
+      ASSERT_TRUE(one.ok()) << one.status();
+      runner::CudaRunnerOptions two_options = Options(graphs);
+      two_options.all_reduce_backend = backend;
+      auto two = CudaTensorParallelRunner::Create(
+          model->get(), (*model)->config, {found.devices[0], found.devices[1]}, two_options);
+      ASSERT_TRUE(two.ok()) << two.status();
+      std::vector<int32_t> blocks(16);
+      std::iota(blocks.begin(), blocks.end(), 0);
+      size_t compared = 0;
+      for (const nlohmann::json& c : expected["cases"]) {
+        const std::vector<int32_t> prompt = c["prompt_ids"].get<std::vector<int32_t>>();
+        runner::ForwardBatch batch;
+        batch.block_table_stride = 16;
+        batch.AddSequence(prompt, 0, blocks, 16, true);
+        std::vector<float> a, b;
+        ASSERT_TRUE((*one)->Forward(batch, &a).ok());
+        ASSERT_TRUE((*two)->Forward(batch, &b).ok());
+        ASSERT_EQ(a.size(), b.size());
+        float scale = 1, err = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+          scale = std::max(scale, std::abs(a[i]));
+          err = std::max(err, std::abs(a[i] - b[i]));
+        }
+        EXPECT_LE(err, 0.04f * scale) << "TP=2 vs TP=1 max abs error " << err;
+        const std::vector<int32_t> want = c["greedy_ids"].get<std::vector<int32_t>>();
+        const std::vector<float> margins = c["greedy_top2_margins"].get<std::vector<float>>();
+        int32_t pos = static_cast<int32_t>(prompt.size());
+        for (size_t step = 0; step < want.size() && margins[step] >= 0.25f; ++step) {
+          int32_t next = 0;
+          kernels::cpu::reference::Argmax(b.data(), 1, vocab, &next);
+          ASSERT_EQ(next, want[step]) << "step " << step;
+          ++compared;
+          runner::ForwardBatch d;
+          d.block_table_stride = 16;
+          d.AddSequence({want[step]}, pos++, blocks, 16, true);
+          ASSERT_TRUE((*two)->Forward(d, &b).ok());
+        }
       }
-      EXPECT_LE(err, 0.04f * scale) << "TP=2 vs TP=1 max abs error " << err;
-      const std::vector<int32_t> want = c["greedy_ids"].get<std::vector<int32_t>>();
-      const std::vector<float> margins = c["greedy_top2_margins"].get<std::vector<float>>();
-      int32_t pos = static_cast<int32_t>(prompt.size());
-      for (size_t step = 0; step < want.size() && margins[step] >= 0.25f; ++step) {
-        int32_t next = 0;
-        kernels::cpu::reference::Argmax(b.data(), 1, vocab, &next);
-        ASSERT_EQ(next, want[step]) << "step " << step;
-        ++compared;
-        runner::ForwardBatch d;
-        d.block_table_stride = 16;
-        d.AddSequence({want[step]}, pos++, blocks, 16, true);
-        ASSERT_TRUE((*two)->Forward(d, &b).ok());
-      }
+      EXPECT_GE(compared, 3u);
     }
-    EXPECT_GE(compared, 3u);
   }
+}
+
+TEST(CudaTensorParallelTest, UnknownAllReduceBackendIsAnError) {
+  kernels::DetectedCudaDevices found = kernels::DetectCudaDevices();
+  if (found.devices.size() < 2) GTEST_SKIP() << "needs two CUDA devices; " << found.devices.size();
+  auto model = model::LoadModel(SourcePath("models/draft"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  runner::CudaRunnerOptions o = Options(false);
+  o.all_reduce_backend = "cpu";
+  auto tp = CudaTensorParallelRunner::Create(model->get(), (*model)->config,
+                                             {found.devices[0], found.devices[1]}, o);
+  ASSERT_FALSE(tp.ok());
+  EXPECT_NE(tp.status().message().find("nccl or p2p"), absl::string_view::npos) << tp.status();
 }
 
 TEST(CudaTensorParallelTest, EachRankNeedsItsOwnGpu) {
