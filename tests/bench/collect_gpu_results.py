@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Turns one `scripts/gpu-run.sh OUT` folder into the result files under
+tests/bench/results/, each with the command that produced it:
+
+  gpu_decode_h200.json        decode vs the HBM roofline (GEMV and cuBLASLt-only
+                              skinny GEMMs), the 4k-token prefill, and
+                              transformers eager `generate` from the same run
+  paged_attention_h200.json   decode/prefill attention kernels, prefill next
+                              to torch SDPA on the same shapes
+  cuda_ops_h200.json          kernel microbenchmarks
+  gpu_tp_h200x2.json          TP=1 vs TP=2 per all-reduce backend (2 GPUs)
+  spec_decode_h200.json       speculative decoding with the trained pair
+  router_route_decision_live_h200_host.json
+                              route-decision latency at ~1,000 in flight
+  cuda_generate_parity_h200.json
+                              `tessera generate --device=cuda` vs the fixtures
+  doctor_h200.txt             `tessera doctor`
+
+Usage: tests/bench/collect_gpu_results.py OUT_DIR [RESULTS_DIR]
+Files whose inputs are missing from OUT_DIR are left as they are.
+"""
+import json
+import os
+import shutil
+import sys
+
+BUNDLE = "TESSERA_CUDA_ARCHS=sm_90a bash scripts/gpu-bundle.sh build-lead  (build machine)"
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write(results, name, obj):
+    path = os.path.join(results, name)
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+    print("wrote", path)
+
+
+def decode(out, results):
+    tessera = load(os.path.join(out, "bench/gpu_decode.json"))
+    cublaslt = load(os.path.join(out, "bench/gpu_decode_cublaslt.json"))
+    peer = load(os.path.join(out, "bench/hf_decode_peer.json"))
+    if tessera is None:
+        return
+    hf = {r["batch"]: r for r in (peer or {}).get("results", [])}
+    summary = []
+    for r in tessera["results"]:
+        row = {
+            "batch": r["batch"],
+            "tessera_decode_tokens_per_second": round(r["decode_tokens_per_second"], 1),
+            "roofline_tokens_per_second": round(r["roofline_tokens_per_second"], 1),
+            "tessera_roofline_fraction": round(r["roofline_fraction"], 4),
+            "host_overhead_fraction": round(r.get("host_overhead_fraction", 0.0), 4),
+        }
+        if r["batch"] in hf:
+            t = hf[r["batch"]]["decode_tokens_per_second"]
+            row["transformers_eager_decode_tokens_per_second"] = round(t, 1)
+            row["speedup_vs_transformers"] = round(r["decode_tokens_per_second"] / t, 2)
+        summary.append(row)
+    write(results, "gpu_decode_h200.json", {
+        "benchmark": "decode tokens/s, Llama-3-8B shapes, random bf16 weights, 128-token "
+                     "prompts, one H200; Tessera and transformers eager generate in the same run",
+        "command": BUNDLE + "; bash scripts/gpu-run.sh OUT  (GPU machine): "
+                   "tests/bench/gpu_decode_bench and tests/gpu/hf_decode_peer.py; "
+                   "tests/bench/collect_gpu_results.py OUT",
+        "hbm_roofline_note": "roofline = batch x 4.27e12 B/s / (weight bytes + KV bytes read per "
+                             "step); host_overhead_fraction = 1 - GPU-only time per step (graph "
+                             "replayed back to back at the longest context) / wall time per "
+                             "step; negative = within measurement noise",
+        "summary": summary,
+        "long_prefill": tessera.get("long_prefill"),
+        "tessera": tessera,
+        "tessera_cublaslt_only": cublaslt,
+        "transformers": peer,
+    })
+
+
+def attention(out, results):
+    pa = load(os.path.join(out, "bench/paged_attention.json"))
+    sdpa = load(os.path.join(out, "bench/sdpa_reference.json"))
+    if pa is None:
+        return
+    ratios = []
+    ref = {r["tokens"]: r for r in (sdpa or {}).get("results", [])}
+    for r in pa.get("prefill", []):
+        if r["tokens"] in ref:
+            s = ref[r["tokens"]]["tflop_per_s"]
+            ratios.append({"tokens": r["tokens"], "tessera_tflop_per_s": r["tflop_per_s"],
+                           "torch_sdpa_tflop_per_s": round(s, 1),
+                           "ratio": round(r["tflop_per_s"] / s, 3)})
+    obj = {"command": "bash scripts/gpu-run.sh OUT (kernels/cuda/paged_attention_bench, "
+                      "tests/gpu/sdpa_reference.py, same run); "
+                      "tests/bench/collect_gpu_results.py OUT",
+           "prefill_vs_sdpa": ratios}
+    obj.update(pa)
+    obj["sdpa_reference"] = sdpa
+    write(results, "paged_attention_h200.json", obj)
+
+
+def ops(out, results):
+    o = load(os.path.join(out, "bench/cuda_ops.json"))
+    if o is None:
+        return
+    obj = {"command": "bash scripts/gpu-run.sh OUT (kernels/cuda/cuda_ops_bench); "
+                      "tests/bench/collect_gpu_results.py OUT"}
+    obj.update(o)
+    write(results, "cuda_ops_h200.json", obj)
+
+
+def tensor_parallel(out, results):
+    tp = load(os.path.join(out, "bench/gpu_tp.json"))
+    if tp is None:
+        return
+    obj = {"command": "GPU machine with 2 GPUs: bash scripts/gpu-run.sh OUT "
+                      "(tests/bench/gpu_tp_bench); tests/bench/collect_gpu_results.py OUT",
+           "note": "NCCL_NVLS_ENABLE=0. TP=2 runs once per all-reduce backend: nccl (every "
+                   "all-reduce through NCCL) and p2p (the registry's choice with peer access: "
+                   "kernels/cuda/p2p_all_reduce.h for bf16 messages up to 1 MiB, NCCL for the "
+                   "fp32 embedding reduce). The all-reduce of one decode step's activation "
+                   "(hidden x batch bf16) is also timed alone, eager and inside a CUDA graph, "
+                   "with both; p2p_all_reduce_correct checks the sum of known values on every "
+                   "element and that no rank timed out"}
+    obj.update(tp)
+    write(results, "gpu_tp_h200x2.json", obj)
+
+
+def speculative(out, results):
+    s = load(os.path.join(out, "bench/spec_decode_h200.json"))
+    if s is None:
+        return
+    obj = {"command": "GPU machine: bash scripts/gpu-run.sh OUT (spec_decode_bench "
+                      "--device=cuda:<bus id> --draft_device=cuda:<bus id> --batch=16 "
+                      "--requests=16); tests/bench/collect_gpu_results.py OUT",
+           "machine_note": "one H200 (target and draft model on the GPU, n-gram/suffix sources "
+                           "on the host). The trained pair is tiny, so a GPU step is bound by "
+                           "kernel launches, not memory; the CUDA runner verifies chains only "
+                           "(a tree proposal keeps its first-child chain there)",
+           "identity_note": "On the GPU the kernels are not batch-invariant (different kernels "
+                            "for 1 vs k+1 tokens round differently in bf16), so greedy outputs "
+                            "can part from plain decoding at near ties; on the CPU backend "
+                            "speculation reproduces plain decoding exactly"}
+    obj.update(s)
+    write(results, "spec_decode_h200.json", obj)
+
+
+def router(out, results):
+    r = load(os.path.join(out, "bench/router_route_decision_live.json"))
+    if r is None:
+        return
+    r["command"] = ("GPU machine's host: bash scripts/gpu-run.sh OUT (PARTS=latency "
+                    "tests/bench/run_router_bench.sh with the bundled binaries); "
+                    "tests/bench/collect_gpu_results.py OUT")
+    write(results, "router_route_decision_live_h200_host.json", r)
+
+
+def generate_parity(out, results):
+    g = load(os.path.join(out, "tests/generate_parity.json"))
+    if g is None:
+        return
+    obj = {"command": "bash scripts/gpu-run.sh OUT (tests/gpu/check_generate.py with the bundled "
+                      "tessera); tests/bench/collect_gpu_results.py OUT"}
+    obj.update({k: v for k, v in g.items() if k != "command"})
+    write(results, "cuda_generate_parity_h200.json", obj)
+
+
+def doctor(out, results):
+    src = os.path.join(out, "doctor.txt")
+    if os.path.exists(src):
+        shutil.copy(src, os.path.join(results, "doctor_h200.txt"))
+        print("wrote", os.path.join(results, "doctor_h200.txt"))
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    out = sys.argv[1]
+    results = sys.argv[2] if len(sys.argv) > 2 else os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "results")
+    for step in (decode, attention, ops, tensor_parallel, speculative, router, generate_parity,
+                 doctor):
+        step(out, results)
+
+
+if __name__ == "__main__":
+    main()
