@@ -104,50 +104,46 @@ def attention(out, results):
     write(results, "paged_attention_h200.json", obj)
 
 
-def ops(out, results):
-    o = load(os.path.join(out, "bench/cuda_ops.json"))
-    if o is None:
+def wrap(out, results, src, name, command, notes=None, drop=()):
+    """Copies OUT/src to RESULTS/name with `command` (and notes) first."""
+    data = load(os.path.join(out, src))
+    if data is None:
         return
-    obj = {"command": "bash scripts/gpu-run.sh OUT (kernels/cuda/cuda_ops_bench); "
-                      "tests/bench/collect_gpu_results.py OUT"}
-    obj.update(o)
-    write(results, "cuda_ops_h200.json", obj)
+    obj = {"command": command + "; tests/bench/collect_gpu_results.py OUT"}
+    obj.update(notes or {})
+    obj.update({k: v for k, v in data.items() if k not in drop})
+    write(results, name, obj)
+
+
+def ops(out, results):
+    wrap(out, results, "bench/cuda_ops.json", "cuda_ops_h200.json",
+         "bash scripts/gpu-run.sh OUT (kernels/cuda/cuda_ops_bench)")
 
 
 def tensor_parallel(out, results):
-    tp = load(os.path.join(out, "bench/gpu_tp.json"))
-    if tp is None:
-        return
-    obj = {"command": "GPU machine with 2 GPUs: bash scripts/gpu-run.sh OUT "
-                      "(tests/bench/gpu_tp_bench); tests/bench/collect_gpu_results.py OUT",
-           "note": "NCCL_NVLS_ENABLE=0. TP=2 runs once per all-reduce backend: nccl (every "
-                   "all-reduce through NCCL) and p2p (the registry's choice with peer access: "
-                   "kernels/cuda/p2p_all_reduce.h for bf16 messages up to 1 MiB, NCCL for the "
-                   "fp32 embedding reduce). The all-reduce of one decode step's activation "
-                   "(hidden x batch bf16) is also timed alone, eager and inside a CUDA graph, "
-                   "with both; p2p_all_reduce_correct checks the sum of known values on every "
-                   "element and that no rank timed out"}
-    obj.update(tp)
-    write(results, "gpu_tp_h200x2.json", obj)
+    wrap(out, results, "bench/gpu_tp.json", "gpu_tp_h200x2.json",
+         "GPU machine with 2 GPUs: bash scripts/gpu-run.sh OUT (tests/bench/gpu_tp_bench)",
+         {"note": "NCCL_NVLS_ENABLE=0. TP=2 runs once per all-reduce backend: nccl (every "
+                  "all-reduce through NCCL) and p2p (the registry's choice with peer access: "
+                  "kernels/cuda/p2p_all_reduce.h for bf16 messages up to 1 MiB, NCCL for the "
+                  "fp32 embedding reduce). The all-reduce of one decode step's activation "
+                  "(hidden x batch bf16) is also timed alone, eager and inside a CUDA graph, "
+                  "with both; p2p_all_reduce_correct checks the sum of known values on every "
+                  "element and that no rank timed out"})
 
 
 def speculative(out, results):
-    s = load(os.path.join(out, "bench/spec_decode_h200.json"))
-    if s is None:
-        return
-    obj = {"command": "GPU machine: bash scripts/gpu-run.sh OUT (spec_decode_bench "
-                      "--device=cuda:<bus id> --draft_device=cuda:<bus id> --batch=16 "
-                      "--requests=16); tests/bench/collect_gpu_results.py OUT",
-           "machine_note": "one H200 (target and draft model on the GPU, n-gram/suffix sources "
-                           "on the host). The trained pair is tiny, so a GPU step is bound by "
-                           "kernel launches, not memory; the CUDA runner verifies chains only "
-                           "(a tree proposal keeps its first-child chain there)",
-           "identity_note": "On the GPU the kernels are not batch-invariant (different kernels "
-                            "for 1 vs k+1 tokens round differently in bf16), so greedy outputs "
-                            "can part from plain decoding at near ties; on the CPU backend "
-                            "speculation reproduces plain decoding exactly"}
-    obj.update(s)
-    write(results, "spec_decode_h200.json", obj)
+    wrap(out, results, "bench/spec_decode_h200.json", "spec_decode_h200.json",
+         "GPU machine: bash scripts/gpu-run.sh OUT (spec_decode_bench --device=cuda:<bus id> "
+         "--draft_device=cuda:<bus id> --batch=16 --requests=16)",
+         {"machine_note": "one H200 (target and draft model on the GPU, n-gram/suffix sources "
+                          "on the host). The trained pair is tiny, so a GPU step is bound by "
+                          "kernel launches, not memory; the CUDA runner verifies chains only "
+                          "(a tree proposal keeps its first-child chain there)",
+          "identity_note": "On the GPU the kernels are not batch-invariant (different kernels "
+                           "for 1 vs k+1 tokens round differently in bf16), so greedy outputs "
+                           "can part from plain decoding at near ties; on the CPU backend "
+                           "speculation reproduces plain decoding exactly"})
 
 
 def router(out, results):
@@ -161,13 +157,9 @@ def router(out, results):
 
 
 def generate_parity(out, results):
-    g = load(os.path.join(out, "tests/generate_parity.json"))
-    if g is None:
-        return
-    obj = {"command": "bash scripts/gpu-run.sh OUT (tests/gpu/check_generate.py with the bundled "
-                      "tessera); tests/bench/collect_gpu_results.py OUT"}
-    obj.update({k: v for k, v in g.items() if k != "command"})
-    write(results, "cuda_generate_parity_h200.json", obj)
+    wrap(out, results, "tests/generate_parity.json", "cuda_generate_parity_h200.json",
+         "bash scripts/gpu-run.sh OUT (tests/gpu/check_generate.py with the bundled tessera)",
+         drop=("command",))
 
 
 def doctor(out, results):
