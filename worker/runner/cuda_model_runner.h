@@ -101,6 +101,8 @@ class CudaModelRunner final : public ModelRunner {
   absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
 
   bool SupportsDeviceSampling() const override;
+  // Chains only: the engine verifies a token tree's first-child chain.
+  bool SupportsTreeAttention() const override { return false; }
   absl::Status ForwardSample(const ForwardBatch& batch, absl::Span<const DeviceSamplingRow> rows,
                              std::vector<int32_t>* tokens) override;
 

@@ -96,6 +96,8 @@ class SimulatedModelRunner final : public ModelRunner {
   // Validates the batch (INVALID_ARGUMENT, without waiting, when malformed),
   // waits StepCost(batch), and returns one logits row per logits index.
   absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
+  // Chains only: the engine verifies a token tree's first-child chain.
+  bool SupportsTreeAttention() const override { return false; }
 
  private:
   explicit SimulatedModelRunner(SimulatedRunnerOptions options);
