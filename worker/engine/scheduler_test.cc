@@ -185,11 +185,11 @@ TEST(SchedulerTest, TreeDraftPathsAreValidated) {
   b = sched.Schedule(&drafts);
   ASSERT_TRUE(b.ok());
   ASSERT_EQ(b->sequences[0].num_draft_tokens, 4);
-  for (const SampledTokens& bad : {SampledTokens{1, {13, 11, 50}, {3, 1}},   // not increasing
-                                   SampledTokens{1, {11, 12, 50}, {1, 3}},   // token mismatch
-                                   SampledTokens{1, {11, 50}, {1, 3}},       // path too long
-                                   SampledTokens{1, {11, 13, 50}, {1, 4}},   // outside the draft
-                                   SampledTokens{1, {11, 50}, {0}}}) {       // node 0 is 10
+  for (const SampledTokens& bad : {SampledTokens{1, {13, 11, 50}, {3, 1}},  // not increasing
+                                   SampledTokens{1, {11, 12, 50}, {1, 3}},  // token mismatch
+                                   SampledTokens{1, {11, 50}, {1, 3}},      // path too long
+                                   SampledTokens{1, {11, 13, 50}, {1, 4}},  // outside the draft
+                                   SampledTokens{1, {11, 50}, {0}}}) {      // node 0 is 10
     absl::StatusOr<std::vector<SequenceOutput>> r = sched.OnStepDone({bad});
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(r.status().message()), HasSubstr("sequence 1"));

@@ -227,8 +227,8 @@ TEST_P(CpuModelRunnerTest, TreeForwardEqualsEachPathAsAChain) {
     // Keep the path 42 (chunk 2), 42 (chunk 5), 63 (chunk 7): move their K/V
     // to chunk indices 1, 2, 3 (slots of logical indices 11, 12, 13).
     auto slot = [&](int index) { return int64_t{blocks[index / 4]} * 4 + index % 4; };
-    ASSERT_TRUE(tree->CopyKvSlots({slot(12), slot(15), slot(17)}, {slot(11), slot(12), slot(13)})
-                    .ok());
+    ASSERT_TRUE(
+        tree->CopyKvSlots({slot(12), slot(15), slot(17)}, {slot(11), slot(12), slot(13)}).ok());
     ForwardBatch next;
     next.block_table_stride = 8;
     next.AddSequence({77}, 14, blocks, tree->block_size(), true);
@@ -257,8 +257,8 @@ TEST_P(CpuModelRunnerTest, MalformedTreesAreRejected) {
     std::vector<int32_t> parents, depths;
     const char* message;
   };
-  for (const Bad& bad : {Bad{{-1, 0, 2, 1}, {0, 1, 1, 2}, "tree parent 2"},   // itself
-                         Bad{{-1, 0, 3, 1}, {0, 1, 1, 2}, "tree parent 3"},   // a later token
+  for (const Bad& bad : {Bad{{-1, 0, 2, 1}, {0, 1, 1, 2}, "tree parent 2"},    // itself
+                         Bad{{-1, 0, 3, 1}, {0, 1, 1, 2}, "tree parent 3"},    // a later token
                          Bad{{-1, -2, 0, 1}, {0, 1, 1, 2}, "tree parent -2"},  // below -1
                          Bad{{-1, 0, 0}, {0, 1, 1, 2}, "tree_parents has 3"},
                          Bad{{-1, 0, 0, 1}, {0, 1, 2, 3}, "depth"}}) {

@@ -8,8 +8,8 @@ absl::Status ValidateTreeParents(const ForwardBatch& b) {
   const int n = b.num_tokens();
   if (b.tree_parents.empty()) return absl::OkStatus();
   if (b.tree_parents.size() != static_cast<size_t>(n)) {
-    return absl::InvalidArgumentError(absl::StrCat("tree_parents has ", b.tree_parents.size(),
-                                                   " entries for ", n, " tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tree_parents has ", b.tree_parents.size(), " entries for ", n, " tokens"));
   }
   if (b.positions.size() != static_cast<size_t>(n) ||
       b.query_start_loc.size() != static_cast<size_t>(b.num_seqs()) + 1 ||
@@ -102,11 +102,9 @@ absl::Status ValidateForwardBatch(const ForwardBatch& b, const BatchLimits& limi
       }
       const int64_t slot = int64_t{table[pos / bs]} * bs + pos % bs;
       if (b.slot_mapping[t] >= 0 && b.slot_mapping[t] != slot) {
-        return absl::InvalidArgumentError(absl::StrCat("token ", t, ": slot ", b.slot_mapping[t],
-                                                       " but the block table puts ",
-                                                       b.tree_parents.empty() ? "position " : "index ",
-                                                       pos,
-                                                       " at slot ", slot));
+        return absl::InvalidArgumentError(
+            absl::StrCat("token ", t, ": slot ", b.slot_mapping[t], " but the block table puts ",
+                         b.tree_parents.empty() ? "position " : "index ", pos, " at slot ", slot));
       }
     }
   }

@@ -84,7 +84,6 @@ absl::Status ValidateForwardBatch(const ForwardBatch& batch, const BatchLimits& 
 // REQUIRES: positions, query_start_loc and seq_lens sized consistently.
 absl::Status ValidateTreeParents(const ForwardBatch& batch);
 
-
 inline void ForwardBatch::AddSequence(const std::vector<int32_t>& tokens, int32_t start,
                                       const std::vector<int32_t>& block_table, int block_size,
                                       bool want_logits) {

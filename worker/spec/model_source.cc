@@ -249,8 +249,8 @@ class ModelSource final : public DraftSource {
   // Up to n tokens other than `chosen`, most likely first: by raw logit for
   // a greedy draft (ties to the lower id), else by probability in `dist`.
   static std::vector<TokenId> RunnersUp(absl::Span<const float> row,
-                                        const sampling::SamplingDistribution& dist,
-                                        TokenId chosen, int n, bool greedy) {
+                                        const sampling::SamplingDistribution& dist, TokenId chosen,
+                                        int n, bool greedy) {
     std::vector<std::pair<float, TokenId>> c;
     if (greedy) {
       for (size_t t = 0; t < row.size(); ++t) {
@@ -260,7 +260,8 @@ class ModelSource final : public DraftSource {
       }
     } else {
       for (size_t j = 0; j < dist.tokens.size(); ++j) {
-        if (dist.tokens[j] != chosen && dist.probs[j] > 0) c.push_back({dist.probs[j], dist.tokens[j]});
+        if (dist.tokens[j] != chosen && dist.probs[j] > 0)
+          c.push_back({dist.probs[j], dist.tokens[j]});
       }
     }
     const size_t m = std::min<size_t>(std::max(0, n), c.size());

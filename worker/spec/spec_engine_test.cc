@@ -561,9 +561,9 @@ TEST_F(LosslessTest, FirstTokensFollowTheTargetDistributionWithSpeculation) {
       Histogram(std::make_shared<WrongQ>(ModelProvider(), kVocab), prompt, &drafted), exact);
   EXPECT_LT(wrong.p_value, kAlpha)
       << "chi2=" << wrong.statistic << " df=" << wrong.degrees_of_freedom;
-  for (const auto& [name, r] : {std::pair{"plain", plain}, std::pair{"draft model", model},
-                                std::pair{"suffix", ngram}, std::pair{"trees", trees},
-                                std::pair{"wrong q", wrong}}) {
+  for (const auto& [name, r] :
+       {std::pair{"plain", plain}, std::pair{"draft model", model}, std::pair{"suffix", ngram},
+        std::pair{"trees", trees}, std::pair{"wrong q", wrong}}) {
     std::cout << name << ": chi2=" << r.statistic << " df=" << r.degrees_of_freedom
               << " p=" << r.p_value << "\n";
   }

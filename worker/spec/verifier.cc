@@ -65,9 +65,8 @@ absl::Status ValidateDraft(const Draft& draft, int64_t vocab) {
     }
     for (size_t j = 0; j < i; ++j) {
       if (draft.parents[j] == p && draft.tokens[j] == draft.tokens[i]) {
-        return absl::InvalidArgumentError(absl::StrCat("draft nodes ", j, " and ", i,
-                                                       " are siblings with the same token ",
-                                                       draft.tokens[i]));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "draft nodes ", j, " and ", i, " are siblings with the same token ", draft.tokens[i]));
       }
     }
   }

@@ -11,8 +11,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/spec/chi_square.h"
 #include "worker/sampling/philox.h"
+#include "worker/spec/chi_square.h"
 
 namespace tessera::spec {
 namespace {
@@ -274,10 +274,9 @@ std::vector<float> SyntheticLogits(const std::vector<TokenId>& context) {
 }
 
 // A walk: (rows, tokens, parents, params, counts, position) -> emitted tokens.
-using Walk = std::function<std::vector<TokenId>(absl::Span<const float>, absl::Span<const TokenId>,
-                                                absl::Span<const int32_t>,
-                                                const sampling::SamplingParams&,
-                                                sampling::TokenCounts*, int64_t)>;
+using Walk = std::function<std::vector<TokenId>(
+    absl::Span<const float>, absl::Span<const TokenId>, absl::Span<const int32_t>,
+    const sampling::SamplingParams&, sampling::TokenCounts*, int64_t)>;
 
 std::vector<TokenId> RightWalk(absl::Span<const float> rows, absl::Span<const TokenId> tokens,
                                absl::Span<const int32_t> parents,
@@ -369,8 +368,7 @@ std::vector<double> ExactTreeJoint(const std::vector<TokenId>& prompt,
 }
 
 std::vector<int64_t> TreeHistogram(const Walk& walk, const std::vector<TokenId>& prompt,
-                                   const sampling::SamplingParams& base, int n,
-                                   int64_t* accepted) {
+                                   const sampling::SamplingParams& base, int n, int64_t* accepted) {
   std::mt19937 tree_rng(99);
   std::vector<int64_t> hist(kTreeVocab * kTreeVocab * kTreeVocab);
   *accepted = 0;
@@ -394,7 +392,8 @@ std::vector<int64_t> TreeHistogram(const Walk& walk, const std::vector<TokenId>&
         const TokenId token = tree_rng() % 4 != 0 ? (before + 1) % kTreeVocab
                                                   : static_cast<TokenId>(tree_rng() % kTreeVocab);
         bool dup = false;
-        for (size_t j = 0; j < tokens.size(); ++j) dup |= parents[j] == parent && tokens[j] == token;
+        for (size_t j = 0; j < tokens.size(); ++j)
+          dup |= parents[j] == parent && tokens[j] == token;
         if (dup) continue;
         parents.push_back(parent);
         tokens.push_back(token);
@@ -411,8 +410,8 @@ std::vector<int64_t> TreeHistogram(const Walk& walk, const std::vector<TokenId>&
         const std::vector<float> r = SyntheticLogits(context);
         rows.insert(rows.end(), r.begin(), r.end());
       }
-      const std::vector<TokenId> out = walk(rows, tokens, parents, params, &counts,
-                                            static_cast<int64_t>(seq.size()));
+      const std::vector<TokenId> out =
+          walk(rows, tokens, parents, params, &counts, static_cast<int64_t>(seq.size()));
       *accepted += static_cast<int64_t>(out.size()) - 1;
       seq.insert(seq.end(), out.begin(), out.end());
     }
@@ -429,15 +428,13 @@ TEST(VerifierTest, TreeWalkIsLosslessAndTheTestCatchesAWrongWalk) {
     const sampling::SamplingParams params = TreeParams(penalties);
     const std::vector<double> exact = ExactTreeJoint(prompt, params);
     int64_t accepted = 0;
-    ChiSquareResult right =
-        ChiSquareGoodnessOfFit(TreeHistogram(RightWalk, prompt, params, kSamples, &accepted),
-                               exact);
+    ChiSquareResult right = ChiSquareGoodnessOfFit(
+        TreeHistogram(RightWalk, prompt, params, kSamples, &accepted), exact);
     EXPECT_GT(accepted, kSamples / 2) << "the trees were accepted from at times";
     EXPECT_GT(right.p_value, kAlpha)
         << "chi2=" << right.statistic << " df=" << right.degrees_of_freedom;
-    ChiSquareResult wrong =
-        ChiSquareGoodnessOfFit(TreeHistogram(FirstChildWalk, prompt, params, kSamples, &accepted),
-                               exact);
+    ChiSquareResult wrong = ChiSquareGoodnessOfFit(
+        TreeHistogram(FirstChildWalk, prompt, params, kSamples, &accepted), exact);
     EXPECT_LT(wrong.p_value, kAlpha)
         << "chi2=" << wrong.statistic << " df=" << wrong.degrees_of_freedom;
     std::cout << (penalties ? "penalties: " : "plain: ") << "walk p=" << right.p_value
