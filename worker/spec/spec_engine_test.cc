@@ -17,6 +17,7 @@
 #include <iostream>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/engine/engine.h"
@@ -46,6 +47,25 @@ struct Result {
   std::vector<float> logprobs;  // when the request asked for them
   StreamEvent final_event;
 };
+
+// Checks a speculative run against plain decoding's results (tokens, finish
+// reason, output count; no more accepted than drafted tokens) and returns the
+// summed draft and accepted tokens.
+std::pair<int, int> ExpectSameAsPlain(const std::vector<Result>& got,
+                                      const std::vector<Result>& expected,
+                                      const std::string& label) {
+  int drafted = 0, accepted = 0;
+  EXPECT_EQ(got.size(), expected.size()) << label;
+  for (size_t i = 0; i < got.size() && i < expected.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, expected[i].tokens) << label << " request " << i;
+    EXPECT_EQ(got[i].final_event.finish_reason, expected[i].final_event.finish_reason);
+    EXPECT_EQ(got[i].final_event.output_tokens, expected[i].final_event.output_tokens);
+    drafted += got[i].final_event.draft_tokens;
+    accepted += got[i].final_event.accepted_tokens;
+    EXPECT_LE(got[i].final_event.accepted_tokens, got[i].final_event.draft_tokens);
+  }
+  return {drafted, accepted};
+}
 
 std::vector<Result> RunAll(Engine& engine, const std::vector<EngineRequest>& requests,
                            bool one_at_a_time) {
@@ -101,10 +121,10 @@ class ChainOnlyRunner final : public runner::ModelRunner {
   std::unique_ptr<runner::ModelRunner> inner_;
 };
 
-// Counts the proposals that are trees (and passes everything through).
-class TreeCounter final : public DraftProvider {
+// Passes Open/Commit/Close through to `inner`; subclasses change GetDrafts.
+class ForwardingProvider : public DraftProvider {
  public:
-  explicit TreeCounter(std::shared_ptr<DraftProvider> inner) : inner_(std::move(inner)) {}
+  explicit ForwardingProvider(std::shared_ptr<DraftProvider> inner) : inner_(std::move(inner)) {}
   void Open(SeqKey s, absl::Span<const TokenId> t, const sampling::SamplingParams& p,
             int k) override {
     inner_->Open(s, t, p, k);
@@ -113,15 +133,21 @@ class TreeCounter final : public DraftProvider {
     inner_->Commit(s, b, t, k);
   }
   void Close(SeqKey s) override { inner_->Close(s); }
+
+ protected:
+  std::shared_ptr<DraftProvider> inner_;
+};
+
+// Counts the proposals that are trees (and passes everything through).
+class TreeCounter final : public ForwardingProvider {
+ public:
+  using ForwardingProvider::ForwardingProvider;
   std::vector<std::optional<Draft>> GetDrafts(absl::Span<const ProposalRequest> r) override {
     auto d = inner_->GetDrafts(r);
     for (const auto& x : d) trees += x && !IsChain(*x);
     return d;
   }
   int trees = 0;
-
- private:
-  std::shared_ptr<DraftProvider> inner_;
 };
 
 class SpecEngineTest : public ::testing::Test {
@@ -272,16 +298,8 @@ TEST_F(SpecEngineTest, GreedyOutputsAreIdenticalForEverySourceAndBatchCompositio
         auto engine =
             MakeEngine(source, shape.blocks, shape.batched, shape.k, shape.adaptive, untied);
         std::vector<Result> got = RunAll(*engine, requests, shape.alone);
-        int drafted = 0, accepted = 0;
-        for (size_t i = 0; i < requests.size(); ++i) {
-          EXPECT_EQ(got[i].tokens, expected[i].tokens)
-              << "source " << static_cast<int>(source) << " " << shape.name << " request " << i;
-          EXPECT_EQ(got[i].final_event.finish_reason, expected[i].final_event.finish_reason);
-          EXPECT_EQ(got[i].final_event.output_tokens, expected[i].final_event.output_tokens);
-          drafted += got[i].final_event.draft_tokens;
-          accepted += got[i].final_event.accepted_tokens;
-          EXPECT_LE(got[i].final_event.accepted_tokens, got[i].final_event.draft_tokens);
-        }
+        const auto [drafted, accepted] = ExpectSameAsPlain(
+            got, expected, absl::StrCat("source ", static_cast<int>(source), " ", shape.name));
         std::cout << (untied ? "untied " : "tied ") << "source " << static_cast<int>(source) << " "
                   << shape.name << ": drafted " << drafted << " accepted " << accepted << "\n";
         EXPECT_GT(drafted, 0) << shape.name;
@@ -336,15 +354,9 @@ TEST_F(SpecEngineTest, GreedyOutputsAreIdenticalWithTokenTrees) {
         auto engine = MakeEngine(source, shape.blocks, shape.batched, shape.k, shape.adaptive,
                                  untied, counter, shape.chain_only_runner);
         std::vector<Result> got = RunAll(*engine, requests, shape.alone);
-        int drafted = 0, accepted = 0;
+        const auto [drafted, accepted] = ExpectSameAsPlain(
+            got, expected, absl::StrCat("source ", static_cast<int>(source), " ", shape.name));
         for (size_t i = 0; i < requests.size(); ++i) {
-          EXPECT_EQ(got[i].tokens, expected[i].tokens)
-              << "source " << static_cast<int>(source) << " " << shape.name << " request " << i;
-          EXPECT_EQ(got[i].final_event.finish_reason, expected[i].final_event.finish_reason);
-          EXPECT_EQ(got[i].final_event.output_tokens, expected[i].final_event.output_tokens);
-          drafted += got[i].final_event.draft_tokens;
-          accepted += got[i].final_event.accepted_tokens;
-          EXPECT_LE(got[i].final_event.accepted_tokens, got[i].final_event.draft_tokens);
           ASSERT_EQ(got[i].logprobs.size(), expected[i].logprobs.size());
           for (size_t j = 0; j < got[i].logprobs.size(); ++j) {
             EXPECT_NEAR(got[i].logprobs[j], expected[i].logprobs[j], 1e-3)
@@ -373,18 +385,10 @@ TEST_F(SpecEngineTest, GreedyOutputsAreIdenticalWithTokenTrees) {
 // draft was drawn from: the acceptance test and the residual then use the
 // wrong q and the output is biased (a deliberately wrong rule; dropping q
 // altogether would not be wrong: the one-hot rule is exact for any draft).
-class WrongQ final : public DraftProvider {
+class WrongQ final : public ForwardingProvider {
  public:
   WrongQ(std::shared_ptr<DraftProvider> inner, int vocab)
-      : inner_(std::move(inner)), vocab_(vocab) {}
-  void Open(SeqKey s, absl::Span<const TokenId> t, const sampling::SamplingParams& p,
-            int k) override {
-    inner_->Open(s, t, p, k);
-  }
-  void Commit(SeqKey s, int64_t b, absl::Span<const TokenId> t, int k) override {
-    inner_->Commit(s, b, t, k);
-  }
-  void Close(SeqKey s) override { inner_->Close(s); }
+      : ForwardingProvider(std::move(inner)), vocab_(vocab) {}
   std::vector<std::optional<Draft>> GetDrafts(absl::Span<const ProposalRequest> r) override {
     auto d = inner_->GetDrafts(r);
     for (auto& x : d) {
@@ -402,7 +406,6 @@ class WrongQ final : public DraftProvider {
   }
 
  private:
-  std::shared_ptr<DraftProvider> inner_;
   int vocab_;
 };
 
