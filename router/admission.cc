@@ -66,8 +66,8 @@ namespace {
 using PendingCallbacks = std::vector<std::pair<AdmitCallback, absl::StatusOr<AdmissionTicket>>>;
 
 // The callbacks this thread is running now, when it is inside RunCallbacks.
-thread_local std::deque<std::pair<AdmitCallback, absl::StatusOr<AdmissionTicket>>>*
-    tls_running = nullptr;
+thread_local std::deque<std::pair<AdmitCallback, absl::StatusOr<AdmissionTicket>>>* tls_running =
+    nullptr;
 
 // Runs callbacks collected under the controller's lock, after it is released.
 // A callback that releases a ticket (or cancels, or admits) makes more
@@ -240,8 +240,9 @@ uint64_t AdmissionController::AdmitAsync(Priority priority, absl::Time deadline,
     } else if (static_cast<int>(queues_[static_cast<int>(priority)].size()) >=
                options_.max_queued_per_priority) {
       now_result = FullLocked(
-          priority, absl::StrCat(queues_[static_cast<int>(priority)].size(), " requests of priority ",
-                                 std::string(PriorityName(priority)), " are queued already"));
+          priority,
+          absl::StrCat(queues_[static_cast<int>(priority)].size(), " requests of priority ",
+                       std::string(PriorityName(priority)), " are queued already"));
     } else if (absl::Now() >= deadline) {
       ++counters_.timed_out;
       now_result = absl::DeadlineExceededError(

@@ -192,8 +192,9 @@ class AdmissionController {
   void RemoveWaiterLocked(Waiter* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends async waiter `w` (already out of its queue) with `result`: hands
   // the callback over to be run after the lock is released.
-  void EndAsyncWaitLocked(Waiter* w, absl::StatusOr<AdmissionTicket> result,
-                          std::vector<std::pair<AdmitCallback, absl::StatusOr<AdmissionTicket>>>* out)
+  void EndAsyncWaitLocked(
+      Waiter* w, absl::StatusOr<AdmissionTicket> result,
+      std::vector<std::pair<AdmitCallback, absl::StatusOr<AdmissionTicket>>>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeadlineLoop();
 

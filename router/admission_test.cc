@@ -359,11 +359,10 @@ TEST(AdmissionAsyncTest, BlockingAndCallbackWaitersShareOneOrder) {
   // Each callback waiter releases its slot at once, from inside its
   // callback: the next hand-over runs after it, on the same thread.
   auto async = [&](Priority p, std::string name) {
-    c.AdmitAsync(p, absl::Now() + absl::Seconds(30),
-                 [&, name](absl::StatusOr<AdmissionTicket> t) {
-                   ASSERT_TRUE(t.ok()) << t.status();
-                   record(name);
-                 });
+    c.AdmitAsync(p, absl::Now() + absl::Seconds(30), [&, name](absl::StatusOr<AdmissionTicket> t) {
+      ASSERT_TRUE(t.ok()) << t.status();
+      record(name);
+    });
   };
   async(Priority::kLow, "low-async");
   std::thread blocking([&] {
@@ -464,7 +463,8 @@ TEST(AdmissionAsyncTest, DrainTurnsCallbackWaitersAway) {
   absl::StatusOr<AdmissionTicket> held = c.TryAdmit(Priority::kNormal);
   ASSERT_TRUE(held.ok());
   Outcomes out;
-  const uint64_t id = c.AdmitAsync(Priority::kHigh, absl::Now() + absl::Seconds(30), out.Callback());
+  const uint64_t id =
+      c.AdmitAsync(Priority::kHigh, absl::Now() + absl::Seconds(30), out.Callback());
   c.StartDrain();
   ASSERT_EQ(out.count(), 1);
   {
@@ -511,22 +511,21 @@ TEST(AdmissionAsyncTest, ConcurrentCallbacksRunOnceAndNeverExceedTheLimit) {
     threads.emplace_back([&, k] {
       for (int i = 0; i < kPerThread; ++i) {
         const Priority p = static_cast<Priority>((k + i) % kNumPriorities);
-        const uint64_t id = c.AdmitAsync(p, absl::Now() + absl::Seconds(60),
-                                         [&](absl::StatusOr<AdmissionTicket> t) {
-                                           calls.fetch_add(1);
-                                           if (!t.ok()) {
-                                             cancelled.fetch_add(1);
-                                             return;
-                                           }
-                                           admitted.fetch_add(1);
-                                           const int now = holding.fetch_add(1) + 1;
-                                           int seen = peak.load();
-                                           while (now > seen &&
-                                                  !peak.compare_exchange_weak(seen, now)) {
-                                           }
-                                           absl::MutexLock lock(&mu);
-                                           held.push_back(std::move(*t));
-                                         });
+        const uint64_t id = c.AdmitAsync(
+            p, absl::Now() + absl::Seconds(60), [&](absl::StatusOr<AdmissionTicket> t) {
+              calls.fetch_add(1);
+              if (!t.ok()) {
+                cancelled.fetch_add(1);
+                return;
+              }
+              admitted.fetch_add(1);
+              const int now = holding.fetch_add(1) + 1;
+              int seen = peak.load();
+              while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+              }
+              absl::MutexLock lock(&mu);
+              held.push_back(std::move(*t));
+            });
         if (id != 0 && i % 3 == 0) c.CancelWait(id);  // may lose the race to a grant
       }
     });

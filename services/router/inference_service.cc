@@ -381,13 +381,12 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
     // The verdict comes back as an event: at once (queued behind this one),
     // or later from the thread that frees a slot, the deadline thread, or
     // CancelWait in OnClientCancel.
-    wait_id_ = s->admission_.AdmitAsync(
-        ToPriority(req.priority()), queue_deadline,
-        [this](absl::StatusOr<router::AdmissionTicket> ticket) {
-          Event e{Event::kAdmitted};
-          e.ticket = std::move(ticket);
-          Post(std::move(e));
-        });
+    wait_id_ = s->admission_.AdmitAsync(ToPriority(req.priority()), queue_deadline,
+                                        [this](absl::StatusOr<router::AdmissionTicket> ticket) {
+                                          Event e{Event::kAdmitted};
+                                          e.ticket = std::move(ticket);
+                                          Post(std::move(e));
+                                        });
   }
 
   void OnAdmitted(absl::StatusOr<router::AdmissionTicket> ticket) {
@@ -415,11 +414,11 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
     // tried, the seed that keeps a migrated request's random stream.
     router::RetryOptions retry_options;
     retry_options.max_attempts = service_->options_.max_attempts;
-    attempts_.emplace(retry_options, prompt_,
-                      req.sampling().has_max_tokens() ? req.sampling().max_tokens()
-                                                      : std::numeric_limits<int32_t>::max(),
-                      req.sampling().has_seed() ? std::optional<uint64_t>(req.sampling().seed())
-                                                : std::nullopt);
+    attempts_.emplace(
+        retry_options, prompt_,
+        req.sampling().has_max_tokens() ? req.sampling().max_tokens()
+                                        : std::numeric_limits<int32_t>::max(),
+        req.sampling().has_seed() ? std::optional<uint64_t>(req.sampling().seed()) : std::nullopt);
     wreq_.mutable_sampling()->set_seed(attempts_->seed());
     if (service_->tokenizer_) {
       detok_.emplace(service_->tokenizer_.get(), !req.keep_special_tokens());
