@@ -241,9 +241,11 @@ TEST(SpecDecodeTest, SlowDrafterDoesNotSlowTheWorker) {
   const double ratio = absl::FDivDuration(plain_time, spec_time);
   std::cout << "plain " << plain_time << ", with a drafter 100 ms late: " << spec_time
             << " (speed ratio " << ratio << ")\n";
-  // On a quiet machine the two are within a few percent (README); the CI
-  // machine is shared and two-core, so the bound asserted here is looser.
-  EXPECT_GT(ratio, 0.80);
+  // On a quiet machine the two are within a few percent (README; 0.996 in
+  // the last quiet run). The CI machine is two-core and runs other tests at
+  // the same time (0.787 was seen once there), so the bound asserted here is
+  // looser; a worker that waited for this drafter would be 20x slower.
+  EXPECT_GT(ratio, 0.70);
   EXPECT_GT(MetricValue(w.service.metrics_port, "tessera_spec_decode_late_proposals_total"), 0);
 }
 
