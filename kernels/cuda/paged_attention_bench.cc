@@ -4,7 +4,10 @@
 //           block 16, shuffled block table; reports the K/V bytes read per
 //           second against the H200's 4.27e12 B/s.
 //   prefill: one causal prompt of 2048 and of 8192 tokens, same heads;
-//           reports TFLOP/s counting 2 * 2 * S * S * H * D / 2 (causal).
+//           reports TFLOP/s counting 2 * 2 * S * S * H * D / 2 (causal), for
+//           the portable kernel and, on SM 9.0 with sm_90a code, the wgmma
+//           kernel (prefill_attention_sm90.h; "sm90a_*" fields, with its
+//           largest difference from the portable kernel's output).
 // Each figure is the median of several cudaEvent-timed repetitions after a
 // warm-up. Runs in well under a minute on an H200.
 //
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/prefill_attention_sm90.h"
 
 namespace tessera::kernels::cuda {
 namespace {
@@ -185,6 +189,8 @@ int Main(int argc, char** argv) {
     json += line;
   }
   json += "  \"prefill\": [\n";
+  std::string sm90_why;
+  const bool sm90 = PrefillAttentionSm90Available(&sm90_why);
   const int prompts[] = {2048, 8192};
   for (int i = 0; i < 2; ++i) {
     const int len = prompts[i], heads = 32, kv_heads = 8, d = 128, bs = 16;
@@ -195,9 +201,44 @@ int Main(int argc, char** argv) {
     const double flops = 2.0 * 2.0 * double(len) * len * heads * d / 2.0;
     std::snprintf(line, sizeof(line),
                   "    {\"tokens\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, "
-                  "\"us\": %.1f, \"tflop_per_s\": %.1f}%s\n",
-                  len, heads, kv_heads, d, sec * 1e6, flops / sec * 1e-12, i == 0 ? "," : "");
+                  "\"us\": %.1f, \"tflop_per_s\": %.1f",
+                  len, heads, kv_heads, d, sec * 1e6, flops / sec * 1e-12);
     json += line;
+    if (sm90) {
+      // The portable output is in st.p.out now; run the wgmma kernel into a
+      // second buffer and compare before timing it.
+      const size_t elems = size_t(len) * heads * d;
+      std::vector<uint16_t> portable(elems), wgmma(elems);
+      BENCH_CHECK(cudaMemcpy(portable.data(), st.p.out, elems * 2, cudaMemcpyDeviceToHost));
+      BENCH_CHECK(cudaMemset(st.p.out, 0xff, elems * 2));
+      Must(PrefillAttentionSm90(st.p, nullptr));
+      BENCH_CHECK(cudaDeviceSynchronize());
+      BENCH_CHECK(cudaMemcpy(wgmma.data(), st.p.out, elems * 2, cudaMemcpyDeviceToHost));
+      double max_diff = 0.0;
+      for (size_t e = 0; e < elems; ++e) {
+        auto f = [](uint16_t h) {
+          const uint32_t bits = uint32_t{h} << 16;
+          float x;
+          std::memcpy(&x, &bits, 4);
+          return static_cast<double>(x);
+        };
+        const double diff = std::fabs(f(portable[e]) - f(wgmma[e]));
+        max_diff = std::isnan(diff) ? INFINITY : std::max(max_diff, diff);
+      }
+      const double sec90 =
+          MedianSeconds([&] { Must(PrefillAttentionSm90(st.p, nullptr)); }, 3, 10);
+      BENCH_CHECK(cudaDeviceSynchronize());
+      std::snprintf(line, sizeof(line),
+                    ", \"sm90a_us\": %.1f, \"sm90a_tflop_per_s\": %.1f, "
+                    "\"sm90a_max_abs_diff_vs_portable\": %.3g",
+                    sec90 * 1e6, flops / sec90 * 1e-12, max_diff);
+      json += line;
+    } else {
+      std::string why;
+      for (char ch : sm90_why) why += (ch == '"' || ch == '\\') ? '\'' : ch;
+      json += ", \"sm90a\": \"unavailable: " + why + "\"";
+    }
+    json += i == 0 ? "},\n" : "}\n";
   }
   json += "  ]\n}\n";
   std::fputs(json.c_str(), stdout);

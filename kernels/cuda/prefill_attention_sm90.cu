@@ -1,0 +1,570 @@
+// wgmma prefill attention for SM 9.0 (see prefill_attention_sm90.h).
+//
+// Shared-memory tiles (Q: 128 rows, K and V: 128 keys; rows of head_dim
+// bf16) are stored as head_dim/64 column blocks of [rows][64] elements, one
+// 128-byte line per row, and 16-byte chunk c of row r sits at chunk
+// position c ^ (r & 7): the canonical 128-byte-swizzle layout the wgmma
+// descriptors describe (swizzle mode 1), each block 1024-byte aligned.
+//   Q, K as K-major operands: 8-row core groups 1024 bytes apart (SBO); one
+//     k16 step is 32 bytes inside a 128-byte line; the leading offset is
+//     unused for swizzled K-major layouts.
+//   V as the N-major B operand of P V (imm-trans-b = 1): 8-key groups 1024
+//     bytes apart (SBO), the two 64-column blocks of head_dim 128 one
+//     column block apart (LBO = 128 keys * 128 bytes).
+// Accumulator fragment (m64nN, fp32), thread t of a warpgroup, warp w =
+// t / 32, g = lane / 4, q = lane % 4: d[4j + 2i + c] is row 16w + g + 8i,
+// column 8j + 2q + c. The A register fragment of P for k-step kk is the
+// mma.m16n8k16 A fragment, built from the S accumulators of column blocks
+// 2kk and 2kk + 1 of the same thread.
+//
+// Pipeline per key tile kt (three stages): wait for tile kt's cp.async
+// group, fence.proxy.async (cp.async and zero-fill stores are generic-proxy
+// writes that wgmma reads through the async proxy), one __syncthreads, then
+// the prefetch of tile kt + 2 into the stage tile kt - 1 used (every
+// warpgroup waited for its wgmmas on that stage before the barrier), then
+// both warpgroups compute on tile kt.
+//
+// Thread-safety: see the header.
+#include "kernels/cuda/prefill_attention_sm90.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/paged_attention.cuh"
+
+namespace tessera::kernels::cuda {
+namespace {
+
+using namespace attention_detail;  // NOLINT(build/namespaces): device helpers of this file
+
+constexpr int kRows = 128;     // query rows per CTA (two warpgroups of 64)
+constexpr int kThreads = 256;  // two warpgroups
+constexpr int kKeys = 128;     // keys per K/V tile
+constexpr int kStages = 3;
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int D>
+constexpr size_t SmemBytes() {
+  // + 1024: the dynamic shared memory base is aligned up to 1024 bytes.
+  return sizeof(uint16_t) * (size_t{kRows} * D + size_t{kStages} * 2 * kKeys * D) + 1024;
+}
+
+// Element offset of 16-byte chunk `chunk` (0 .. D/8 - 1) of row `row` in a
+// swizzled tile of R rows.
+template <int R>
+__device__ __forceinline__ int TileOffset(int row, int chunk) {
+  return (chunk >> 3) * (R * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// wgmma shared-memory matrix descriptor, 128-byte swizzle.
+__device__ __forceinline__ uint64_t Desc(uint32_t smem_addr, uint32_t lbo_bytes,
+                                         uint32_t sbo_bytes) {
+  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16) |
+         (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void WgFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void WgCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgWaitAll() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Pins a register value in program order relative to the volatile asm
+// around it (wgmma operands must not be read or written by other
+// instructions between the issue and the wait).
+__device__ __forceinline__ void PinF(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void PinU(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
+
+// d (+)= A * B, m64n128k16, A and B from shared memory (descriptors), both K-major.
+__device__ __forceinline__ void WgmmaSS128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// d += A * B, m64n128k16, A from registers (the mma.m16n8k16 A fragment per warp),
+// B from shared memory, MN-major (imm-trans-b = 1).
+__device__ __forceinline__ void WgmmaRS128(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+}
+
+// d += A * B, m64n64k16, A from registers (the mma.m16n8k16 A fragment per warp),
+// B from shared memory, MN-major (imm-trans-b = 1).
+__device__ __forceinline__ void WgmmaRS64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+}
+
+
+template <int D>
+__device__ __forceinline__ void WgmmaPV(float (&o)[D / 2], const uint32_t (&a)[4], uint64_t desc);
+template <>
+__device__ __forceinline__ void WgmmaPV<128>(float (&o)[64], const uint32_t (&a)[4],
+                                             uint64_t desc) {
+  WgmmaRS128(o, a, desc);
+}
+template <>
+__device__ __forceinline__ void WgmmaPV<64>(float (&o)[32], const uint32_t (&a)[4],
+                                            uint64_t desc) {
+  WgmmaRS64(o, a, desc);
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// Whole CTA: cp.async of keys [key0, key0 + kKeys) of K and V into the
+// swizzled tiles; keys >= key_end are zero-filled (their block table
+// entries are not read).
+template <int D>
+__device__ __forceinline__ void LoadKv(uint16_t* sk, uint16_t* sv, const KvSource& src, int key0,
+                                       int key_end) {
+  constexpr int kChunksPerRow = D / 8;
+  constexpr int kChunks = kKeys * kChunksPerRow;
+  static_assert(kChunks % kThreads == 0, "tile chunks must split evenly over the threads");
+  const int block_mask = (1 << src.block_shift) - 1;
+#pragma unroll
+  for (int i = 0; i < kChunks / kThreads; ++i) {
+    const int c = i * kThreads + static_cast<int>(threadIdx.x);
+    const int row = c / kChunksPerRow;
+    const int chunk = c % kChunksPerRow;
+    const int key = key0 + row;
+    const int off = TileOffset<kKeys>(row, chunk);
+    if (key < key_end) {
+      const int64_t block = src.table[key >> src.block_shift];
+      const int64_t slot = (block << src.block_shift) + (key & block_mask);
+      const int64_t g = slot * src.slot_stride + src.head_offset + chunk * 8;
+      CpAsync16(sk + off, src.k + g);
+      CpAsync16(sv + off, src.v + g);
+    } else {
+      *reinterpret_cast<uint4*>(sk + off) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(sv + off) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    PrefillSm90Kernel(PagedAttentionParams p, int block_shift, int group, float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  constexpr int kKSteps = D / 16;       // k16 steps of S = Q K^T
+  constexpr int kPSteps = kKeys / 16;   // k16 steps of O += P V
+  constexpr int kColBlocks = D / 64;    // 64-column (128-byte) blocks per row
+  constexpr int kStageElems = 2 * kKeys * D;
+  extern __shared__ uint4 smem_raw[];
+  const uint32_t raw_addr = SmemAddr(smem_raw);
+  uint16_t* const sq =
+      reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(smem_raw) + ((1024 - (raw_addr & 1023)) & 1023));
+  uint16_t* const stages = sq + kRows * D;  // stage s: K at s * kStageElems, V kKeys * D after
+
+  const int seq = blockIdx.z;
+  const int head = blockIdx.y;
+  const int q_tile = gridDim.x - 1 - blockIdx.x;  // longest tiles first
+  const int q_begin = p.query_start_loc[seq];
+  const int q_len = p.query_start_loc[seq + 1] - q_begin;
+  const int row0 = q_tile * kRows;
+  if (row0 >= q_len) return;  // uniform over the CTA
+  const int rows_valid = min(kRows, q_len - row0);
+  const int ctx_start = p.seq_lens[seq] - q_len;
+
+  if (ctx_start < 0) {  // inconsistent lengths: zeros rather than garbage
+    for (int c = threadIdx.x; c < rows_valid * (D / 8); c += kThreads) {
+      const int row = c / (D / 8);
+      const int chunk = c % (D / 8);
+      *reinterpret_cast<uint4*>(p.out + int64_t{q_begin + row0 + row} * p.out_token_stride +
+                                int64_t{head} * D + chunk * 8) = make_uint4(0, 0, 0, 0);
+    }
+    return;
+  }
+
+  const int wg = threadIdx.x >> 7;         // warpgroup: query rows 64 wg .. 64 wg + 63
+  const int warp = (threadIdx.x >> 5) & 3;  // warp inside the warpgroup
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+
+  const KvSource src{p.k_cache,
+                     p.v_cache,
+                     p.block_tables + int64_t{seq} * p.block_table_stride,
+                     block_shift,
+                     int64_t{p.num_kv_heads} * D,
+                     int64_t{head / group} * D};
+  const int n_keys = ctx_start + row0 + rows_valid;  // keys the last valid row sees
+  const int n_tiles = (n_keys + kKeys - 1) / kKeys;
+
+  // Group 0: the query tile (rows past q_len are zero) and K/V tile 0;
+  // group 1: tile 1 (empty when there is none).
+  for (int c = threadIdx.x; c < kRows * (D / 8); c += kThreads) {
+    const int row = c / (D / 8);
+    const int chunk = c % (D / 8);
+    uint16_t* dst = sq + TileOffset<kRows>(row, chunk);
+    if (row < rows_valid) {
+      CpAsync16(dst, p.q + int64_t{q_begin + row0 + row} * p.q_token_stride + int64_t{head} * D +
+                         chunk * 8);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  LoadKv<D>(stages, stages + kKeys * D, src, 0, n_keys);
+  CpAsyncCommit();
+  if (n_tiles > 1) LoadKv<D>(stages + kStageElems, stages + kStageElems + kKeys * D, src, kKeys, n_keys);
+  CpAsyncCommit();
+
+  const int wg_row0 = wg * 64;
+  const bool wg_active = wg_row0 < rows_valid;
+  const int wg_first_pos = ctx_start + row0 + wg_row0;
+  const int wg_last_pos = wg_first_pos + 63;
+  const int pos0 = wg_first_pos + warp * 16 + g;  // this thread's rows: pos0 and pos0 + 8
+  const uint32_t q_addr = SmemAddr(sq) + wg_row0 * 128;
+  const uint32_t stages_addr = SmemAddr(stages);
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float s[kKeys / 2];
+#pragma unroll
+  for (int i = 0; i < kKeys / 2; ++i) s[i] = 0.f;
+  float m[2] = {kNegInf, kNegInf};
+  float l[2] = {0.f, 0.f};
+
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    CpAsyncWait<1>();  // tile kt (and the query tile) landed for this thread's copies
+    FenceProxyAsync();
+    __syncthreads();  // ... and for everyone's; tile kt - 1 is no longer read
+    if (kt + 2 < n_tiles) {
+      uint16_t* sk = stages + ((kt + 2) % kStages) * kStageElems;
+      LoadKv<D>(sk, sk + kKeys * D, src, (kt + 2) * kKeys, n_keys);
+    }
+    CpAsyncCommit();
+
+    const int key0 = kt * kKeys;
+    if (!wg_active || key0 > wg_last_pos) continue;  // uniform over the warpgroup
+    const uint32_t k_addr = stages_addr + (kt % kStages) * kStageElems * 2;
+    const uint32_t v_addr = k_addr + kKeys * D * 2;
+
+    // S = Q K^T.
+#pragma unroll
+    for (int i = 0; i < kKeys / 2; ++i) PinF(s[i]);
+    WgFence();
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      const uint32_t col = (ks >> 2) * 1u;       // 64-column block
+      const uint32_t k_off = (ks & 3) * 32u;     // k16 step inside the 128-byte line
+      const uint64_t da = Desc(q_addr + col * (kRows * 128) + k_off, 16, 1024);
+      const uint64_t db = Desc(k_addr + col * (kKeys * 128) + k_off, 16, 1024);
+      WgmmaSS128(s, da, db, ks > 0 ? 1 : 0);
+    }
+    WgCommit();
+    WgWaitAll();
+#pragma unroll
+    for (int i = 0; i < kKeys / 2; ++i) PinF(s[i]);
+
+    // Online softmax in log2 units on the accumulator layout.
+    const bool need_mask = key0 + kKeys - 1 > wg_first_pos;
+    float mx[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = s[4 * j + e] * scale_log2;
+        if (need_mask && key0 + 8 * j + 2 * t + (e & 1) > pos0 + 8 * (e >> 1)) v = kNegInf;
+        s[4 * j + e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+      }
+    }
+    float alpha[2];
+    float base[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float m_new = fmaxf(m[i], mx[i]);
+      base[i] = m_new == kNegInf ? 0.f : m_new;  // a fully masked row stays at 0 weight
+      alpha[i] = Ex2(m[i] - base[i]);
+      m[i] = m_new;
+    }
+    float row_sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = Ex2(s[4 * j + e] - base[e >> 1]);
+        s[4 * j + e] = pe;
+        row_sum[e >> 1] += pe;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + row_sum[i];
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      o[4 * j + 0] *= alpha[0];
+      o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1];
+      o[4 * j + 3] *= alpha[1];
+    }
+    uint32_t pa[kPSteps][4];
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk) {
+      pa[kk][0] = PackBf16x2(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = PackBf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = PackBf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = PackBf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) PinU(pa[kk][r]);
+    }
+
+    // O += P V.
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) PinF(o[i]);
+    WgFence();
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk) {
+      const uint64_t dv = Desc(v_addr + kk * (16 * 128), kKeys * 128, 1024);
+      WgmmaPV<D>(o, pa[kk], dv);
+    }
+    WgCommit();
+    WgWaitAll();
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) PinF(o[i]);
+    (void)kColBlocks;
+  }
+  CpAsyncWait<0>();
+
+  if (!wg_active) return;  // uniform over the warpgroup
+  const float sums[2] = {QuadSum(l[0]), QuadSum(l[1])};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = wg_row0 + warp * 16 + g + 8 * i;
+    if (row >= rows_valid) continue;
+    const float inv = sums[i] > 0.f ? 1.f / sums[i] : 0.f;
+    uint16_t* dst = p.out + int64_t{q_begin + row0 + row} * p.out_token_stride + int64_t{head} * D;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(dst + 8 * j + 2 * t) =
+          PackBf16x2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+    }
+  }
+#else
+  // Built for another arch: the host never launches this (see
+  // PrefillAttentionSm90Available); trap if it happens anyway.
+  __trap();
+#endif
+}
+
+// Writes 1 when the image that runs on this device is the sm_90a one.
+__global__ void Sm90aProbeKernel(int* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *out = 1;
+#else
+  *out = 0;
+#endif
+}
+
+bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+int Log2IfPowerOfTwo(int x) {
+  if (x <= 0 || (x & (x - 1)) != 0) return -1;
+  int s = 0;
+  while ((1 << s) < x) ++s;
+  return s;
+}
+
+absl::Status Validate(const PagedAttentionParams& p) {
+  auto bad = [](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("PrefillAttentionSm90: ", parts...));
+  };
+  if (p.head_dim != 64 && p.head_dim != 128) {
+    return bad("head_dim ", p.head_dim,
+               " is not supported (64 or 128; use PagedAttentionPrefill for others)");
+  }
+  if (p.num_seqs < 0 || p.num_seqs > 65535) {
+    return bad("num_seqs ", p.num_seqs, " is outside [0, 65535]");
+  }
+  if (p.num_heads <= 0 || p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0) {
+    return bad("num_heads ", p.num_heads, " must be a positive multiple of num_kv_heads ",
+               p.num_kv_heads);
+  }
+  if (p.num_heads > 65535) return bad("num_heads ", p.num_heads, " exceeds 65535");
+  if (Log2IfPowerOfTwo(p.block_size) < 0 || p.block_size > (1 << 20)) {
+    return bad("block_size ", p.block_size, " must be a power of two <= 2^20");
+  }
+  if (!std::isfinite(p.scale)) return bad("scale is not finite");
+  if (p.max_seq_len < 0) return bad("max_seq_len ", p.max_seq_len, " is negative");
+  if (p.max_query_len < 0 || p.max_query_len > p.max_seq_len) {
+    return bad("max_query_len ", p.max_query_len, " must be in [0, max_seq_len = ", p.max_seq_len,
+               "]");
+  }
+  if (p.q == nullptr || p.k_cache == nullptr || p.v_cache == nullptr || p.out == nullptr ||
+      p.block_tables == nullptr || p.seq_lens == nullptr || p.query_start_loc == nullptr) {
+    return bad(
+        "q, k_cache, v_cache, out, block_tables, seq_lens and query_start_loc must be non-null");
+  }
+  if (!Aligned16(p.q) || !Aligned16(p.k_cache) || !Aligned16(p.v_cache) || !Aligned16(p.out)) {
+    return bad("q, k_cache, v_cache and out must be 16-byte aligned");
+  }
+  const int64_t row = int64_t{p.num_heads} * p.head_dim;
+  if (p.q_token_stride < row || p.q_token_stride % 8 != 0) {
+    return bad("q_token_stride ", p.q_token_stride, " must be >= num_heads * head_dim (", row,
+               ") and a multiple of 8");
+  }
+  if (p.out_token_stride < row || p.out_token_stride % 8 != 0) {
+    return bad("out_token_stride ", p.out_token_stride, " must be >= num_heads * head_dim (", row,
+               ") and a multiple of 8");
+  }
+  const int64_t blocks_needed = (int64_t{p.max_seq_len} + p.block_size - 1) / p.block_size;
+  if (p.block_table_stride < blocks_needed) {
+    return bad("block_table_stride ", p.block_table_stride, " is below the ", blocks_needed,
+               " blocks max_seq_len ", p.max_seq_len, " needs");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchStatus(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, " failed: ", cudaGetErrorString(err)));
+}
+
+// FAILED_PRECONDITION unless the current device is SM 9.0 and runs an SM
+// 9.0 image of the kernel compiled from sm_90 PTX or newer (not a JIT of
+// older PTX, whose body is the trapping stub). Capture-safe.
+template <int D>
+absl::Status CheckDevice() {
+  int device = 0;
+  int major = 0, minor = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  }
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  }
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "PrefillAttentionSm90: no usable CUDA device (", cudaGetErrorString(err), ")"));
+  }
+  if (major != 9 || minor != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "PrefillAttentionSm90 needs an SM 9.0 device; device ", device, " is SM ", major, ".", minor));
+  }
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, PrefillSm90Kernel<D>) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError(
+        "PrefillAttentionSm90: this binary has no kernel image for SM 9.0 (build with sm_90a in "
+        "-DTESSERA_CUDA_ARCHS)");
+  }
+  if (attr.binaryVersion != 90 || attr.ptxVersion < 90) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "PrefillAttentionSm90: the kernel image for this device is binary ", attr.binaryVersion,
+        " from PTX ", attr.ptxVersion, ", not sm_90a (build with sm_90a in -DTESSERA_CUDA_ARCHS)"));
+  }
+  return absl::OkStatus();
+}
+
+template <int D>
+absl::Status Launch(const PagedAttentionParams& p, cudaStream_t stream) {
+  if (absl::Status s = CheckDevice<D>(); !s.ok()) return s;
+  constexpr size_t smem = SmemBytes<D>();
+  if (cudaFuncSetAttribute(PrefillSm90Kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem)) != cudaSuccess) {
+    return LaunchStatus("PrefillAttentionSm90 (shared memory attribute)");
+  }
+  const dim3 grid((p.max_query_len + kRows - 1) / kRows, p.num_heads, p.num_seqs);
+  PrefillSm90Kernel<D><<<grid, kThreads, smem, stream>>>(
+      p, Log2IfPowerOfTwo(p.block_size), p.num_heads / p.num_kv_heads, p.scale * kLog2e);
+  return LaunchStatus("PrefillAttentionSm90 launch");
+}
+
+}  // namespace
+
+bool PrefillAttentionSm90Available(std::string* why) {
+  auto fail = [why](std::string reason) {
+    if (why != nullptr) *why = std::move(reason);
+    return false;
+  };
+  if (absl::Status s = CheckDevice<128>(); !s.ok()) return fail(std::string(s.message()));
+  int* flag = nullptr;
+  if (cudaMalloc(&flag, sizeof(int)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fail("PrefillAttentionSm90: cudaMalloc for the probe failed");
+  }
+  int host = 0;
+  Sm90aProbeKernel<<<1, 1>>>(flag);
+  const cudaError_t err = cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost);
+  cudaFree(flag);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fail(absl::StrCat("PrefillAttentionSm90: probe kernel failed: ",
+                             cudaGetErrorString(err)));
+  }
+  if (host != 1) {
+    return fail(
+        "PrefillAttentionSm90: the device runs a non-sm_90a image of this binary (build with "
+        "sm_90a in -DTESSERA_CUDA_ARCHS)");
+  }
+  return true;
+}
+
+bool PrefillAttentionSm90Supports(const PagedAttentionParams& p) {
+  return p.head_dim == 64 || p.head_dim == 128;
+}
+
+absl::Status PrefillAttentionSm90(const PagedAttentionParams& p, CUstream_st* stream) {
+  if (absl::Status s = Validate(p); !s.ok()) return s;
+  if (p.num_seqs == 0 || p.max_query_len == 0) return absl::OkStatus();
+  if (p.head_dim == 64) return Launch<64>(p, stream);
+  return Launch<128>(p, stream);
+}
+
+}  // namespace tessera::kernels::cuda
