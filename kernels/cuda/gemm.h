@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/cuda/cuda_types.h"
+#include "kernels/cuda/gemv.h"
 
 namespace tessera::kernels::cuda {
 
@@ -51,6 +52,12 @@ class GemmContext {
 
   // Default true: m <= 8 GEMMs use the GEMV kernel when it applies.
   void SetUseGemv(bool use);
+  // Whether the GEMV path is on (SetUseGemv) and takes rows of m, k.
+  bool GemvTakes(int64_t m, int64_t k) const;
+  // The GEMV with fused stages (gemv.h GemvFusion) on the context's
+  // workspace; FAILED_PRECONDITION when !GemvTakes(m, k).
+  absl::Status GemvFused(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                         const float* bias, Bf16* y, const GemvFusion& fusion, CudaStream stream);
 
   struct Impl;
 

@@ -87,21 +87,60 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-template <bool kF32Out>
-__device__ __forceinline__ void StoreOut(void* y, int64_t i, float v) {
-  if constexpr (kF32Out) {
-    static_cast<float*>(y)[i] = v;
-  } else {
-    static_cast<uint16_t*>(y)[i] = FloatToBf16Bits(v);
-  }
+// What the kernel does after the dot products (GemvFusion::Epilogue, plus
+// the plain fp32 store of the logits).
+enum class Out { kBf16, kF32, kSiluMul, kAddResidual };
+
+struct KernelArgs {
+  const uint16_t* x;  // bf16 [m, k]; unused with the norm prologue
+  int m, k;
+  const uint16_t* w;  // bf16 [n, k]
+  int n;              // rows of w
+  const float* bias;  // [n] or null
+  void* y;            // bf16 or fp32 [m, n]; kSiluMul: bf16 [m, n / 2]
+  int steps_per_split, splits;
+  int slots;  // tiles * kTileRows: the row stride of the split partials
+  float* partials;
+  uint32_t* counters;
+  // Norm prologue.
+  const float* norm_residual;  // fp32 [m, k]
+  const float* norm_weight;    // fp32 [k]
+  const float* norm_sumsq;     // fp32 [m, norm_parts]
+  int norm_parts;
+  float eps;
+  // kAddResidual.
+  float* residual;   // fp32 [m, n]
+  float* sumsq_out;  // fp32 [m, tiles]
+};
+
+__device__ __forceinline__ float RoundBf16(float v) { return Bf16BitsToFloat(FloatToBf16Bits(v)); }
+
+// 8 normalized activations as packed bf16: bf16(r * inv * g), the rounding
+// of the RMSNorm kernels (elementwise.cu).
+__device__ __forceinline__ uint4 LoadNormalized(const float* r, const float* g, float inv,
+                                                bool pred) {
+  if (!pred) return make_uint4(0, 0, 0, 0);
+  const float4 r0 = __ldg(reinterpret_cast<const float4*>(r));
+  const float4 r1 = __ldg(reinterpret_cast<const float4*>(r) + 1);
+  const float4 g0 = __ldg(reinterpret_cast<const float4*>(g));
+  const float4 g1 = __ldg(reinterpret_cast<const float4*>(g) + 1);
+  auto pack = [inv](float a, float ga, float b, float gb) {
+    return static_cast<uint32_t>(FloatToBf16Bits(a * inv * ga)) |
+           (static_cast<uint32_t>(FloatToBf16Bits(b * inv * gb)) << 16);
+  };
+  return make_uint4(pack(r0.x, g0.x, r0.y, g0.y), pack(r0.z, g0.z, r0.w, g0.w),
+                    pack(r1.x, g1.x, r1.y, g1.y), pack(r1.z, g1.z, r1.w, g1.w));
 }
 
-template <bool kF32Out>
-__global__ void __launch_bounds__(kThreads)
-    GemvKernel(const uint16_t* __restrict__ x, int m, int k, const uint16_t* __restrict__ w, int n,
-               const float* __restrict__ bias, void* __restrict__ y, int steps_per_split,
-               int splits, float* __restrict__ partials, uint32_t* __restrict__ counters) {
+// kOut: the epilogue; kNorm: activations computed on load as the RMSNorm
+// of an fp32 residual stream (see GemvFusion).
+// The norm prologue's loads take registers; capping them at 128 keeps 4
+// CTAs per SM.
+template <Out kOut, bool kNorm>
+__global__ void __launch_bounds__(kThreads, kNorm ? 4 : 1) GemvKernel(const KernelArgs a) {
   __shared__ float red[kWarps][kTileRows][8];
+  __shared__ float fin[kTileRows][8];
+  __shared__ float inv_rms[8];
   __shared__ uint32_t is_last;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -109,42 +148,87 @@ __global__ void __launch_bounds__(kThreads)
   const int q = lane & 3;
   const int tile = blockIdx.x;
   const int split = blockIdx.y;
-  const int n0 = tile * kTileRows;
+  const int k = a.k, m = a.m, n = a.n;
   const int total_steps = (k + kStepK - 1) / kStepK;
-  const int s_begin = split * steps_per_split;
-  const int s_end = min(total_steps, s_begin + steps_per_split);
+  const int s_begin = split * a.steps_per_split;
+  const int s_end = min(total_steps, s_begin + a.steps_per_split);
 
-  const bool lo_ok = n0 + g < n;
-  const bool hi_ok = n0 + g + 8 < n;
+  // Rows of W this lane reads: tile rows g and g + 8. With the SiLU-mul
+  // epilogue a tile is 8 gate rows and the 8 matching up rows.
+  const int half = n / 2;
+  int row_lo, row_hi;
+  bool lo_ok, hi_ok;
+  if constexpr (kOut == Out::kSiluMul) {
+    const int j = tile * 8 + g;
+    lo_ok = hi_ok = j < half;
+    row_lo = j;
+    row_hi = half + j;
+  } else {
+    row_lo = tile * kTileRows + g;
+    row_hi = row_lo + 8;
+    lo_ok = row_lo < n;
+    hi_ok = row_hi < n;
+  }
   const bool x_ok = g < m;
-  const uint16_t* w_lo = w + static_cast<int64_t>(lo_ok ? n0 + g : 0) * k + q * 8;
-  const uint16_t* w_hi = w + static_cast<int64_t>(hi_ok ? n0 + g + 8 : 0) * k + q * 8;
-  const uint16_t* xr = x + static_cast<int64_t>(x_ok ? g : 0) * k + q * 8;
+  const uint16_t* w_lo = a.w + static_cast<int64_t>(lo_ok ? row_lo : 0) * k + q * 8;
+  const uint16_t* w_hi = a.w + static_cast<int64_t>(hi_ok ? row_hi : 0) * k + q * 8;
+  const int64_t x_off = static_cast<int64_t>(x_ok ? g : 0) * k + q * 8;
   const int k_lane = k - q * 8;  // chunk at step t is inside k iff 32 t < k_lane
 
-  // Loads the warp's 4 steps of the iteration starting at step `it`
-  // (zeros past the split, k, n or m).
-  auto load = [&](int it, uint4(&lo)[kUnroll], uint4(&hi)[kUnroll], uint4(&xb)[kUnroll]) {
+  auto step_ok = [&](int step) { return step < s_end && step * kStepK < k_lane; };
+  // The warp's 4 steps of W (and of x) of the iteration starting at step
+  // `it`; zeros past the split, k, n or m.
+  auto load_w = [&](int it, uint4(&lo)[kUnroll], uint4(&hi)[kUnroll]) {
     const int base = it + warp * kUnroll;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int step = base + u;
-      const int kk = step * kStepK;
-      const bool ok = step < s_end && kk < k_lane;
+      const int kk = (base + u) * kStepK;
+      const bool ok = step_ok(base + u);
       lo[u] = LoadStreaming(w_lo + kk, ok && lo_ok);
       hi[u] = LoadStreaming(w_hi + kk, ok && hi_ok);
-      xb[u] = LoadCached(xr + kk, ok && x_ok);
+    }
+  };
+  auto load_x = [&](int it, uint4(&xb)[kUnroll]) {
+    const int base = it + warp * kUnroll;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int kk = (base + u) * kStepK;
+      const bool ok = step_ok(base + u) && x_ok;
+      if constexpr (kNorm) {
+        xb[u] = LoadNormalized(a.norm_residual + x_off + kk, a.norm_weight + q * 8 + kk,
+                               inv_rms[x_ok ? g : 0], ok);
+      } else {
+        xb[u] = LoadCached(a.x + x_off + kk, ok);
+      }
     }
   };
 
   // Software pipeline: the next iteration's loads are issued before this
-  // iteration's MMAs, so up to 8 KiB of W per warp are in flight.
+  // iteration's MMAs, so up to 8 KiB of W per warp are in flight. The first
+  // W loads go out before the norm prologue, which they do not need.
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   uint4 a_lo[kUnroll], a_hi[kUnroll], b[kUnroll];
-  load(s_begin, a_lo, a_hi, b);
+  load_w(s_begin, a_lo, a_hi);
+  if constexpr (kNorm) {
+    // Every CTA sums the same partial sums of squares in the same order, so
+    // all of them scale by the same factor. Thread t serves activation row
+    // t / 16 (a half-warp per row).
+    const int r = threadIdx.x >> 4;
+    const int j = threadIdx.x & 15;
+    float s = 0.f;
+    if (r < m) {
+      for (int p = j; p < a.norm_parts; p += 16) s += __ldg(&a.norm_sumsq[r * a.norm_parts + p]);
+    }
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (j == 0 && r < 8) inv_rms[r] = rsqrtf(s / static_cast<float>(k) + a.eps);
+    __syncthreads();
+  }
+  load_x(s_begin, b);
   for (int it = s_begin; it < s_end; it += kStepsPerIter) {
     uint4 n_lo[kUnroll], n_hi[kUnroll], n_b[kUnroll];
-    load(it + kStepsPerIter, n_lo, n_hi, n_b);
+    load_w(it + kStepsPerIter, n_lo, n_hi);
+    load_x(it + kStepsPerIter, n_b);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       MmaBf16(acc, a_lo[u].x, a_hi[u].x, a_lo[u].y, a_hi[u].y, b[u].x, b[u].y);
@@ -163,35 +247,82 @@ __global__ void __launch_bounds__(kThreads)
   red[warp][g + 8][2 * q] = acc[2];
   red[warp][g + 8][2 * q + 1] = acc[3];
   __syncthreads();
-  const int row = threadIdx.x >> 3;  // 0..15
+  const int row = threadIdx.x >> 3;  // tile row 0..15
   const int col = threadIdx.x & 7;   // activation row
   float v = red[0][row][col];
 #pragma unroll
   for (int i = 1; i < kWarps; ++i) v += red[i][row][col];
-  const int out_n = n0 + row;
-  const bool valid = col < m && out_n < n;
-  const int64_t out_i = static_cast<int64_t>(col) * n + out_n;
-  if (splits == 1) {
-    if (valid) StoreOut<kF32Out>(y, out_i, bias != nullptr ? v + bias[out_n] : v);
-    return;
+  // The tile's slot in the split partials (row stride a.slots).
+  const int64_t slot = static_cast<int64_t>(col) * a.slots + tile * kTileRows + row;
+  if (a.splits > 1) {
+    if (col < m) a.partials[static_cast<int64_t>(split) * m * a.slots + slot] = v;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const uint32_t prev = atomicAdd(&a.counters[tile], 1u);
+      is_last = prev == static_cast<uint32_t>(a.splits - 1) ? 1u : 0u;
+    }
+    __syncthreads();
+    if (is_last == 0) return;
+    __threadfence();
+    if (col < m) {
+      v = __ldcg(&a.partials[slot]);
+      for (int s = 1; s < a.splits; ++s) v += __ldcg(&a.partials[s * m * a.slots + slot]);
+    }
+    if (threadIdx.x == 0) a.counters[tile] = 0;
   }
-  if (valid) partials[static_cast<int64_t>(split) * m * n + out_i] = v;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint32_t prev = atomicAdd(&counters[tile], 1u);
-    is_last = prev == static_cast<uint32_t>(splits - 1) ? 1u : 0u;
+
+  // Epilogue on the tile's final sums.
+  if constexpr (kOut == Out::kBf16 || kOut == Out::kF32) {
+    const int out_n = tile * kTileRows + row;
+    if (col < m && out_n < n) {
+      const float o = a.bias != nullptr ? v + a.bias[out_n] : v;
+      const int64_t i = static_cast<int64_t>(col) * n + out_n;
+      if constexpr (kOut == Out::kF32) {
+        static_cast<float*>(a.y)[i] = o;
+      } else {
+        static_cast<uint16_t*>(a.y)[i] = FloatToBf16Bits(o);
+      }
+    }
+  } else if constexpr (kOut == Out::kSiluMul) {
+    // gate and up each rounded to bf16 as the unfused GEMV would store
+    // them, then SiLU(gate) * up as SiluMul computes it.
+    fin[row][col] = v;
+    __syncthreads();
+    const int j = tile * 8 + row;
+    if (row < 8 && col < m && j < half) {
+      float gv = fin[row][col], uv = fin[row + 8][col];
+      if (a.bias != nullptr) {
+        gv += a.bias[j];
+        uv += a.bias[half + j];
+      }
+      gv = RoundBf16(gv);
+      uv = RoundBf16(uv);
+      static_cast<uint16_t*>(a.y)[static_cast<int64_t>(col) * half + j] =
+          FloatToBf16Bits(gv / (1.0f + expf(-gv)) * uv);
+    }
+  } else {  // kAddResidual
+    // residual += bf16(v + bias), as FusedAddRmsNorm adds the bf16 delta;
+    // then this tile's sum of squares of the new residual per row, summed
+    // over its 16 rows in order.
+    const int out_n = tile * kTileRows + row;
+    float sq = 0.f;
+    if (col < m && out_n < n) {
+      const float d = RoundBf16(a.bias != nullptr ? v + a.bias[out_n] : v);
+      float* r = &a.residual[static_cast<int64_t>(col) * n + out_n];
+      const float nr = *r + d;
+      *r = nr;
+      sq = nr * nr;
+    }
+    fin[row][col] = sq;
+    __syncthreads();
+    if (threadIdx.x < 8 && threadIdx.x < m) {
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < kTileRows; ++i) s += fin[i][threadIdx.x];
+      a.sumsq_out[static_cast<int64_t>(threadIdx.x) * gridDim.x + tile] = s;
+    }
   }
-  __syncthreads();
-  if (is_last == 0) return;
-  __threadfence();
-  if (valid) {
-    float sum = __ldcg(&partials[out_i]);
-    for (int s = 1; s < splits; ++s)
-      sum += __ldcg(&partials[static_cast<int64_t>(s) * m * n + out_i]);
-    StoreOut<kF32Out>(y, out_i, bias != nullptr ? sum + bias[out_n] : sum);
-  }
-  if (threadIdx.x == 0) counters[tile] = 0;
 }
 
 struct SplitPlan {
@@ -206,18 +337,22 @@ SplitPlan PlanSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, i
   if (force_splits > 0) {
     splits = force_splits;
   } else {
-    // Fill the resident slots in one wave: a second, partial wave of equal
-    // CTAs would run the tail at a fraction of the bandwidth.
-    const int64_t slots = static_cast<int64_t>(ws.num_sms > 0 ? ws.num_sms : 132) *
-                          (ws.ctas_per_sm > 0 ? ws.ctas_per_sm : 4);
-    if (tiles < slots) splits = std::max<int64_t>(1, slots / tiles);
+    // With at least one row tile per SM, no split: on the H200 one split
+    // beat two or more on every Llama-3-8B shape (cuda_ops_bench's split
+    // sweep: 4096x4096 12.5 vs 12.9 us, 6144x4096 15.4 vs 19.4, 4096x14336
+    // 32.8 vs 33.4). Fewer tiles than SMs: fill the resident slots in one
+    // wave (a second, partial wave of equal CTAs would run the tail at a
+    // fraction of the bandwidth).
+    const int64_t sms = ws.num_sms > 0 ? ws.num_sms : 132;
+    const int64_t slots = sms * (ws.ctas_per_sm > 0 ? ws.ctas_per_sm : 4);
+    if (tiles < sms) splits = std::max<int64_t>(1, slots / tiles);
   }
   splits = std::min<int64_t>({splits, total_steps, 65535});
   if (splits > 1) {
     if (ws.partials == nullptr || ws.counters == nullptr || tiles > ws.counter_capacity) {
       splits = 1;
     } else {
-      splits = std::min<int64_t>(splits, ws.partial_capacity / (m * n));
+      splits = std::min<int64_t>(splits, ws.partial_capacity / (m * tiles * kTileRows));
     }
   }
   SplitPlan plan;
@@ -234,28 +369,91 @@ SplitPlan PlanSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, i
   return plan;
 }
 
+template <Out kOut, bool kNorm>
+void LaunchKernel(const KernelArgs& a, dim3 grid, cudaStream_t stream) {
+  GemvKernel<kOut, kNorm><<<grid, kThreads, 0, stream>>>(a);
+}
+
 absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
-                    const float* bias, void* y, bool f32_out, const GemvWorkspace& ws,
-                    CudaStream stream, int force_splits) {
-  if (!GemvApplicable(x, m, k, w)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GemvBf16: needs 1 <= m <= ", kGemvMaxRows,
-                     ", k % 8 == 0 and 16-byte aligned x and W (m=", m, " k=", k, ")"));
+                    const float* bias, void* y, bool f32_out, const GemvFusion& f,
+                    const GemvWorkspace& ws, CudaStream stream, int force_splits) {
+  const bool norm = f.norm_weight != nullptr;
+  const Bf16* x_in = norm ? reinterpret_cast<const Bf16*>(f.norm_residual) : x;
+  if (!GemvApplicable(x_in, m, k, w)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GemvBf16: needs 1 <= m <= ", kGemvMaxRows, ", k % 8 == 0 and 16-byte aligned ",
+        norm ? "residual" : "x", " and W (m=", m, " k=", k, ")"));
   }
   if (n <= 0 || n > INT32_MAX || k > (INT32_MAX >> 1)) {
     return absl::InvalidArgumentError(absl::StrCat("GemvBf16: bad shape n=", n, " k=", k));
   }
-  if (y == nullptr) return absl::InvalidArgumentError("GemvBf16: null output");
+  using E = GemvFusion::Epilogue;
+  if (norm) {
+    if (reinterpret_cast<uintptr_t>(f.norm_weight) % 16 != 0 || f.norm_sumsq == nullptr ||
+        f.norm_parts <= 0 || f.epilogue == E::kAddResidual || f32_out) {
+      return absl::InvalidArgumentError(
+          "GemvBf16: the norm prologue needs a 16-byte aligned weight, the partial sums of "
+          "squares, bf16 output and an epilogue other than kAddResidual (which writes the "
+          "residual it reads)");
+    }
+  }
+  if (f.epilogue == E::kSiluMul && (n % 2 != 0 || f32_out)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GemvBf16: the SiLU-mul epilogue needs an even n (gate then up) and bf16 "
+                     "output (n=",
+                     n, ")"));
+  }
+  if (f.epilogue == E::kAddResidual) {
+    if (f.residual == nullptr || f.sumsq_out == nullptr) {
+      return absl::InvalidArgumentError("GemvBf16: kAddResidual needs residual and sumsq_out");
+    }
+  } else if (y == nullptr) {
+    return absl::InvalidArgumentError("GemvBf16: null output");
+  }
   const SplitPlan plan = PlanSplits(m, n, k, ws, force_splits);
-  const dim3 grid(static_cast<unsigned>((n + kTileRows - 1) / kTileRows),
-                  static_cast<unsigned>(plan.splits));
-  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
-  if (f32_out) {
-    GemvKernel<true><<<grid, kThreads, 0, AsCuda(stream)>>>(
-        x, mi, ki, w, ni, bias, y, plan.steps_per_split, plan.splits, ws.partials, ws.counters);
-  } else {
-    GemvKernel<false><<<grid, kThreads, 0, AsCuda(stream)>>>(
-        x, mi, ki, w, ni, bias, y, plan.steps_per_split, plan.splits, ws.partials, ws.counters);
+  const int64_t tiles = (n + kTileRows - 1) / kTileRows;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(plan.splits));
+  KernelArgs a{};
+  a.x = x;
+  a.m = static_cast<int>(m);
+  a.k = static_cast<int>(k);
+  a.w = w;
+  a.n = static_cast<int>(n);
+  a.bias = bias;
+  a.y = y;
+  a.steps_per_split = plan.steps_per_split;
+  a.splits = plan.splits;
+  a.slots = static_cast<int>(tiles * kTileRows);
+  a.partials = ws.partials;
+  a.counters = ws.counters;
+  a.norm_residual = f.norm_residual;
+  a.norm_weight = f.norm_weight;
+  a.norm_sumsq = f.norm_sumsq;
+  a.norm_parts = f.norm_parts;
+  a.eps = f.eps;
+  a.residual = f.residual;
+  a.sumsq_out = f.sumsq_out;
+  const cudaStream_t s = AsCuda(stream);
+  switch (f.epilogue) {
+    case E::kStore:
+      if (f32_out) {
+        LaunchKernel<Out::kF32, false>(a, grid, s);
+      } else if (norm) {
+        LaunchKernel<Out::kBf16, true>(a, grid, s);
+      } else {
+        LaunchKernel<Out::kBf16, false>(a, grid, s);
+      }
+      break;
+    case E::kSiluMul:
+      if (norm) {
+        LaunchKernel<Out::kSiluMul, true>(a, grid, s);
+      } else {
+        LaunchKernel<Out::kSiluMul, false>(a, grid, s);
+      }
+      break;
+    case E::kAddResidual:
+      LaunchKernel<Out::kAddResidual, false>(a, grid, s);
+      break;
   }
   return CheckLastLaunch("GemvBf16");
 }
@@ -263,8 +461,8 @@ absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t 
 }  // namespace
 
 absl::Status GemvResidentCtasPerSm(int* ctas) {
-  TESSERA_CUDA_RETURN_IF_ERROR(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, GemvKernel<false>, kThreads, 0));
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      ctas, GemvKernel<Out::kBf16, false>, kThreads, 0));
   return absl::OkStatus();
 }
 
@@ -281,13 +479,21 @@ int GemvSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, int for
 absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
                       const float* bias, Bf16* y, const GemvWorkspace& ws, CudaStream stream,
                       int force_splits) {
-  return Launch(x, m, k, w, n, bias, y, /*f32_out=*/false, ws, stream, force_splits);
+  return Launch(x, m, k, w, n, bias, y, /*f32_out=*/false, GemvFusion{}, ws, stream, force_splits);
 }
 
 absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
                       const float* bias, float* y, const GemvWorkspace& ws, CudaStream stream,
                       int force_splits) {
-  return Launch(x, m, k, w, n, bias, y, /*f32_out=*/true, ws, stream, force_splits);
+  return Launch(x, m, k, w, n, bias, y, /*f32_out=*/true, GemvFusion{}, ws, stream, force_splits);
+}
+
+int GemvNormParts(int64_t n) { return static_cast<int>((n + kTileRows - 1) / kTileRows); }
+
+absl::Status GemvBf16Fused(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                           const float* bias, Bf16* y, const GemvFusion& fusion,
+                           const GemvWorkspace& ws, CudaStream stream, int force_splits) {
+  return Launch(x, m, k, w, n, bias, y, /*f32_out=*/false, fusion, ws, stream, force_splits);
 }
 
 }  // namespace tessera::kernels::cuda

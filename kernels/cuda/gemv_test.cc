@@ -20,6 +20,8 @@
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/silu_mul.h"
 
 namespace tessera::kernels::cuda {
 namespace {
@@ -191,17 +193,21 @@ TEST(CudaGemvTest, SplitPlanFillsTheGpuAndRespectsTheWorkspace) {
   ws.counters = fake_counters.data();
   ws.partial_capacity = kGemvPartialFloats;
   ws.counter_capacity = kGemvCounters;
-  ws.ctas_per_sm = 5;                           // 660 slots
-  EXPECT_EQ(GemvSplits(1, 4096, 4096, ws), 2);  // 256 tiles
-  EXPECT_EQ(GemvSplits(1, 6144, 4096, ws), 1);  // 384 tiles: no whole second split
-  EXPECT_EQ(GemvSplits(1, 4096, 14336, ws), 2);
-  EXPECT_EQ(GemvSplits(1, 1024, 4096, ws), 8);   // 64 tiles, 128 steps: 8 x 16
-  EXPECT_EQ(GemvSplits(1, 1024, 1024, ws), 2);   // 32 steps: whole iterations only
-  EXPECT_EQ(GemvSplits(1, 28672, 4096, ws), 1);  // 1792 tiles fill 132 SMs
+  ws.ctas_per_sm = 5;  // 660 slots
+  // At least one row tile per SM: unsplit.
+  EXPECT_EQ(GemvSplits(1, 4096, 4096, ws), 1);  // 256 tiles
+  EXPECT_EQ(GemvSplits(1, 6144, 4096, ws), 1);
+  EXPECT_EQ(GemvSplits(1, 4096, 14336, ws), 1);
+  EXPECT_EQ(GemvSplits(1, 28672, 4096, ws), 1);
   EXPECT_EQ(GemvSplits(1, 128256, 4096, ws), 1);
-  EXPECT_EQ(GemvSplits(8, 16, 32, ws), 1);  // a single k step cannot split
-  ws.partial_capacity = 4096;               // one split's worth of m * n
-  EXPECT_EQ(GemvSplits(1, 4096, 4096, ws), 1);
+  EXPECT_EQ(GemvSplits(1, 2112, 4096, ws), 1);  // 132 tiles
+  // Fewer: one wave of the 660 slots.
+  EXPECT_EQ(GemvSplits(1, 2096, 4096, ws), 4);  // 131 tiles: 5 wanted, 26 steps each -> 32: 4
+  EXPECT_EQ(GemvSplits(1, 1024, 4096, ws), 8);  // 64 tiles, 128 steps: 8 x 16
+  EXPECT_EQ(GemvSplits(1, 1024, 1024, ws), 2);  // 32 steps: whole iterations only
+  EXPECT_EQ(GemvSplits(8, 16, 32, ws), 1);      // a single k step cannot split
+  ws.partial_capacity = 1024;                   // one split's worth of m x 64 tiles x 16
+  EXPECT_EQ(GemvSplits(1, 1024, 4096, ws), 1);
 }
 
 TEST(CudaGemvTest, RepeatableAndGraphReplayGivesTheSameBytes) {
@@ -211,7 +217,7 @@ TEST(CudaGemvTest, RepeatableAndGraphReplayGivesTheSameBytes) {
   absl::StatusOr<Stream> stream = Stream::Create();
   ASSERT_TRUE(stream.ok()) << stream.status();
   CudaStream s = stream->get();
-  Problem p(1, 4096, 4096, /*bias=*/true, /*f32=*/false);  // split-K on an H200 (132 SMs)
+  Problem p(1, 1024, 4096, /*bias=*/true, /*f32=*/false);  // split-K: 64 tiles < 132 SMs
   ASSERT_TRUE(RunContext(p, **ctx, s).ok());
   ASSERT_TRUE(Synchronize(s).ok());
   const std::vector<uint8_t> first = p.OutputBytes();
@@ -239,6 +245,148 @@ TEST(CudaGemvTest, RepeatableAndGraphReplayGivesTheSameBytes) {
   ASSERT_TRUE(RunContext(p, **ctx, s).ok());
   ASSERT_TRUE(Synchronize(s).ok());
   CheckAgainstReference(p);
+}
+
+// Fused decode layer boundary (GemvFusion) against the unfused kernels on
+// the device: o-projection GEMV + FusedAddRmsNorm, then the gate/up GEMV +
+// SiluMul, and the next layer's qkv GEMV after an RMSNorm, for m in
+// {1, 3, 8} rows and unsplit / forced-split GEMVs. The residual update
+// must be bitwise the unfused one (same dot products, same bf16 delta, same
+// add); the normalized inputs differ only in the order the sum of squares
+// is taken, so the GEMV outputs after a norm agree within 2 bf16 steps.
+TEST(CudaGemvTest, FusedNormSiluAndResidualMatchTheUnfusedKernels) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  TestWorkspace tw;
+  constexpr int64_t kH = 1024, kI = 1536, kQkv = 1536;
+  constexpr float kEps = 1e-5f;
+  const std::vector<Bf16> w_o = FastRandomBf16(kH * kH, 3);
+  const std::vector<Bf16> w_gu = FastRandomBf16(2 * kI * kH, 4);
+  const std::vector<Bf16> w_qkv = FastRandomBf16(kQkv * kH, 5);
+  const std::vector<float> norm_w = RandomFloats(kH, 6, 0.5f, 1.5f);
+  const std::vector<float> gu_bias = RandomFloats(2 * kI, 7, -0.5f, 0.5f);
+  DeviceBuffer d_w_o = Upload(w_o), d_w_gu = Upload(w_gu), d_w_qkv = Upload(w_qkv);
+  DeviceBuffer d_norm = Upload(norm_w), d_gu_bias = Upload(gu_bias);
+  for (const int64_t m : {1, 3, 8}) {
+    for (const int splits : {0, 3}) {
+      SCOPED_TRACE(::testing::Message() << "m " << m << " forced splits " << splits);
+      const std::vector<Bf16> attn = FastRandomBf16(m * kH, 8 + m);
+      const std::vector<float> residual0 = RandomFloats(m * kH, 9 + m, -2.f, 2.f);
+      DeviceBuffer d_attn = Upload(attn);
+      // Unfused: delta = attn . Wo^T; residual += delta; xb = norm(residual);
+      // act = silu_mul(xb . Wgu^T + b); xb2 = norm(residual); qkv = xb2 . Wqkv^T.
+      DeviceBuffer u_res = Upload(residual0), u_delta = Zeros(m * kH * 2), u_xb = Zeros(m * kH * 2);
+      DeviceBuffer u_gu = Zeros(m * 2 * kI * 2), u_act = Zeros(m * kI * 2);
+      DeviceBuffer u_qkv = Zeros(m * kQkv * 2);
+      ASSERT_TRUE(GemvBf16(d_attn.as<Bf16>(), m, kH, d_w_o.as<Bf16>(), kH, nullptr,
+                           u_delta.as<Bf16>(), tw.ws, nullptr, splits)
+                      .ok());
+      ASSERT_TRUE(FusedAddRmsNorm(u_delta.as<Bf16>(), u_res.as<float>(), m, kH, d_norm.as<float>(),
+                                  kEps, u_xb.as<Bf16>(), nullptr)
+                      .ok());
+      ASSERT_TRUE(GemvBf16(u_xb.as<Bf16>(), m, kH, d_w_gu.as<Bf16>(), 2 * kI, d_gu_bias.as<float>(),
+                           u_gu.as<Bf16>(), tw.ws, nullptr, splits)
+                      .ok());
+      ASSERT_TRUE(SiluMul(u_gu.as<Bf16>(), m, kI, u_act.as<Bf16>(), nullptr).ok());
+      ASSERT_TRUE(GemvBf16(u_xb.as<Bf16>(), m, kH, d_w_qkv.as<Bf16>(), kQkv, nullptr,
+                           u_qkv.as<Bf16>(), tw.ws, nullptr, splits)
+                      .ok());
+      // Fused: the o GEMV adds into the residual and leaves the partial sums
+      // of squares; the gate/up and qkv GEMVs normalize on load.
+      DeviceBuffer f_res = Upload(residual0), f_act = Zeros(m * kI * 2);
+      DeviceBuffer f_qkv = Zeros(m * kQkv * 2);
+      const int parts = GemvNormParts(kH);
+      DeviceBuffer sumsq = Zeros(m * parts * sizeof(float));
+      GemvFusion add;
+      add.epilogue = GemvFusion::Epilogue::kAddResidual;
+      add.residual = f_res.as<float>();
+      add.sumsq_out = sumsq.as<float>();
+      ASSERT_TRUE(GemvBf16Fused(d_attn.as<Bf16>(), m, kH, d_w_o.as<Bf16>(), kH, nullptr, nullptr,
+                                add, tw.ws, nullptr, splits)
+                      .ok());
+      GemvFusion norm;
+      norm.norm_residual = f_res.as<float>();
+      norm.norm_weight = d_norm.as<float>();
+      norm.norm_sumsq = sumsq.as<float>();
+      norm.norm_parts = parts;
+      norm.eps = kEps;
+      GemvFusion silu = norm;
+      silu.epilogue = GemvFusion::Epilogue::kSiluMul;
+      ASSERT_TRUE(GemvBf16Fused(nullptr, m, kH, d_w_gu.as<Bf16>(), 2 * kI, d_gu_bias.as<float>(),
+                                f_act.as<Bf16>(), silu, tw.ws, nullptr, splits)
+                      .ok());
+      ASSERT_TRUE(GemvBf16Fused(nullptr, m, kH, d_w_qkv.as<Bf16>(), kQkv, nullptr, f_qkv.as<Bf16>(),
+                                norm, tw.ws, nullptr, splits)
+                      .ok());
+      ASSERT_TRUE(Synchronize(nullptr).ok());
+      EXPECT_TRUE(tw.CountersZero());
+
+      const std::vector<float> ur = Download<float>(u_res, m * kH);
+      const std::vector<float> fr = Download<float>(f_res, m * kH);
+      ASSERT_EQ(ur, fr) << "the residual update differs";
+      const std::vector<float> ss = Download<float>(sumsq, m * parts);
+      for (int64_t r = 0; r < m; ++r) {
+        for (int t = 0; t < parts; ++t) {
+          double want = 0;
+          for (int j = 0; j < 16; ++j)
+            want += double{fr[r * kH + t * 16 + j]} * fr[r * kH + t * 16 + j];
+          ASSERT_NEAR(ss[r * parts + t], want, 1e-5 * want + 1e-6) << "row " << r << " tile " << t;
+        }
+      }
+      auto close = [](const std::vector<float>& got, const std::vector<float>& want,
+                      const char* what) {
+        double scale = 0;
+        for (float v : want) scale = std::max(scale, double{std::fabs(v)});
+        int off = 0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          const double tol = 2 * kBf16Eps * std::fabs(want[i]) + 1e-3 * scale;
+          if (std::fabs(got[i] - want[i]) > tol && ++off <= 5) {
+            ADD_FAILURE() << what << " element " << i << ": fused " << got[i] << " unfused "
+                          << want[i];
+          }
+        }
+        return off;
+      };
+      EXPECT_EQ(close(FromBf16(Download<Bf16>(f_act, m * kI)),
+                      FromBf16(Download<Bf16>(u_act, m * kI)), "silu(gate) * up"),
+                0);
+      EXPECT_EQ(close(FromBf16(Download<Bf16>(f_qkv, m * kQkv)),
+                      FromBf16(Download<Bf16>(u_qkv, m * kQkv)), "qkv after the norm"),
+                0);
+    }
+  }
+}
+
+TEST(CudaGemvTest, FusionRefusesUnusableStages) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  TestWorkspace tw;
+  Problem p(2, 64, 64, false, false);
+  DeviceBuffer res = Zeros(2 * 64 * sizeof(float)), nw = Zeros(64 * sizeof(float));
+  DeviceBuffer ss = Zeros(2 * 4 * sizeof(float));
+  auto run = [&](const GemvFusion& f, int64_t n) {
+    return GemvBf16Fused(p.d_x.as<Bf16>(), 2, 64, p.d_w.as<Bf16>(), n, nullptr, p.d_y.as<Bf16>(), f,
+                         tw.ws, nullptr)
+        .code();
+  };
+  GemvFusion add;
+  add.epilogue = GemvFusion::Epilogue::kAddResidual;
+  EXPECT_EQ(run(add, 64), absl::StatusCode::kInvalidArgument);  // no residual
+  add.residual = res.as<float>();
+  add.sumsq_out = ss.as<float>();
+  EXPECT_EQ(run(add, 64), absl::StatusCode::kOk);
+  add.norm_residual = res.as<float>();  // reading what it writes
+  add.norm_weight = nw.as<float>();
+  add.norm_sumsq = ss.as<float>();
+  add.norm_parts = 4;
+  EXPECT_EQ(run(add, 64), absl::StatusCode::kInvalidArgument);
+  GemvFusion silu;
+  silu.epilogue = GemvFusion::Epilogue::kSiluMul;
+  EXPECT_EQ(run(silu, 63), absl::StatusCode::kInvalidArgument);  // odd gate/up rows
+  EXPECT_EQ(run(silu, 64), absl::StatusCode::kOk);
+  GemvFusion norm;
+  norm.norm_residual = res.as<float>();
+  norm.norm_weight = nw.as<float>();
+  EXPECT_EQ(run(norm, 64), absl::StatusCode::kInvalidArgument);  // no partial sums
+  ASSERT_TRUE(Synchronize(nullptr).ok());
 }
 
 TEST(CudaGemvTest, RefusesWhatItCannotTakeAndContextFallsBack) {

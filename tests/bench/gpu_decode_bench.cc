@@ -21,6 +21,7 @@
 //                              the token ids back, the next batch)
 // Usage: gpu_decode_bench [--batch_sizes=1,8,64] [--prompt_len=128]
 //        [--decode_steps=128] [--hbm_tbps=4.27] [--gemv=true|false]
+//        [--fuse_decode_layers=true|false]
 //        [--out=result.json]
 #include <chrono>
 #include <cstdio>
@@ -46,6 +47,9 @@ ABSL_FLAG(double, hbm_tbps, 4.27, "measured HBM bandwidth (TB/s), the roofline's
 ABSL_FLAG(bool, cuda_graphs, true, "run decode steps as CUDA graphs");
 ABSL_FLAG(bool, gemv, true,
           "GEMMs of m <= 8 rows through the GEMV kernel (false: cuBLASLt, for comparison)");
+ABSL_FLAG(bool, fuse_decode_layers, true,
+          "decode steps fold RMSNorm, SiLU-mul and the residual add into the GEMVs (false: the "
+          "unfused kernels, for comparison)");
 ABSL_FLAG(std::string, device, "cuda", "device selector (cuda or cuda:<PCI bus id>)");
 ABSL_FLAG(std::string, out, "", "write the JSON here too");
 ABSL_FLAG(int, long_prefill, 4096,
@@ -84,6 +88,7 @@ int Run() {
   options.max_num_seqs = max_batch;
   options.max_num_tokens = std::max(max_batch * prompt_len, 256);
   options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  options.fuse_decode_layers = absl::GetFlag(FLAGS_fuse_decode_layers);
   auto runner = runner::CudaModelRunner::CreateWithRandomWeights(*config, *device, options, 1234);
   if (!runner.ok()) {
     std::fprintf(stderr, "runner: %s\n", runner.status().ToString().c_str());
@@ -230,6 +235,7 @@ int Run() {
       {"hbm_bytes_per_second", hbm},
       {"cuda_graphs", options.cuda_graphs},
       {"skinny_gemm", absl::GetFlag(FLAGS_gemv) ? "gemv" : "cublaslt"},
+      {"fuse_decode_layers", options.fuse_decode_layers},
       {"results", results},
   };
   std::printf("%s\n", out.dump(2).c_str());

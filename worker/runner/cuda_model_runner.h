@@ -75,6 +75,10 @@ struct CudaRunnerOptions {
   // `nccl`.
   std::string all_reduce_backend = "nccl";
   kernels::cuda::P2pAllReduce* p2p = nullptr;
+  // Steps of at most 8 tokens (decode) fold SiLU-mul into the gate/up GEMV
+  // and, on one rank, the residual add and RMSNorm into the GEMVs around
+  // them (kernels/cuda/gemv.h GemvFusion). false: the unfused kernels.
+  bool fuse_decode_layers = true;
 };
 
 class CudaModelRunner final : public ModelRunner {
@@ -131,6 +135,9 @@ class CudaModelRunner final : public ModelRunner {
   // default) or cuBLASLt (GemmContext::SetUseGemv). Drops the captured
   // decode graphs, which hold the earlier choice.
   absl::Status SetUseGemv(bool use);
+  // Benchmarks and tests: CudaRunnerOptions::fuse_decode_layers after
+  // creation (drops the captured decode graphs).
+  absl::Status SetFuseDecodeLayers(bool fuse);
 
  private:
   struct Impl;

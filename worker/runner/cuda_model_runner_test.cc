@@ -152,8 +152,12 @@ TEST_P(ModelPairOnGpu, LogitsAndGreedyContinuationsMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Pair, ModelPairOnGpu, ::testing::Values("target", "draft"));
 
 // Mixed batches (a prefill chunk with earlier context next to decodes) give
-// the CPU runner's logits within the bf16 tolerance, eager and graphed.
-TEST(CudaModelRunnerTest, MixedBatchesMatchTheCpuRunner) {
+// the CPU runner's logits within the bf16 tolerance, eager and graphed, with
+// the decode layer boundaries fused into the GEMVs (steps of <= 8 tokens)
+// and without.
+class MixedBatches : public ::testing::TestWithParam<bool> {};
+
+TEST_P(MixedBatches, MatchTheCpuRunner) {
   REQUIRE_GPU(device);
   auto model = model::LoadModel(SourcePath("models/target"));
   ASSERT_TRUE(model.ok()) << model.status();
@@ -165,6 +169,7 @@ TEST(CudaModelRunnerTest, MixedBatchesMatchTheCpuRunner) {
   options.num_kv_blocks = 64;
   options.max_num_tokens = 256;
   options.max_num_seqs = 8;
+  options.fuse_decode_layers = GetParam();
   auto gpu = CudaModelRunner::Create(model->get(), device, options);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   const int64_t vocab = (*model)->config.vocab_size;
@@ -207,6 +212,8 @@ TEST(CudaModelRunnerTest, MixedBatchesMatchTheCpuRunner) {
   }
   EXPECT_GE((*gpu)->graphs_captured(), 1);  // the all-decode steps ran as graphs
 }
+
+INSTANTIATE_TEST_SUITE_P(FuseDecodeLayers, MixedBatches, ::testing::Bool());
 
 TEST(CudaModelRunnerTest, GreedyOnDeviceEqualsHostArgmax) {
   REQUIRE_GPU(device);
