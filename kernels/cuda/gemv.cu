@@ -134,10 +134,10 @@ __device__ __forceinline__ uint4 LoadNormalized(const float* r, const float* g, 
 
 // kOut: the epilogue; kNorm: activations computed on load as the RMSNorm
 // of an fp32 residual stream (see GemvFusion).
-// The norm prologue's loads take registers; capping them at 128 keeps 4
-// CTAs per SM.
+// Register caps: 128 with the norm prologue, whose loads take registers (4
+// CTAs per SM, a few bytes of spills), 80 otherwise (6 CTAs per SM).
 template <Out kOut, bool kNorm>
-__global__ void __launch_bounds__(kThreads, kNorm ? 4 : 1) GemvKernel(const KernelArgs a) {
+__global__ void __launch_bounds__(kThreads, kNorm ? 4 : 6) GemvKernel(const KernelArgs a) {
   __shared__ float red[kWarps][kTileRows][8];
   __shared__ float fin[kTileRows][8];
   __shared__ float inv_rms[8];
