@@ -119,6 +119,19 @@ void AddCudaCandidates(Registry* registry) {
                         return std::string("cuBLASLt bf16, fp32 accumulate");
                       }});
         break;
+      case Op::kAttentionPrefill:
+        (void)registry->Add(Candidate{
+            S(kCudaSm90aBackend), op,
+            [](const DeviceDescription& d) {
+              return ArchSpecificWhyNot(d, {9, 0}, 'a', "wgmma prefill attention");
+            },
+            [](const DeviceDescription& d) {
+              return absl::StrCat(
+                  "wgmma flash attention for head_dim 64/128 (portable kernel otherwise); ",
+                  CudaBackendDetails(d));
+            }});
+        s = registry->Add(Candidate{S(kCudaBackend), op, &CudaKernelsWhyNot, details});
+        break;
       case Op::kAllReduce:
         (void)registry->Add(Candidate{
             S(kP2pBackend), op,

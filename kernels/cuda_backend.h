@@ -5,6 +5,10 @@
 //
 // Candidates (ahead of the CPU ones):
 //   gemm                      cublas   cuBLASLt bf16 GEMM, fp32 accumulate
+//   attention_prefill         cuda-sm90a  wgmma flash attention
+//                                      (kernels/cuda/prefill_attention_sm90.h) on SM 9.0
+//                                      with this binary's sm_90a image; head_dim 64 and
+//                                      128, the portable kernel for other shapes
 //   every other op            cuda     Tessera's portable CUDA kernels (SM 8.0+)
 //   all_reduce                p2p      peer-to-peer one-shot all-reduce (kernels/cuda/
 //                                      p2p_all_reduce.h) for bf16 messages up to
@@ -37,6 +41,10 @@
 namespace tessera::kernels {
 
 inline constexpr std::string_view kCudaBackend = "cuda";
+// Prefill attention only, so it is not a value of --attention_backend (a
+// flag's backend must cover its whole family); --attention_backend=cuda
+// keeps prefill on the portable kernel.
+inline constexpr std::string_view kCudaSm90aBackend = "cuda-sm90a";
 inline constexpr std::string_view kCublasBackend = "cublas";
 inline constexpr std::string_view kSingleRankBackend = "single_rank";
 inline constexpr std::string_view kNcclBackend = "nccl";

@@ -303,6 +303,56 @@ TEST(ArchSpecificTest, MissingArchSpecificImageNamesTheRebuild) {
   EXPECT_THAT(s->rejected[1].reason, Not(HasSubstr("tcgen05")));
 }
 
+// The built-in wgmma prefill candidate: chosen for attention_prefill on SM
+// 9.0 when the binary carries sm_90a code, never elsewhere, and never a
+// value of --attention_backend (it covers prefill only).
+TEST(CudaSm90aPrefillTest, ChosenOnlyOnSm90WithAnSm90aImage) {
+  absl::StatusOr<SelectionReport> report =
+      BuiltinRegistry().SelectAll(FakeGpu({9, 0}, Build(kDefaultArchs)));
+  ASSERT_TRUE(report.ok()) << report.status();
+  const Selection* prefill = report->Find(Op::kAttentionPrefill);
+  EXPECT_EQ(prefill->chosen, "cuda-sm90a");
+  EXPECT_THAT(prefill->why, AllOf(HasSubstr("wgmma flash attention"), HasSubstr("SASS sm_90a")));
+  EXPECT_EQ(prefill->rejected[0].name, "cuda");
+  EXPECT_EQ(prefill->rejected[0].reason, "lower priority than cuda-sm90a");
+  EXPECT_EQ(report->Find(Op::kAttentionDecode)->chosen, "cuda");
+
+  // SM 9.0 with plain sm_90 code (no 'a'): the portable kernel, and why.
+  report = BuiltinRegistry().SelectAll(FakeGpu({9, 0}, Build("sm_80;sm_90;compute_90")));
+  ASSERT_TRUE(report.ok()) << report.status();
+  prefill = report->Find(Op::kAttentionPrefill);
+  EXPECT_EQ(prefill->chosen, "cuda");
+  ASSERT_FALSE(prefill->rejected.empty());
+  EXPECT_EQ(prefill->rejected[0].name, "cuda-sm90a");
+  EXPECT_THAT(prefill->rejected[0].reason,
+              AllOf(HasSubstr("wgmma prefill attention needs sm_90a code, which this binary lacks"),
+                    HasSubstr("sm_90a in -DTESSERA_CUDA_ARCHS")));
+
+  // Other archs: the portable kernel.
+  for (arch::SmArch sm : {arch::SmArch{8, 0}, arch::SmArch{8, 9}, arch::SmArch{10, 0},
+                          arch::SmArch{12, 0}, arch::SmArch{12, 1}}) {
+    report = BuiltinRegistry().SelectAll(FakeGpu(sm, Build(kDefaultArchs)));
+    ASSERT_TRUE(report.ok()) << sm.ToString() << ": " << report.status();
+    prefill = report->Find(Op::kAttentionPrefill);
+    EXPECT_EQ(prefill->chosen, "cuda") << sm.ToString();
+    EXPECT_THAT(prefill->rejected[0].reason,
+                AllOf(HasSubstr("wgmma prefill attention needs SM 9.0 exactly"),
+                      HasSubstr("the device is SM " + sm.ToString())))
+        << sm.ToString();
+  }
+
+  // --attention_backend=cuda keeps prefill on the portable kernel; the
+  // prefill-only candidate is not a value of the family flag.
+  report = BuiltinRegistry().SelectAll(FakeGpu({9, 0}, Build(kDefaultArchs)),
+                                       {{"attention_backend", "cuda"}});
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->Find(Op::kAttentionPrefill)->chosen, "cuda");
+  EXPECT_THAT(report->Find(Op::kAttentionPrefill)->rejected[0].reason,
+              HasSubstr("not requested (--attention_backend=cuda)"));
+  EXPECT_THAT(KnownBackends("attention_backend"), Not(::testing::Contains("cuda-sm90a")));
+  EXPECT_FALSE(ValidateBackendOverride("attention_backend", "cuda-sm90a").ok());
+}
+
 }  // namespace
 }  // namespace tessera::kernels
 

@@ -175,8 +175,9 @@ TEST(BuiltinRegistryTest, HostCpuGetsTheOptimizedBackendEverywhere) {
     EXPECT_EQ(s->chosen, "cpu");
     EXPECT_THAT(s->why, HasSubstr(isa + " kernels"));
     // The CUDA candidates (rejected: not a CUDA device; all_reduce has
-    // three, p2p, nccl and single_rank), then cpu_reference.
-    const size_t cuda = op == Op::kAllReduce ? 3 : 1;
+    // three, p2p, nccl and single_rank; attention_prefill two, cuda-sm90a
+    // and cuda), then cpu_reference.
+    const size_t cuda = op == Op::kAllReduce ? 3 : op == Op::kAttentionPrefill ? 2 : 1;
     ASSERT_EQ(s->rejected.size(), cuda + 1);
     for (size_t i = 0; i < cuda; ++i) {
       EXPECT_THAT(s->rejected[i].reason, HasSubstr("needs a CUDA device"));
