@@ -122,6 +122,71 @@ TEST(P2pAllReduceTest, SumsOnEveryRankForManySizesAndRounds) {
       g.p2p->AllReduceSumBf16(0, g.data[0].as<Bf16>(), kCapacity + 1, g.streams[0].get()).ok());
 }
 
+// The all-reduce fused with the residual add: every rank's fp32 residual
+// gains the (exact, small-integer) sum, the message itself is untouched, and
+// each 16 values leave their sum of squares; sizes from one 16-value tile
+// to many CTAs, mixed with plain all-reduces (shared round counters).
+TEST(P2pAllReduceTest, AddResidualVariantAddsTheSumAndLeavesSumsOfSquares) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  Group g;
+  std::string why;
+  if (!MakeGroup(&g, &why)) GTEST_SKIP() << why;
+  const int n = static_cast<int>(g.ordinals.size());
+  int round = 100;
+  for (int64_t count : {int64_t{16}, int64_t{4096}, int64_t{8 * 4096}, int64_t{131072 + 48}}) {
+    SCOPED_TRACE(::testing::Message() << count << " values");
+    std::vector<float> res0(count);
+    for (int64_t i = 0; i < count; ++i) res0[i] = 0.25f * static_cast<float>(i % 9) - 1.f;
+    std::vector<DeviceBuffer> residual, sumsq;
+    for (int rep = 0; rep < 2; ++rep, ++round) {
+      Fill(g, count, 0, round);
+      for (int r = 0; r < n; ++r) {
+        ASSERT_TRUE(SetDevice(g.ordinals[r]).ok());
+        if (rep == 0) {
+          residual.push_back(cuda_testing::Upload(res0));
+          sumsq.push_back(cuda_testing::Zeros(count / 16 * sizeof(float)));
+        }
+        ASSERT_TRUE(g.p2p
+                        ->AllReduceAddResidual(r, g.data[r].as<Bf16>(), count,
+                                               residual[r].as<float>(), sumsq[r].as<float>(),
+                                               g.streams[r].get())
+                        .ok());
+      }
+      for (int r = 0; r < n; ++r) {
+        ASSERT_TRUE(SetDevice(g.ordinals[r]).ok());
+        ASSERT_TRUE(Synchronize(g.streams[r].get()).ok());
+        const std::vector<float> got = cuda_testing::Download<float>(residual[r], count);
+        const std::vector<float> ss = cuda_testing::Download<float>(sumsq[r], count / 16);
+        std::vector<Bf16> msg(count);
+        ASSERT_TRUE(CopyToHost(msg.data(), g.data[r].as<Bf16>(), count * sizeof(Bf16)).ok());
+        for (int64_t i = 0; i < count; ++i) {
+          float want = res0[i];
+          for (int k = 0; k <= rep; ++k) {
+            for (int q = 0; q < n; ++q) want += Value(q, i, round - rep + k);
+          }
+          ASSERT_EQ(got[i], want) << "rank " << r << " element " << i << " rep " << rep;
+          ASSERT_EQ(Bf16ToFloat(msg[i]), Value(r, i, round)) << "the message was written";
+        }
+        for (int64_t t = 0; t < count / 16; ++t) {
+          double want = 0;
+          for (int j = 0; j < 16; ++j) want += double{got[t * 16 + j]} * got[t * 16 + j];
+          ASSERT_NEAR(ss[t], want, 1e-5 * want + 1e-6) << "rank " << r << " tile " << t;
+        }
+      }
+      // A plain all-reduce in between keeps the rounds in step.
+      Fill(g, 64, 0, round + 1000);
+      for (int r = 0; r < n; ++r) {
+        ASSERT_TRUE(SetDevice(g.ordinals[r]).ok());
+        ASSERT_TRUE(g.p2p->AllReduceSumBf16(r, g.data[r].as<Bf16>(), 64, g.streams[r].get()).ok());
+      }
+      Check(g, 64, 0, round + 1000);
+    }
+  }
+  EXPECT_FALSE(
+      g.p2p->AllReduceAddResidual(0, g.data[0].as<Bf16>(), 24, nullptr, nullptr, g.streams[0].get())
+          .ok());
+}
+
 TEST(P2pAllReduceTest, GraphReplaysReduceAgain) {
   TESSERA_REQUIRE_CUDA_DEVICE();
   Group g;

@@ -15,6 +15,7 @@
 #include "kernels/cuda/nccl_group.h"
 #include "kernels/cuda/p2p_all_reduce.h"
 #include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/prefill_attention_sm90.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
@@ -185,6 +186,18 @@ absl::Status CudaModelRunner::Init(const kernels::DeviceDescription& device) {
   m.rank = plan.rank;
   m.nccl = plan.sharded() ? options_.nccl : nullptr;
   RETURN_IF_ERROR(kcu::SetDevice(device.ordinal));
+  if (options_.prefill_attention_backend == kernels::kCudaSm90aBackend) {
+    std::string why;
+    if (!kcu::PrefillAttentionSm90Available(&why)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("prefill attention backend ", options_.prefill_attention_backend,
+                       " cannot run on ", device.Summary(), ": ", why));
+    }
+  } else if (options_.prefill_attention_backend != kernels::kCudaBackend) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown prefill attention backend '",
+                                                   options_.prefill_attention_backend,
+                                                   "' (cuda or cuda-sm90a)"));
+  }
   absl::StatusOr<kcu::Stream> stream = kcu::Stream::Create();
   if (!stream.ok()) return stream.status();
   impl_->stream = std::move(*stream);
@@ -587,10 +600,15 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
   // (kernels/cuda/gemv.h GemvFusion): SiLU-mul in the gate/up GEMV, and on
   // one rank also the residual add in the o/down GEMVs and the RMSNorm in
   // the GEMV that reads it, which leaves 5 kernels per layer instead of 9.
-  // With several ranks the all-reduce sits between the add and the norm.
+  // With several ranks the all-reduce sits between the GEMV and the add.
   const bool fuse_mlp = options_.fuse_decode_layers && m.gemm->GemvTakes(T, H) &&
                         m.gemm->GemvTakes(T, I) && m.gemm->GemvTakes(T, Q);
-  const bool fuse_norm = fuse_mlp && m.nccl == nullptr;
+  // With several ranks, the norm is fused too when the p2p all-reduce takes
+  // the message: it adds the sum to the residual itself.
+  const bool p2p_add = m.nccl != nullptr && options_.p2p != nullptr && H % 16 == 0 &&
+                       T * H * 2 <= kernels::kP2pAllReduceMaxBytes &&
+                       T * H <= options_.p2p->max_count();
+  const bool fuse_norm = fuse_mlp && (m.nccl == nullptr || p2p_add);
   const int norm_parts = kcu::GemvNormParts(H);
   float* sumsq = m.norm_sumsq.as<float>();
   // y (+)= x . W^T through the GEMV with `f`'s stages.
@@ -611,6 +629,13 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
   add_residual.epilogue = kcu::GemvFusion::Epilogue::kAddResidual;
   add_residual.residual = residual;
   add_residual.sumsq_out = sumsq;
+  // residual += x . W^T (summed over the ranks), leaving the partial sums of
+  // squares for the next norm.
+  auto add_to_residual = [&](const Bf16* x, int64_t k, const Bf16* w, const DeviceBuffer& bias) {
+    if (m.nccl == nullptr) return gemv(x, k, w, H, bias, nullptr, add_residual);
+    RETURN_IF_ERROR(gemv(x, k, w, H, bias, delta, kcu::GemvFusion{}));
+    return options_.p2p->AllReduceAddResidual(m.rank, delta, T * H, residual, sumsq, st);
+  };
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const Impl::Layer& l = m.layers[i];
     if (fuse_norm && i > 0) {
@@ -660,15 +685,18 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
     p.out_token_stride = Q;
     p.workspace = m.attn_workspace.data();
     p.workspace_bytes = m.attn_workspace.size();
-    RETURN_IF_ERROR(decode ? kcu::PagedAttentionDecode(p, st) : kcu::PagedAttentionPrefill(p, st));
+    RETURN_IF_ERROR(decode ? kcu::PagedAttentionDecode(p, st)
+                    : options_.prefill_attention_backend == kernels::kCudaSm90aBackend &&
+                            kcu::PrefillAttentionSm90Supports(p)
+                        ? kcu::PrefillAttentionSm90(p, st)
+                        : kcu::PagedAttentionPrefill(p, st));
     Bf16* act = m.act.as<Bf16>();
     if (fuse_norm) {
-      RETURN_IF_ERROR(
-          gemv(m.attn.as<Bf16>(), Q, l.o_w.as<Bf16>(), H, l.o_b, nullptr, add_residual));
+      RETURN_IF_ERROR(add_to_residual(m.attn.as<Bf16>(), Q, l.o_w.as<Bf16>(), l.o_b));
       kcu::GemvFusion f = norm_in(l.post_norm);
       f.epilogue = kcu::GemvFusion::Epilogue::kSiluMul;
       RETURN_IF_ERROR(gemv(nullptr, H, l.gate_up_w.as<Bf16>(), 2 * I, l.gate_up_b, act, f));
-      RETURN_IF_ERROR(gemv(act, I, l.down_w.as<Bf16>(), H, l.down_b, nullptr, add_residual));
+      RETURN_IF_ERROR(add_to_residual(act, I, l.down_w.as<Bf16>(), l.down_b));
       continue;
     }
     RETURN_IF_ERROR(

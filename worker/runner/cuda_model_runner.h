@@ -11,7 +11,11 @@
 //          else paged prefill (flash attention on tensor cores)
 //   delta = attn · W_o^T; xb = FusedAddRmsNorm(delta, residual)
 //   delta = silu_mul(xb · W_gate_up^T) · W_down^T
-// then the final norm, the rows that want logits, and the LM head.
+// then the final norm, the rows that want logits, and the LM head. Steps of
+// at most 8 tokens (decode, short verifications) fold the layer boundaries
+// into the GEMVs (fuse_decode_layers): the residual add into the o/down
+// GEMV's epilogue (or, across ranks, into the p2p all-reduce), the RMSNorm
+// into the next GEMV's loads, SiLU-mul into the gate/up GEMV.
 //
 // Decode steps (every sequence one token) run as CUDA graphs captured per
 // (batch-size bucket, context-length bucket): inputs are copied into
@@ -75,6 +79,12 @@ struct CudaRunnerOptions {
   // `nccl`.
   std::string all_reduce_backend = "nccl";
   kernels::cuda::P2pAllReduce* p2p = nullptr;
+  // Prefill attention, as the registry chose it (kernels/cuda_backend.h):
+  // "cuda" = the portable kernel; "cuda-sm90a" = the wgmma kernel
+  // (kernels/cuda/prefill_attention_sm90.h) for the shapes it supports
+  // (head_dim 64, 128), the portable one for the rest. Create() fails when
+  // "cuda-sm90a" cannot run on the device.
+  std::string prefill_attention_backend = "cuda";
   // Steps of at most 8 tokens (decode) fold SiLU-mul into the gate/up GEMV
   // and, on one rank, the residual add and RMSNorm into the GEMVs around
   // them (kernels/cuda/gemv.h GemvFusion). false: the unfused kernels.
