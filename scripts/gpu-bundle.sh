@@ -27,6 +27,7 @@ bins=(
   kernels/cuda/cuda_sampling_test
   kernels/cuda/cuda_p2p_all_reduce_test
   kernels/cuda/paged_attention_test
+  kernels/cuda/prefill_attention_sm90_test
   worker/runner/cuda_model_runner_test
   kernels/cuda/cuda_ops_bench
   kernels/cuda/paged_attention_bench

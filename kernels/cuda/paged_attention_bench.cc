@@ -169,7 +169,7 @@ int Main(int argc, char** argv) {
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
 
   std::string json = "{\n  \"device\": \"" + std::string(prop.name) + "\",\n";
-  char line[512];
+  char line[1024];
 
   {  // Decode.
     const int batch = 32, context = 4096, heads = 32, kv_heads = 8, d = 128, bs = 16;
@@ -207,31 +207,46 @@ int Main(int argc, char** argv) {
     if (sm90) {
       // The portable output is in st.p.out now; run the wgmma kernel into a
       // second buffer and compare before timing it.
+      // "sm90a_*": PrefillAttentionSm90 as shipped; "sm90a_pingpong_*" and
+      // "sm90a_plain_*": its two schedules.
       const size_t elems = size_t(len) * heads * d;
       std::vector<uint16_t> portable(elems), wgmma(elems);
       BENCH_CHECK(cudaMemcpy(portable.data(), st.p.out, elems * 2, cudaMemcpyDeviceToHost));
-      BENCH_CHECK(cudaMemset(st.p.out, 0xff, elems * 2));
-      Must(PrefillAttentionSm90(st.p, nullptr));
-      BENCH_CHECK(cudaDeviceSynchronize());
-      BENCH_CHECK(cudaMemcpy(wgmma.data(), st.p.out, elems * 2, cudaMemcpyDeviceToHost));
-      double max_diff = 0.0;
-      for (size_t e = 0; e < elems; ++e) {
-        auto f = [](uint16_t h) {
-          const uint32_t bits = uint32_t{h} << 16;
-          float x;
-          std::memcpy(&x, &bits, 4);
-          return static_cast<double>(x);
-        };
-        const double diff = std::fabs(f(portable[e]) - f(wgmma[e]));
-        max_diff = std::isnan(diff) ? INFINITY : std::max(max_diff, diff);
-      }
-      const double sec90 =
-          MedianSeconds([&] { Must(PrefillAttentionSm90(st.p, nullptr)); }, 3, 10);
+      auto max_diff_vs_portable = [&](auto run) {
+        BENCH_CHECK(cudaMemset(st.p.out, 0xff, elems * 2));
+        run();
+        BENCH_CHECK(cudaDeviceSynchronize());
+        BENCH_CHECK(cudaMemcpy(wgmma.data(), st.p.out, elems * 2, cudaMemcpyDeviceToHost));
+        double max_diff = 0.0;
+        for (size_t e = 0; e < elems; ++e) {
+          auto f = [](uint16_t h) {
+            const uint32_t bits = uint32_t{h} << 16;
+            float x;
+            std::memcpy(&x, &bits, 4);
+            return static_cast<double>(x);
+          };
+          const double diff = std::fabs(f(portable[e]) - f(wgmma[e]));
+          max_diff = std::isnan(diff) ? INFINITY : std::max(max_diff, diff);
+        }
+        return max_diff;
+      };
+      auto shipped = [&] { Must(PrefillAttentionSm90(st.p, nullptr)); };
+      auto pingpong = [&] { Must(sm90_detail::PrefillAttentionSm90Variant(st.p, nullptr, true)); };
+      auto plain = [&] { Must(sm90_detail::PrefillAttentionSm90Variant(st.p, nullptr, false)); };
+      const double diff = max_diff_vs_portable(shipped);
+      const double diff_pingpong = max_diff_vs_portable(pingpong);
+      const double diff_plain = max_diff_vs_portable(plain);
+      const double sec90 = MedianSeconds(shipped, 3, 10);
+      const double sec_pingpong = MedianSeconds(pingpong, 3, 10);
+      const double sec_plain = MedianSeconds(plain, 3, 10);
       BENCH_CHECK(cudaDeviceSynchronize());
       std::snprintf(line, sizeof(line),
                     ", \"sm90a_us\": %.1f, \"sm90a_tflop_per_s\": %.1f, "
-                    "\"sm90a_max_abs_diff_vs_portable\": %.3g",
-                    sec90 * 1e6, flops / sec90 * 1e-12, max_diff);
+                    "\"sm90a_max_abs_diff_vs_portable\": %.3g, "
+                    "\"sm90a_pingpong_tflop_per_s\": %.1f, \"sm90a_pingpong_max_abs_diff\": %.3g, "
+                    "\"sm90a_plain_tflop_per_s\": %.1f, \"sm90a_plain_max_abs_diff\": %.3g",
+                    sec90 * 1e6, flops / sec90 * 1e-12, diff, flops / sec_pingpong * 1e-12,
+                    diff_pingpong, flops / sec_plain * 1e-12, diff_plain);
       json += line;
     } else {
       std::string why;

@@ -45,6 +45,8 @@ constexpr int kRows = 128;     // query rows per CTA (two warpgroups of 64)
 constexpr int kThreads = 256;  // two warpgroups
 constexpr int kKeys = 128;     // keys per K/V tile
 constexpr int kStages = 3;
+// The schedule PrefillAttentionSm90 runs (see PrefillSm90Kernel).
+constexpr bool kDefaultPingPong = true;
 constexpr float kLog2e = 1.4426950408889634f;
 
 template <int D>
@@ -85,6 +87,13 @@ __device__ __forceinline__ void FenceProxyAsync() {
 // instructions between the issue and the wait).
 __device__ __forceinline__ void PinF(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 __device__ __forceinline__ void PinU(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
+// Named barrier `id` over `count` threads: wait for it, or only arrive.
+__device__ __forceinline__ void NamedBarSync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void NamedBarArrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 
 // d (+)= A * B, m64n128k16, A and B from shared memory (descriptors), both K-major.
 __device__ __forceinline__ void WgmmaSS128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
@@ -191,14 +200,18 @@ __device__ __forceinline__ void LoadKv(uint16_t* sk, uint16_t* sv, const KvSourc
   }
 }
 
-template <int D>
+// kPingPong: warpgroup 1 issues its S = Q K^T only after warpgroup 0's has
+// completed (named barrier 1: warpgroup 0 arrives, warpgroup 1 waits), so
+// one warpgroup's softmax overlaps the other's tensor-core work instead of
+// both computing softmax while the tensor cores idle. Only the schedule
+// changes, not the arithmetic.
+template <int D, bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillSm90Kernel(PagedAttentionParams p, int block_shift, int group, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   constexpr int kKSteps = D / 16;       // k16 steps of S = Q K^T
   constexpr int kPSteps = kKeys / 16;   // k16 steps of O += P V
-  constexpr int kColBlocks = D / 64;    // 64-column (128-byte) blocks per row
   constexpr int kStageElems = 2 * kKeys * D;
   extern __shared__ uint4 smem_raw[];
   const uint32_t raw_addr = SmemAddr(smem_raw);
@@ -287,26 +300,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     CpAsyncCommit();
 
     const int key0 = kt * kKeys;
-    if (!wg_active || key0 > wg_last_pos) continue;  // uniform over the warpgroup
+    const bool work = wg_active && key0 <= wg_last_pos;  // uniform over the warpgroup
     const uint32_t k_addr = stages_addr + (kt % kStages) * kStageElems * 2;
     const uint32_t v_addr = k_addr + kKeys * D * 2;
 
-    // S = Q K^T.
+    // S = Q K^T. (Both warpgroups pass the ping-pong barrier on every
+    // iteration, working or not, so its phases stay matched.)
+    if (kPingPong && wg == 1) NamedBarSync(1, kThreads);
+    if (work) {
 #pragma unroll
-    for (int i = 0; i < kKeys / 2; ++i) PinF(s[i]);
-    WgFence();
+      for (int i = 0; i < kKeys / 2; ++i) PinF(s[i]);
+      WgFence();
 #pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      const uint32_t col = (ks >> 2) * 1u;       // 64-column block
-      const uint32_t k_off = (ks & 3) * 32u;     // k16 step inside the 128-byte line
-      const uint64_t da = Desc(q_addr + col * (kRows * 128) + k_off, 16, 1024);
-      const uint64_t db = Desc(k_addr + col * (kKeys * 128) + k_off, 16, 1024);
-      WgmmaSS128(s, da, db, ks > 0 ? 1 : 0);
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        const uint32_t col = ks >> 2;           // 64-column block
+        const uint32_t k_off = (ks & 3) * 32u;  // k16 step inside the 128-byte line
+        const uint64_t da = Desc(q_addr + col * (kRows * 128) + k_off, 16, 1024);
+        const uint64_t db = Desc(k_addr + col * (kKeys * 128) + k_off, 16, 1024);
+        WgmmaSS128(s, da, db, ks > 0 ? 1 : 0);
+      }
+      WgCommit();
+      WgWaitAll();
+#pragma unroll
+      for (int i = 0; i < kKeys / 2; ++i) PinF(s[i]);
     }
-    WgCommit();
-    WgWaitAll();
-#pragma unroll
-    for (int i = 0; i < kKeys / 2; ++i) PinF(s[i]);
+    if (kPingPong && wg == 0) NamedBarArrive(1, kThreads);
+    if (!work) continue;
 
     // Online softmax in log2 units on the accumulator layout.
     const bool need_mask = key0 + kKeys - 1 > wg_first_pos;
@@ -375,7 +394,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     WgWaitAll();
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) PinF(o[i]);
-    (void)kColBlocks;
   }
   CpAsyncWait<0>();
 
@@ -477,7 +495,7 @@ absl::Status LaunchStatus(const char* what) {
 // FAILED_PRECONDITION unless the current device is SM 9.0 and runs an SM
 // 9.0 image of the kernel compiled from sm_90 PTX or newer (not a JIT of
 // older PTX, whose body is the trapping stub). Capture-safe.
-template <int D>
+template <int D, bool kPingPong>
 absl::Status CheckDevice() {
   int device = 0;
   int major = 0, minor = 0;
@@ -498,7 +516,7 @@ absl::Status CheckDevice() {
         "PrefillAttentionSm90 needs an SM 9.0 device; device ", device, " is SM ", major, ".", minor));
   }
   cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, PrefillSm90Kernel<D>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&attr, PrefillSm90Kernel<D, kPingPong>) != cudaSuccess) {
     (void)cudaGetLastError();
     return absl::FailedPreconditionError(
         "PrefillAttentionSm90: this binary has no kernel image for SM 9.0 (build with sm_90a in "
@@ -512,16 +530,17 @@ absl::Status CheckDevice() {
   return absl::OkStatus();
 }
 
-template <int D>
+template <int D, bool kPingPong>
 absl::Status Launch(const PagedAttentionParams& p, cudaStream_t stream) {
-  if (absl::Status s = CheckDevice<D>(); !s.ok()) return s;
+  if (absl::Status s = CheckDevice<D, kPingPong>(); !s.ok()) return s;
   constexpr size_t smem = SmemBytes<D>();
-  if (cudaFuncSetAttribute(PrefillSm90Kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  if (cudaFuncSetAttribute(PrefillSm90Kernel<D, kPingPong>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem)) != cudaSuccess) {
     return LaunchStatus("PrefillAttentionSm90 (shared memory attribute)");
   }
   const dim3 grid((p.max_query_len + kRows - 1) / kRows, p.num_heads, p.num_seqs);
-  PrefillSm90Kernel<D><<<grid, kThreads, smem, stream>>>(
+  PrefillSm90Kernel<D, kPingPong><<<grid, kThreads, smem, stream>>>(
       p, Log2IfPowerOfTwo(p.block_size), p.num_heads / p.num_kv_heads, p.scale * kLog2e);
   return LaunchStatus("PrefillAttentionSm90 launch");
 }
@@ -533,7 +552,9 @@ bool PrefillAttentionSm90Available(std::string* why) {
     if (why != nullptr) *why = std::move(reason);
     return false;
   };
-  if (absl::Status s = CheckDevice<128>(); !s.ok()) return fail(std::string(s.message()));
+  if (absl::Status s = CheckDevice<128, kDefaultPingPong>(); !s.ok()) {
+    return fail(std::string(s.message()));
+  }
   int* flag = nullptr;
   if (cudaMalloc(&flag, sizeof(int)) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -561,10 +582,19 @@ bool PrefillAttentionSm90Supports(const PagedAttentionParams& p) {
 }
 
 absl::Status PrefillAttentionSm90(const PagedAttentionParams& p, CUstream_st* stream) {
+  return sm90_detail::PrefillAttentionSm90Variant(p, stream, kDefaultPingPong);
+}
+
+namespace sm90_detail {
+
+absl::Status PrefillAttentionSm90Variant(const PagedAttentionParams& p, CUstream_st* stream,
+                                         bool pingpong) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (p.num_seqs == 0 || p.max_query_len == 0) return absl::OkStatus();
-  if (p.head_dim == 64) return Launch<64>(p, stream);
-  return Launch<128>(p, stream);
+  if (p.head_dim == 64) return pingpong ? Launch<64, true>(p, stream) : Launch<64, false>(p, stream);
+  return pingpong ? Launch<128, true>(p, stream) : Launch<128, false>(p, stream);
 }
+
+}  // namespace sm90_detail
 
 }  // namespace tessera::kernels::cuda

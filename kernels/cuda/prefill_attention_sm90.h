@@ -49,4 +49,12 @@ bool PrefillAttentionSm90Supports(const PagedAttentionParams& p);
 // be captured in a CUDA graph.
 absl::Status PrefillAttentionSm90(const PagedAttentionParams& p, CUstream_st* stream);
 
+namespace sm90_detail {
+// For tests and benchmarks: PrefillAttentionSm90 with the warpgroup
+// ping-pong schedule on or off (the arithmetic is the same; PrefillAttentionSm90
+// runs one of the two, see kDefaultPingPong in the .cu).
+absl::Status PrefillAttentionSm90Variant(const PagedAttentionParams& p, CUstream_st* stream,
+                                         bool pingpong);
+}  // namespace sm90_detail
+
 }  // namespace tessera::kernels::cuda

@@ -8,6 +8,10 @@
 // bf16 and P is rounded to bf16 before the P.V product, so
 // |gpu - ref| <= 2^-7 * max|v| + 1e-3.
 //
+// Every parity test runs twice: with the plain schedule (/Plain) and the
+// warpgroup ping-pong one (/PingPong); a hang of one shows as its last
+// "[ RUN ]" line.
+//
 // On a mismatch the test prints the first few bad elements with their
 // coordinates in the kernel's tiling (128-row query tile, warpgroup, warp,
 // row inside the warp's 16, 64-column block of head_dim) and a count of the
@@ -190,7 +194,9 @@ int Compare(const Case& c, const std::vector<int32_t>& qsl, const std::vector<ui
   return bad;
 }
 
-void RunCase(const Case& c, uint32_t seed) {
+// Runs case `c` through the wgmma kernel with the ping-pong schedule on or
+// off (sm90_detail::PrefillAttentionSm90Variant).
+void RunCase(const Case& c, uint32_t seed, bool pingpong) {
   SCOPED_TRACE(c.name);
   std::mt19937 rng(seed);
   const int num_seqs = static_cast<int>(c.seq_lens.size());
@@ -304,7 +310,7 @@ void RunCase(const Case& c, uint32_t seed) {
   EXPECT_EQ(bad_portable, 0) << "the portable control kernel disagrees with the reference";
 
   dout.Upload(fresh);
-  const absl::Status status = PrefillAttentionSm90(p, nullptr);
+  const absl::Status status = sm90_detail::PrefillAttentionSm90Variant(p, nullptr, pingpong);
   ASSERT_TRUE(status.ok()) << status;
   const cudaError_t sync = cudaDeviceSynchronize();
   ASSERT_EQ(sync, cudaSuccess) << "kernel fault: " << cudaGetErrorString(sync);
@@ -324,7 +330,7 @@ void RunCase(const Case& c, uint32_t seed) {
     cudaStream_t stream = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-    const absl::Status captured = PrefillAttentionSm90(p, stream);
+    const absl::Status captured = sm90_detail::PrefillAttentionSm90Variant(p, stream, pingpong);
     cudaGraph_t graph = nullptr;
     const cudaError_t end = cudaStreamEndCapture(stream, &graph);
     ASSERT_TRUE(captured.ok()) << captured;
@@ -342,12 +348,15 @@ void RunCase(const Case& c, uint32_t seed) {
 
 // --- Kernel parity (SM 9.0 with sm_90a code only) ------------------------------
 // Ordered from the simplest data path to the most general, so the first
-// failing test points at the broken piece.
+// failing test points at the broken piece. Each runs with the plain
+// schedule (Plain) and the warpgroup ping-pong one (PingPong).
+
+class PrefillAttentionSm90Parity : public ::testing::TestWithParam<bool> {};
 
 // q = 0: every score is 0, so the output is the mean of V over the visible
 // keys. Exercises the K/V gather, the causal mask, the softmax bookkeeping
 // and the P.V wgmma (V descriptor, transpose, column blocks), but not Q.K^T.
-TEST(PrefillAttentionSm90, UniformScoresIsolatePV) {
+TEST_P(PrefillAttentionSm90Parity, UniformScoresIsolatePV) {
   SKIP_UNLESS_SM90A();
   uint32_t seed = 10;
   for (int head_dim : {128, 64}) {
@@ -358,14 +367,14 @@ TEST(PrefillAttentionSm90, UniformScoresIsolatePV) {
       c.seq_lens = {len};
       c.q_lens = {len};
       c.name = absl::StrCat("uniform d", head_dim, " prompt ", len);
-      RunCase(c, seed++);
+      RunCase(c, seed++, GetParam());
     }
   }
 }
 
 // One query tile against one key tile: the S = Q K^T wgmma and the register
 // hand-off of P, before multi-tile pipelining matters.
-TEST(PrefillAttentionSm90, SingleTile) {
+TEST_P(PrefillAttentionSm90Parity, SingleTile) {
   SKIP_UNLESS_SM90A();
   uint32_t seed = 20;
   for (int head_dim : {128, 64}) {
@@ -375,12 +384,12 @@ TEST(PrefillAttentionSm90, SingleTile) {
       c.seq_lens = {len};
       c.q_lens = {len};
       c.name = absl::StrCat("single tile d", head_dim, " prompt ", len);
-      RunCase(c, seed++);
+      RunCase(c, seed++, GetParam());
     }
   }
 }
 
-TEST(PrefillAttentionSm90, SinglePrompts) {
+TEST_P(PrefillAttentionSm90Parity, SinglePrompts) {
   SKIP_UNLESS_SM90A();
   uint32_t seed = 200;
   for (int head_dim : {128, 64}) {
@@ -390,12 +399,12 @@ TEST(PrefillAttentionSm90, SinglePrompts) {
       c.seq_lens = {len};
       c.q_lens = {len};
       c.name = absl::StrCat("prefill d", head_dim, " prompt ", len);
-      RunCase(c, seed++);
+      RunCase(c, seed++, GetParam());
     }
   }
 }
 
-TEST(PrefillAttentionSm90, ChunksWithEarlierContext) {
+TEST_P(PrefillAttentionSm90Parity, ChunksWithEarlierContext) {
   SKIP_UNLESS_SM90A();
   struct Chunk {
     int context, q_len;
@@ -413,13 +422,13 @@ TEST(PrefillAttentionSm90, ChunksWithEarlierContext) {
         c.q_lens = {ch.q_len};
         c.name = absl::StrCat("chunk ctx ", ch.context, " q ", ch.q_len, " bs ", block_size,
                               " kv heads ", kv_heads);
-        RunCase(c, seed++);
+        RunCase(c, seed++, GetParam());
       }
     }
   }
 }
 
-TEST(PrefillAttentionSm90, MixedBatches) {
+TEST_P(PrefillAttentionSm90Parity, MixedBatches) {
   SKIP_UNLESS_SM90A();
   Case c;  // prompts, chunks, a decode-like token and an empty sequence together
   c.q_lens = {1, 5, 64, 130, 0, 77, 1, 260};
@@ -428,7 +437,7 @@ TEST(PrefillAttentionSm90, MixedBatches) {
   c.out_stride_pad = 16;
   c.name = "mixed gqa4 d128 padded strides";
   c.via_graph = true;
-  RunCase(c, 400);
+  RunCase(c, 400, GetParam());
 
   Case mha = c;
   mha.num_heads = 4;
@@ -438,7 +447,7 @@ TEST(PrefillAttentionSm90, MixedBatches) {
   mha.q_stride_pad = 0;
   mha.via_graph = false;
   mha.name = "mixed mha d64 bs32";
-  RunCase(mha, 401);
+  RunCase(mha, 401, GetParam());
 
   Case gqa8;
   gqa8.num_heads = 16;
@@ -447,11 +456,11 @@ TEST(PrefillAttentionSm90, MixedBatches) {
   gqa8.q_lens = {300, 2, 90, 129};
   gqa8.seq_lens = {300, 1002, 150, 129};
   gqa8.name = "mixed gqa8 bs8";
-  RunCase(gqa8, 403);
+  RunCase(gqa8, 403, GetParam());
 }
 
 // Larger q (scores spread wider): the online-softmax rescaling across tiles.
-TEST(PrefillAttentionSm90, SharpScores) {
+TEST_P(PrefillAttentionSm90Parity, SharpScores) {
   SKIP_UNLESS_SM90A();
   Case c;
   c.q_range = 8.f;
@@ -460,8 +469,13 @@ TEST(PrefillAttentionSm90, SharpScores) {
   c.q_lens = {700, 130};
   c.seq_lens = {700, 500};
   c.name = "sharp scores gqa4";
-  RunCase(c, 500);
+  RunCase(c, 500, GetParam());
 }
+
+INSTANTIATE_TEST_SUITE_P(Schedules, PrefillAttentionSm90Parity, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "PingPong" : "Plain");
+                         });
 
 // --- Validation (no device needed) -------------------------------------------
 

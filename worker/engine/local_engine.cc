@@ -165,6 +165,9 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineO
     // Room for speculative tokens on top of the scheduler's token budget.
     ro.max_num_tokens = o.max_num_batched_tokens + 8 * o.max_num_seqs;
     ro.cuda_graphs = o.cuda_graphs;
+    if (const kernels::Selection* pa = report->Find(kernels::Op::kAttentionPrefill)) {
+      ro.prefill_attention_backend = pa->chosen;
+    }
     if (tp > 1) {
       if (const kernels::Selection* ar = report->Find(kernels::Op::kAllReduce)) {
         ro.all_reduce_backend = ar->chosen;

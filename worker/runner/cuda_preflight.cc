@@ -14,10 +14,12 @@
 #include "kernels/cuda/kv_cache_write.h"
 #include "kernels/cuda/logits.h"
 #include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/prefill_attention_sm90.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/silu_mul.h"
+#include "kernels/cuda_backend.h"
 #include "worker/sampling/sampler.h"
 
 namespace tessera::runner {
@@ -202,7 +204,9 @@ absl::Status CheckRope() {
   return Compare("rope", FromBf16(got), want, kBf16Rel, 1e-5f);
 }
 
-absl::Status CheckAttention() {
+// The KV-cache write, prefill and decode attention; with sm90_prefill only
+// the prefill, through the wgmma kernel (prefill_attention_sm90.h).
+absl::Status CheckAttentionWith(bool sm90_prefill) {
   Scratch d;
   const int heads = 4, kv_heads = 2, dim = 64, block = 16, num_blocks = 6;
   const int64_t kv = int64_t{kv_heads} * dim, slots = int64_t{num_blocks} * block;
@@ -268,8 +272,9 @@ absl::Status CheckAttention() {
     p.out_token_stride = heads * dim;
     p.workspace = dws;
     p.workspace_bytes = ws;
-    CHECK_OK(decode ? kcu::PagedAttentionDecode(p, nullptr)
-                    : kcu::PagedAttentionPrefill(p, nullptr));
+    CHECK_OK(decode         ? kcu::PagedAttentionDecode(p, nullptr)
+             : sm90_prefill ? kcu::PrefillAttentionSm90(p, nullptr)
+                            : kcu::PagedAttentionPrefill(p, nullptr));
     ASSIGN(got, Download(dout, tokens * heads * dim));
     std::vector<float> want(tokens * heads * dim);
     kernels::cpu::PagedAttentionArgs args;
@@ -286,9 +291,13 @@ absl::Status CheckAttention() {
     CHECK_OK(ref::PagedAttention(args));
     return Compare(what, FromBf16(got), want, 2 * kBf16Rel, 1e-4f);
   };
+  if (sm90_prefill) return run(false, seq_lens, qsl, "attention_prefill (cuda-sm90a)");
   CHECK_OK(run(false, seq_lens, qsl, "attention_prefill"));
   return run(true, {4, 19}, {0, 1, 2}, "attention_decode");
 }
+
+absl::Status CheckAttention() { return CheckAttentionWith(false); }
+absl::Status CheckSm90Prefill() { return CheckAttentionWith(true); }
 
 absl::Status CheckSampling() {
   Scratch d;
@@ -342,6 +351,7 @@ absl::Status PreflightCudaKernels(const kernels::DeviceDescription& device,
   struct Check {
     std::vector<kernels::Op> ops;
     absl::Status (*run)();
+    std::string_view backend = {};  // runs when chosen; empty: the cuda and cublas candidates
   };
   const Check checks[] = {
       {{kernels::Op::kGemm}, &CheckGemm},
@@ -350,6 +360,7 @@ absl::Status PreflightCudaKernels(const kernels::DeviceDescription& device,
       {{kernels::Op::kRope}, &CheckRope},
       {{kernels::Op::kKvCacheWrite, kernels::Op::kAttentionPrefill, kernels::Op::kAttentionDecode},
        &CheckAttention},
+      {{kernels::Op::kAttentionPrefill}, &CheckSm90Prefill, kernels::kCudaSm90aBackend},
       {{kernels::Op::kLogitsProcessing, kernels::Op::kSampling}, &CheckSampling},
   };
   if (absl::Status s = kcu::SetDevice(device.ordinal); !s.ok()) return s;
@@ -357,7 +368,9 @@ absl::Status PreflightCudaKernels(const kernels::DeviceDescription& device,
     bool on_gpu = false;
     for (kernels::Op op : check.ops) {
       const kernels::Selection* sel = report.Find(op);
-      on_gpu |= sel != nullptr && (sel->chosen == "cuda" || sel->chosen == "cublas");
+      on_gpu |= sel != nullptr && (check.backend.empty()
+                                       ? sel->chosen == "cuda" || sel->chosen == "cublas"
+                                       : sel->chosen == check.backend);
     }
     if (!on_gpu) continue;
     absl::Status s = check.run();
@@ -373,8 +386,12 @@ absl::Status PreflightCudaKernels(const kernels::DeviceDescription& device,
         kernels::arch::CudaVersionString(gpu.runtime_version), ". ",
         no_image ? absl::StrCat("Fix: rebuild with sm_", gpu.arch.major, gpu.arch.minor,
                                 " in -DTESSERA_CUDA_ARCHS")
-                 : std::string("Fix: this is a kernel bug on this device; run with --device=cpu "
-                               "and report the message")));
+         : !check.backend.empty()
+             ? absl::StrCat("Fix: this is a bug of the ", std::string(check.backend),
+                            " kernel on this device; keep prefill on the portable kernel with "
+                            "--attention_backend=cuda and report the message")
+             : std::string("Fix: this is a kernel bug on this device; run with --device=cpu "
+                           "and report the message")));
   }
   return absl::OkStatus();
 }
