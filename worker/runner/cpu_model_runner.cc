@@ -257,53 +257,21 @@ absl::Status CpuModelRunner::PrepareWeights() {
 }
 
 absl::Status CpuModelRunner::ValidateBatch(const ForwardBatch& b) const {
-  const int n = b.num_tokens();
-  const int s = b.num_seqs();
-  if (n == 0 || s == 0) return absl::InvalidArgumentError("empty batch");
-  if (b.positions.size() != static_cast<size_t>(n) ||
-      b.slot_mapping.size() != static_cast<size_t>(n)) {
-    return absl::InvalidArgumentError("positions and slot_mapping must have one entry per token");
+  const model::ModelConfig& c = model_->config;
+  if (auto st = ValidateForwardBatch(
+          b, {c.vocab_size, c.max_position_embeddings, options_.block_size, options_.num_kv_blocks,
+              /*tree_attention=*/true});
+      !st.ok()) {
+    return st;
   }
-  if (b.query_start_loc.size() != static_cast<size_t>(s) + 1 || b.query_start_loc.back() != n) {
-    return absl::InvalidArgumentError(
-        "query_start_loc must have num_seqs + 1 entries ending at "
-        "num_tokens");
-  }
-  for (int i = 0; i < s; ++i) {
-    int q_len = b.query_start_loc[i + 1] - b.query_start_loc[i];
-    if (q_len < 0 || q_len > b.seq_lens[i]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sequence ", i, ": ", q_len, " new tokens but seq_len ", b.seq_lens[i]));
-    }
-    for (int j = 0; j < q_len && b.tree_parents.empty(); ++j) {
-      int t = b.query_start_loc[i] + j;
-      if (b.positions[t] != b.seq_lens[i] - q_len + j) {
-        return absl::InvalidArgumentError(absl::StrCat("token ", t, ": position ", b.positions[t],
-                                                       " but sequence ", i, " places it at ",
-                                                       b.seq_lens[i] - q_len + j));
-      }
-    }
-    if (b.seq_lens[i] > model_->config.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": length ", b.seq_lens[i],
-                                                     " exceeds the model's context of ",
-                                                     model_->config.max_position_embeddings));
-    }
-  }
-  if (auto st = ValidateTreeParents(b); !st.ok()) return st;
-  for (int32_t idx : b.logits_indices) {
-    if (idx < 0 || idx >= n) {
-      return absl::InvalidArgumentError(absl::StrCat("logits index ", idx, " outside the batch"));
-    }
-  }
-  kc::WeightMatrix whole_vocab = embed_;  // ids are checked against the full vocabulary
-  whole_vocab.rows = model_->config.vocab_size;
-  if (auto st = kc::ValidateTokenIds(b.token_ids, whole_vocab); !st.ok()) return st;
+  // What the CPU kernels add: every token writes its K/V (no negative
+  // slots), and the attention kernel's own argument checks.
   const kc::PagedKvCache& cache = layers_[0].cache;
   if (auto st = kc::ValidateSlotMapping(b.slot_mapping, cache); !st.ok()) return st;
   kc::PagedAttentionArgs args;
   float dummy = 0;
   args.q = &dummy;
-  args.q_token_stride = plan_.q_heads.size * model_->config.head_dim;
+  args.q_token_stride = plan_.q_heads.size * c.head_dim;
   args.num_heads = static_cast<int>(plan_.q_heads.size);
   args.cache = cache;
   args.query_start_loc = b.query_start_loc;
