@@ -29,6 +29,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -205,6 +206,40 @@ __device__ __forceinline__ void LoadKv(uint16_t* sk, uint16_t* sv, const KvSourc
 // one warpgroup's softmax overlaps the other's tensor-core work instead of
 // both computing softmax while the tensor cores idle. Only the schedule
 // changes, not the arithmetic.
+// LoadKv without branches (for code that runs while a wgmma is in flight:
+// ptxas serializes wgmma around divergent paths): every thread issues its
+// copies; keys >= key_end copy 0 source bytes (cp.async zero-fills) from
+// the address of key key_end - 1 (key_end >= 1), so no table entry past the
+// sequence is read. Past the last tile it fills a free stage with zeros.
+template <int D>
+__device__ __forceinline__ void LoadKvZfill(uint16_t* sk, uint16_t* sv, const KvSource& src,
+                                            int key0, int key_end) {
+  constexpr int kChunksPerRow = D / 8;
+  constexpr int kChunks = kKeys * kChunksPerRow;
+  static_assert(kChunks % kThreads == 0, "tile chunks must split evenly over the threads");
+  const int block_mask = (1 << src.block_shift) - 1;
+#pragma unroll
+  for (int i = 0; i < kChunks / kThreads; ++i) {
+    const int c = i * kThreads + static_cast<int>(threadIdx.x);
+    const int row = c / kChunksPerRow;
+    const int chunk = c % kChunksPerRow;
+    const int key = key0 + row;
+    const bool valid = key < key_end;
+    const int safe_key = valid ? key : key_end - 1;
+    const int64_t block = src.table[safe_key >> src.block_shift];
+    const int64_t slot = (block << src.block_shift) + (safe_key & block_mask);
+    const int64_t g = slot * src.slot_stride + src.head_offset + chunk * 8;
+    const int off = TileOffset<kKeys>(row, chunk);
+    const uint32_t bytes = valid ? 16u : 0u;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(sk + off)),
+                 "l"(src.k + g), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(sv + off)),
+                 "l"(src.v + g), "r"(bytes)
+                 : "memory");
+  }
+}
+
 template <int D, bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillSm90Kernel(PagedAttentionParams p, int block_shift, int group, float scale_log2) {
@@ -293,21 +328,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     CpAsyncWait<1>();  // tile kt (and the query tile) landed for this thread's copies
     FenceProxyAsync();
     __syncthreads();  // ... and for everyone's; tile kt - 1 is no longer read
-    if (kt + 2 < n_tiles) {
-      uint16_t* sk = stages + ((kt + 2) % kStages) * kStageElems;
-      LoadKv<D>(sk, sk + kKeys * D, src, (kt + 2) * kKeys, n_keys);
-    }
-    CpAsyncCommit();
 
     const int key0 = kt * kKeys;
     const bool work = wg_active && key0 <= wg_last_pos;  // uniform over the warpgroup
     const uint32_t k_addr = stages_addr + (kt % kStages) * kStageElems * 2;
     const uint32_t v_addr = k_addr + kKeys * D * 2;
 
-    // S = Q K^T. (Both warpgroups pass the ping-pong barrier on every
-    // iteration, working or not, so its phases stay matched.)
-    if (kPingPong && wg == 1) NamedBarSync(1, kThreads);
-    if (work) {
+    // Tile kt + 2 into the stage tile kt - 1 used (one commit group per
+    // iteration, empty past the end, so the wait above stays "all but 1").
+    auto prefetch = [&] {
+      if (kt + 2 < n_tiles) {
+        uint16_t* sk = stages + ((kt + 2) % kStages) * kStageElems;
+        LoadKv<D>(sk, sk + kKeys * D, src, (kt + 2) * kKeys, n_keys);
+      }
+      CpAsyncCommit();
+    };
+    // S = Q K^T: issue, then wait (other work may run in between).
+    auto issue_s = [&] {
 #pragma unroll
       for (int i = 0; i < kKeys / 2; ++i) PinF(s[i]);
       WgFence();
@@ -320,11 +357,43 @@ __global__ void __launch_bounds__(kThreads, 1)
         WgmmaSS128(s, da, db, ks > 0 ? 1 : 0);
       }
       WgCommit();
+    };
+    auto wait_s = [&] {
       WgWaitAll();
 #pragma unroll
       for (int i = 0; i < kKeys / 2; ++i) PinF(s[i]);
+    };
+    if constexpr (kPingPong) {
+      // Both warpgroups pass barrier 1 on every iteration, working or not,
+      // so its phases stay matched. Warpgroup 0 gathers the next tile
+      // (branch-free) while its S product runs; warpgroup 1 gathers before
+      // waiting.
+      if (wg == 0) {
+        if (work) {
+          issue_s();
+          uint16_t* sk = stages + ((kt + 2) % kStages) * kStageElems;
+          LoadKvZfill<D>(sk, sk + kKeys * D, src, (kt + 2) * kKeys, n_keys);
+          CpAsyncCommit();
+          wait_s();
+        } else {
+          prefetch();
+        }
+        NamedBarArrive(1, kThreads);
+      } else {
+        prefetch();
+        NamedBarSync(1, kThreads);
+        if (work) {
+          issue_s();
+          wait_s();
+        }
+      }
+    } else {
+      prefetch();
+      if (work) {
+        issue_s();
+        wait_s();
+      }
     }
-    if (kPingPong && wg == 0) NamedBarArrive(1, kThreads);
     if (!work) continue;
 
     // Online softmax in log2 units on the accumulator layout.
@@ -532,12 +601,29 @@ absl::Status CheckDevice() {
 
 template <int D, bool kPingPong>
 absl::Status Launch(const PagedAttentionParams& p, cudaStream_t stream) {
-  if (absl::Status s = CheckDevice<D, kPingPong>(); !s.ok()) return s;
   constexpr size_t smem = SmemBytes<D>();
-  if (cudaFuncSetAttribute(PrefillSm90Kernel<D, kPingPong>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem)) != cudaSuccess) {
-    return LaunchStatus("PrefillAttentionSm90 (shared memory attribute)");
+  // The device checks and the shared-memory opt-in, once per device (bit
+  // d of `ready`; devices past 63 are checked on every call).
+  static std::atomic<uint64_t> ready{0};
+  int device = 0;
+  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "PrefillAttentionSm90: no usable CUDA device (", cudaGetErrorString(err), ")"));
+  }
+  const uint64_t bit = device >= 0 && device < 64 ? uint64_t{1} << device : 0;
+  if (bit == 0 || (ready.load(std::memory_order_acquire) & bit) == 0) {
+    if (absl::Status s = CheckDevice<D, kPingPong>(); !s.ok()) return s;
+    if (const cudaError_t err = cudaFuncSetAttribute(PrefillSm90Kernel<D, kPingPong>,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     static_cast<int>(smem));
+        err != cudaSuccess) {
+      (void)cudaGetLastError();
+      return absl::InternalError(absl::StrCat("PrefillAttentionSm90: allowing ", smem,
+                                              " bytes of shared memory failed: ",
+                                              cudaGetErrorString(err)));
+    }
+    ready.fetch_or(bit, std::memory_order_acq_rel);
   }
   const dim3 grid((p.max_query_len + kRows - 1) / kRows, p.num_heads, p.num_seqs);
   PrefillSm90Kernel<D, kPingPong><<<grid, kThreads, smem, stream>>>(
