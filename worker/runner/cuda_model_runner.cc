@@ -599,7 +599,7 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
   // Steps of at most 8 tokens run the layer boundaries inside the GEMVs
   // (kernels/cuda/gemv.h GemvFusion): SiLU-mul in the gate/up GEMV, and on
   // one rank also the residual add in the o/down GEMVs and the RMSNorm in
-  // the GEMV that reads it, which leaves 5 kernels per layer instead of 9.
+  // the GEMV that reads it, which leaves 6 kernels per layer instead of 9.
   // With several ranks the all-reduce sits between the GEMV and the add.
   const bool fuse_mlp = options_.fuse_decode_layers && m.gemm->GemvTakes(T, H) &&
                         m.gemm->GemvTakes(T, I) && m.gemm->GemvTakes(T, Q);
