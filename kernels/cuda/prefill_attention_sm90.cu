@@ -21,8 +21,12 @@
 // group, fence.proxy.async (cp.async and zero-fill stores are generic-proxy
 // writes that wgmma reads through the async proxy), one __syncthreads, then
 // the prefetch of tile kt + 2 into the stage tile kt - 1 used (every
-// warpgroup waited for its wgmmas on that stage before the barrier), then
-// both warpgroups compute on tile kt.
+// warpgroup waited for its wgmmas on that stage before the barrier), and
+// both warpgroups compute on tile kt. With the ping-pong schedule (the
+// default) warpgroup 1 starts its S product only once warpgroup 0's is
+// done (named barrier 1), so their softmax phases alternate with the other
+// warpgroup's tensor-core work, and warpgroup 0 issues its prefetch while
+// its S product runs.
 //
 // Thread-safety: see the header.
 #include "kernels/cuda/prefill_attention_sm90.h"

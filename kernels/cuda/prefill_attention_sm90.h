@@ -19,8 +19,10 @@
 // S = Q K^T is a shared-memory wgmma (both operands K-major), the online
 // softmax runs on the fp32 accumulators, and P goes back to the tensor
 // cores as bf16 register fragments for O += P V (V N-major, transposed by
-// the instruction). Tiles above a warpgroup's last query position are
-// skipped; only diagonal tiles are masked.
+// the instruction). Warpgroup 1 starts each S product after warpgroup 0's
+// has finished (a named barrier), so one warpgroup's softmax overlaps the
+// other's tensor-core work. Tiles above a warpgroup's last query position
+// are skipped; only diagonal tiles are masked.
 //
 // Thread-safety: as PagedAttentionPrefill (reentrant; concurrent calls on
 // different streams need different outputs).
