@@ -77,7 +77,9 @@ __device__ __forceinline__ uint64_t Desc(uint32_t smem_addr, uint32_t lbo_bytes,
          (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
 }
 
-__device__ __forceinline__ void WgFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void WgFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void WgCommit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
@@ -101,7 +103,8 @@ __device__ __forceinline__ void NamedBarArrive(int id, int count) {
 }
 
 // d (+)= A * B, m64n128k16, A and B from shared memory (descriptors), both K-major.
-__device__ __forceinline__ void WgmmaSS128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+__device__ __forceinline__ void WgmmaSS128(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                           int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
@@ -110,20 +113,23 @@ __device__ __forceinline__ void WgmmaSS128(float (&d)[64], uint64_t desc_a, uint
       "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
       "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
       "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
 // d += A * B, m64n128k16, A from registers (the mma.m16n8k16 A fragment per warp),
 // B from shared memory, MN-major (imm-trans-b = 1).
-__device__ __forceinline__ void WgmmaRS128(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+__device__ __forceinline__ void WgmmaRS128(float (&d)[64], const uint32_t (&a)[4],
+                                           uint64_t desc_b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
@@ -132,14 +138,16 @@ __device__ __forceinline__ void WgmmaRS128(float (&d)[64], const uint32_t (&a)[4
       "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
       "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
       "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
 }
 
@@ -152,13 +160,13 @@ __device__ __forceinline__ void WgmmaRS64(float (&d)[32], const uint32_t (&a)[4]
       "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
       "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
       "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
 }
-
 
 template <int D>
 __device__ __forceinline__ void WgmmaPV(float (&o)[D / 2], const uint32_t (&a)[4], uint64_t desc);
@@ -168,8 +176,7 @@ __device__ __forceinline__ void WgmmaPV<128>(float (&o)[64], const uint32_t (&a)
   WgmmaRS128(o, a, desc);
 }
 template <>
-__device__ __forceinline__ void WgmmaPV<64>(float (&o)[32], const uint32_t (&a)[4],
-                                            uint64_t desc) {
+__device__ __forceinline__ void WgmmaPV<64>(float (&o)[32], const uint32_t (&a)[4], uint64_t desc) {
   WgmmaRS64(o, a, desc);
 }
 
@@ -249,13 +256,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     PrefillSm90Kernel(PagedAttentionParams p, int block_shift, int group, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
-  constexpr int kKSteps = D / 16;       // k16 steps of S = Q K^T
-  constexpr int kPSteps = kKeys / 16;   // k16 steps of O += P V
+  constexpr int kKSteps = D / 16;      // k16 steps of S = Q K^T
+  constexpr int kPSteps = kKeys / 16;  // k16 steps of O += P V
   constexpr int kStageElems = 2 * kKeys * D;
   extern __shared__ uint4 smem_raw[];
   const uint32_t raw_addr = SmemAddr(smem_raw);
-  uint16_t* const sq =
-      reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(smem_raw) + ((1024 - (raw_addr & 1023)) & 1023));
+  uint16_t* const sq = reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(smem_raw) +
+                                                   ((1024 - (raw_addr & 1023)) & 1023));
   uint16_t* const stages = sq + kRows * D;  // stage s: K at s * kStageElems, V kKeys * D after
 
   const int seq = blockIdx.z;
@@ -278,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  const int wg = threadIdx.x >> 7;         // warpgroup: query rows 64 wg .. 64 wg + 63
+  const int wg = threadIdx.x >> 7;          // warpgroup: query rows 64 wg .. 64 wg + 63
   const int warp = (threadIdx.x >> 5) & 3;  // warp inside the warpgroup
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
@@ -308,7 +315,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   LoadKv<D>(stages, stages + kKeys * D, src, 0, n_keys);
   CpAsyncCommit();
-  if (n_tiles > 1) LoadKv<D>(stages + kStageElems, stages + kStageElems + kKeys * D, src, kKeys, n_keys);
+  if (n_tiles > 1)
+    LoadKv<D>(stages + kStageElems, stages + kStageElems + kKeys * D, src, kKeys, n_keys);
   CpAsyncCommit();
 
   const int wg_row0 = wg * 64;
@@ -585,8 +593,9 @@ absl::Status CheckDevice() {
         "PrefillAttentionSm90: no usable CUDA device (", cudaGetErrorString(err), ")"));
   }
   if (major != 9 || minor != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "PrefillAttentionSm90 needs an SM 9.0 device; device ", device, " is SM ", major, ".", minor));
+    return absl::FailedPreconditionError(
+        absl::StrCat("PrefillAttentionSm90 needs an SM 9.0 device; device ", device, " is SM ",
+                     major, ".", minor));
   }
   cudaFuncAttributes attr{};
   if (cudaFuncGetAttributes(&attr, PrefillSm90Kernel<D, kPingPong>) != cudaSuccess) {
@@ -623,9 +632,9 @@ absl::Status Launch(const PagedAttentionParams& p, cudaStream_t stream) {
                                                      static_cast<int>(smem));
         err != cudaSuccess) {
       (void)cudaGetLastError();
-      return absl::InternalError(absl::StrCat("PrefillAttentionSm90: allowing ", smem,
-                                              " bytes of shared memory failed: ",
-                                              cudaGetErrorString(err)));
+      return absl::InternalError(
+          absl::StrCat("PrefillAttentionSm90: allowing ", smem,
+                       " bytes of shared memory failed: ", cudaGetErrorString(err)));
     }
     ready.fetch_or(bit, std::memory_order_acq_rel);
   }
@@ -656,8 +665,8 @@ bool PrefillAttentionSm90Available(std::string* why) {
   cudaFree(flag);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    return fail(absl::StrCat("PrefillAttentionSm90: probe kernel failed: ",
-                             cudaGetErrorString(err)));
+    return fail(
+        absl::StrCat("PrefillAttentionSm90: probe kernel failed: ", cudaGetErrorString(err)));
   }
   if (host != 1) {
     return fail(
@@ -681,7 +690,8 @@ absl::Status PrefillAttentionSm90Variant(const PagedAttentionParams& p, CUstream
                                          bool pingpong) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (p.num_seqs == 0 || p.max_query_len == 0) return absl::OkStatus();
-  if (p.head_dim == 64) return pingpong ? Launch<64, true>(p, stream) : Launch<64, false>(p, stream);
+  if (p.head_dim == 64)
+    return pingpong ? Launch<64, true>(p, stream) : Launch<64, false>(p, stream);
   return pingpong ? Launch<128, true>(p, stream) : Launch<128, false>(p, stream);
 }
 

@@ -72,9 +72,9 @@ std::string SkipReason() {
   return "";
 }
 
-#define SKIP_UNLESS_SM90A()                   \
-  do {                                        \
-    const std::string reason = SkipReason();  \
+#define SKIP_UNLESS_SM90A()                      \
+  do {                                           \
+    const std::string reason = SkipReason();     \
     if (!reason.empty()) GTEST_SKIP() << reason; \
   } while (0)
 
@@ -168,11 +168,11 @@ int Compare(const Case& c, const std::vector<int32_t>& qsl, const std::vector<ui
         const int tile_row = i_row % 128;
         if (++bad <= show) {
           ADD_FAILURE() << who << ": seq " << s << " (ctx " << ctx << ", q_len " << c.q_lens[s]
-                        << ") query row " << i_row << " (position " << ctx + i_row
-                        << "; q tile " << i_row / 128 << ", warpgroup " << tile_row / 64
-                        << ", warp " << (tile_row % 64) / 16 << ", row-in-warp " << tile_row % 16
-                        << ") head " << head << " dim " << dim << " (col block " << dim / 64
-                        << "): got " << got << " want " << want << " (tol " << tol << ")";
+                        << ") query row " << i_row << " (position " << ctx + i_row << "; q tile "
+                        << i_row / 128 << ", warpgroup " << tile_row / 64 << ", warp "
+                        << (tile_row % 64) / 16 << ", row-in-warp " << tile_row % 16 << ") head "
+                        << head << " dim " << dim << " (col block " << dim / 64 << "): got " << got
+                        << " want " << want << " (tol " << tol << ")";
         }
         ++histogram[absl::StrCat("col block ", dim / 64)];
         ++histogram[absl::StrCat("warpgroup ", tile_row / 64)];

@@ -368,8 +368,8 @@ absl::Status PreflightCudaKernels(const kernels::DeviceDescription& device,
     bool on_gpu = false;
     for (kernels::Op op : check.ops) {
       const kernels::Selection* sel = report.Find(op);
-      on_gpu |= sel != nullptr && (check.backend.empty()
-                                       ? sel->chosen == "cuda" || sel->chosen == "cublas"
+      on_gpu |= sel != nullptr &&
+                (check.backend.empty() ? sel->chosen == "cuda" || sel->chosen == "cublas"
                                        : sel->chosen == check.backend);
     }
     if (!on_gpu) continue;
@@ -386,12 +386,12 @@ absl::Status PreflightCudaKernels(const kernels::DeviceDescription& device,
         kernels::arch::CudaVersionString(gpu.runtime_version), ". ",
         no_image ? absl::StrCat("Fix: rebuild with sm_", gpu.arch.major, gpu.arch.minor,
                                 " in -DTESSERA_CUDA_ARCHS")
-         : !check.backend.empty()
-             ? absl::StrCat("Fix: this is a bug of the ", std::string(check.backend),
-                            " kernel on this device; keep prefill on the portable kernel with "
-                            "--attention_backend=cuda and report the message")
-             : std::string("Fix: this is a kernel bug on this device; run with --device=cpu "
-                           "and report the message")));
+        : !check.backend.empty()
+            ? absl::StrCat("Fix: this is a bug of the ", std::string(check.backend),
+                           " kernel on this device; keep prefill on the portable kernel with "
+                           "--attention_backend=cuda and report the message")
+            : std::string("Fix: this is a kernel bug on this device; run with --device=cpu "
+                          "and report the message")));
   }
   return absl::OkStatus();
 }
