@@ -34,6 +34,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda_devices.h"
+#include "kernels/registry.h"
 #include "nlohmann/json.hpp"
 #include "tests/bench/llama3_8b_config.h"
 #include "worker/model/config.h"
@@ -89,6 +90,15 @@ int Run() {
   options.max_num_tokens = std::max(max_batch * prompt_len, 256);
   options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.fuse_decode_layers = absl::GetFlag(FLAGS_fuse_decode_layers);
+  // The prefill attention kernel the registry picks for this device, as the
+  // worker does.
+  absl::StatusOr<kernels::Selection> prefill =
+      kernels::BuiltinRegistry().Select(kernels::Op::kAttentionPrefill, *device);
+  if (!prefill.ok()) {
+    std::fprintf(stderr, "prefill attention: %s\n", prefill.status().ToString().c_str());
+    return 1;
+  }
+  options.prefill_attention_backend = prefill->chosen;
   auto runner = runner::CudaModelRunner::CreateWithRandomWeights(*config, *device, options, 1234);
   if (!runner.ok()) {
     std::fprintf(stderr, "runner: %s\n", runner.status().ToString().c_str());
@@ -236,6 +246,7 @@ int Run() {
       {"cuda_graphs", options.cuda_graphs},
       {"skinny_gemm", absl::GetFlag(FLAGS_gemv) ? "gemv" : "cublaslt"},
       {"fuse_decode_layers", options.fuse_decode_layers},
+      {"prefill_attention_backend", options.prefill_attention_backend},
       {"results", results},
   };
   std::printf("%s\n", out.dump(2).c_str());
