@@ -54,10 +54,10 @@ class GemmContext {
   void SetUseGemv(bool use);
   // Whether the GEMV path is on (SetUseGemv) and takes rows of m, k.
   bool GemvTakes(int64_t m, int64_t k) const;
-  // The GEMV with fused stages (gemv.h GemvFusion) on the context's
-  // workspace; FAILED_PRECONDITION when !GemvTakes(m, k).
-  absl::Status GemvFused(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
-                         const float* bias, Bf16* y, const GemvFusion& fusion, CudaStream stream);
+  // gemv.h GemvSiluMulBf16 on the context's workspace; FAILED_PRECONDITION
+  // when !GemvTakes(m, k).
+  absl::Status GemvSiluMul(const Bf16* x, int64_t m, int64_t k, const Bf16* w_gate_up, int64_t n,
+                           const float* bias, Bf16* act, CudaStream stream);
 
   struct Impl;
 

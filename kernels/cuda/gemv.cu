@@ -87,12 +87,11 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// What the kernel does after the dot products (GemvFusion::Epilogue, plus
-// the plain fp32 store of the logits).
-enum class Out { kBf16, kF32, kSiluMul, kAddResidual };
+// What the kernel stores: y in bf16 or fp32, or SiLU(gate) * up.
+enum class Out { kBf16, kF32, kSiluMul };
 
 struct KernelArgs {
-  const uint16_t* x;  // bf16 [m, k]; unused with the norm prologue
+  const uint16_t* x;  // bf16 [m, k]
   int m, k;
   const uint16_t* w;  // bf16 [n, k]
   int n;              // rows of w
@@ -102,45 +101,15 @@ struct KernelArgs {
   int slots;  // tiles * kTileRows: the row stride of the split partials
   float* partials;
   uint32_t* counters;
-  // Norm prologue.
-  const float* norm_residual;  // fp32 [m, k]
-  const float* norm_weight;    // fp32 [k]
-  const float* norm_sumsq;     // fp32 [m, norm_parts]
-  int norm_parts;
-  float eps;
-  // kAddResidual.
-  float* residual;   // fp32 [m, n]
-  float* sumsq_out;  // fp32 [m, tiles]
 };
 
 __device__ __forceinline__ float RoundBf16(float v) { return Bf16BitsToFloat(FloatToBf16Bits(v)); }
 
-// 8 normalized activations as packed bf16: bf16(r * inv * g), the rounding
-// of the RMSNorm kernels (elementwise.cu).
-__device__ __forceinline__ uint4 LoadNormalized(const float* r, const float* g, float inv,
-                                                bool pred) {
-  if (!pred) return make_uint4(0, 0, 0, 0);
-  const float4 r0 = __ldg(reinterpret_cast<const float4*>(r));
-  const float4 r1 = __ldg(reinterpret_cast<const float4*>(r) + 1);
-  const float4 g0 = __ldg(reinterpret_cast<const float4*>(g));
-  const float4 g1 = __ldg(reinterpret_cast<const float4*>(g) + 1);
-  auto pack = [inv](float a, float ga, float b, float gb) {
-    return static_cast<uint32_t>(FloatToBf16Bits(a * inv * ga)) |
-           (static_cast<uint32_t>(FloatToBf16Bits(b * inv * gb)) << 16);
-  };
-  return make_uint4(pack(r0.x, g0.x, r0.y, g0.y), pack(r0.z, g0.z, r0.w, g0.w),
-                    pack(r1.x, g1.x, r1.y, g1.y), pack(r1.z, g1.z, r1.w, g1.w));
-}
-
-// kOut: the epilogue; kNorm: activations computed on load as the RMSNorm
-// of an fp32 residual stream (see GemvFusion).
-// Register caps: 128 with the norm prologue, whose loads take registers (4
-// CTAs per SM, a few bytes of spills), 80 otherwise (6 CTAs per SM).
-template <Out kOut, bool kNorm>
-__global__ void __launch_bounds__(kThreads, kNorm ? 4 : 6) GemvKernel(const KernelArgs a) {
+// At most 80 registers: 6 CTAs per SM.
+template <Out kOut>
+__global__ void __launch_bounds__(kThreads, 6) GemvKernel(const KernelArgs a) {
   __shared__ float red[kWarps][kTileRows][8];
   __shared__ float fin[kTileRows][8];
-  __shared__ float inv_rms[8];
   __shared__ uint32_t is_last;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -194,36 +163,15 @@ __global__ void __launch_bounds__(kThreads, kNorm ? 4 : 6) GemvKernel(const Kern
     for (int u = 0; u < kUnroll; ++u) {
       const int kk = (base + u) * kStepK;
       const bool ok = step_ok(base + u) && x_ok;
-      if constexpr (kNorm) {
-        xb[u] = LoadNormalized(a.norm_residual + x_off + kk, a.norm_weight + q * 8 + kk,
-                               inv_rms[x_ok ? g : 0], ok);
-      } else {
-        xb[u] = LoadCached(a.x + x_off + kk, ok);
-      }
+      xb[u] = LoadCached(a.x + x_off + kk, ok);
     }
   };
 
   // Software pipeline: the next iteration's loads are issued before this
-  // iteration's MMAs, so up to 8 KiB of W per warp are in flight. The first
-  // W loads go out before the norm prologue, which they do not need.
+  // iteration's MMAs, so up to 8 KiB of W per warp are in flight.
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   uint4 a_lo[kUnroll], a_hi[kUnroll], b[kUnroll];
   load_w(s_begin, a_lo, a_hi);
-  if constexpr (kNorm) {
-    // Every CTA sums the same partial sums of squares in the same order, so
-    // all of them scale by the same factor. Thread t serves activation row
-    // t / 16 (a half-warp per row).
-    const int r = threadIdx.x >> 4;
-    const int j = threadIdx.x & 15;
-    float s = 0.f;
-    if (r < m) {
-      for (int p = j; p < a.norm_parts; p += 16) s += __ldg(&a.norm_sumsq[r * a.norm_parts + p]);
-    }
-#pragma unroll
-    for (int off = 8; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    if (j == 0 && r < 8) inv_rms[r] = rsqrtf(s / static_cast<float>(k) + a.eps);
-    __syncthreads();
-  }
   load_x(s_begin, b);
   for (int it = s_begin; it < s_end; it += kStepsPerIter) {
     uint4 n_lo[kUnroll], n_hi[kUnroll], n_b[kUnroll];
@@ -301,27 +249,6 @@ __global__ void __launch_bounds__(kThreads, kNorm ? 4 : 6) GemvKernel(const Kern
       static_cast<uint16_t*>(a.y)[static_cast<int64_t>(col) * half + j] =
           FloatToBf16Bits(gv / (1.0f + expf(-gv)) * uv);
     }
-  } else {  // kAddResidual
-    // residual += bf16(v + bias), as FusedAddRmsNorm adds the bf16 delta;
-    // then this tile's sum of squares of the new residual per row, summed
-    // over its 16 rows in order.
-    const int out_n = tile * kTileRows + row;
-    float sq = 0.f;
-    if (col < m && out_n < n) {
-      const float d = RoundBf16(a.bias != nullptr ? v + a.bias[out_n] : v);
-      float* r = &a.residual[static_cast<int64_t>(col) * n + out_n];
-      const float nr = *r + d;
-      *r = nr;
-      sq = nr * nr;
-    }
-    fin[row][col] = sq;
-    __syncthreads();
-    if (threadIdx.x < 8 && threadIdx.x < m) {
-      float s = 0.f;
-#pragma unroll
-      for (int i = 0; i < kTileRows; ++i) s += fin[i][threadIdx.x];
-      a.sumsq_out[static_cast<int64_t>(threadIdx.x) * gridDim.x + tile] = s;
-    }
   }
 }
 
@@ -369,47 +296,22 @@ SplitPlan PlanSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, i
   return plan;
 }
 
-template <Out kOut, bool kNorm>
-void LaunchKernel(const KernelArgs& a, dim3 grid, cudaStream_t stream) {
-  GemvKernel<kOut, kNorm><<<grid, kThreads, 0, stream>>>(a);
-}
-
 absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
-                    const float* bias, void* y, bool f32_out, const GemvFusion& f,
-                    const GemvWorkspace& ws, CudaStream stream, int force_splits) {
-  const bool norm = f.norm_weight != nullptr;
-  const Bf16* x_in = norm ? reinterpret_cast<const Bf16*>(f.norm_residual) : x;
-  if (!GemvApplicable(x_in, m, k, w)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GemvBf16: needs 1 <= m <= ", kGemvMaxRows, ", k % 8 == 0 and 16-byte aligned ",
-        norm ? "residual" : "x", " and W (m=", m, " k=", k, ")"));
+                    const float* bias, void* y, Out out, const GemvWorkspace& ws, CudaStream stream,
+                    int force_splits) {
+  if (!GemvApplicable(x, m, k, w)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GemvBf16: needs 1 <= m <= ", kGemvMaxRows,
+                     ", k % 8 == 0 and 16-byte aligned x and W (m=", m, " k=", k, ")"));
   }
   if (n <= 0 || n > INT32_MAX || k > (INT32_MAX >> 1)) {
     return absl::InvalidArgumentError(absl::StrCat("GemvBf16: bad shape n=", n, " k=", k));
   }
-  using E = GemvFusion::Epilogue;
-  if (norm) {
-    if (reinterpret_cast<uintptr_t>(f.norm_weight) % 16 != 0 || f.norm_sumsq == nullptr ||
-        f.norm_parts <= 0 || f.epilogue == E::kAddResidual || f32_out) {
-      return absl::InvalidArgumentError(
-          "GemvBf16: the norm prologue needs a 16-byte aligned weight, the partial sums of "
-          "squares, bf16 output and an epilogue other than kAddResidual (which writes the "
-          "residual it reads)");
-    }
-  }
-  if (f.epilogue == E::kSiluMul && (n % 2 != 0 || f32_out)) {
+  if (out == Out::kSiluMul && n % 2 != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("GemvBf16: the SiLU-mul epilogue needs an even n (gate then up) and bf16 "
-                     "output (n=",
-                     n, ")"));
+        absl::StrCat("GemvSiluMulBf16: needs an even number of rows (gate then up), got ", n));
   }
-  if (f.epilogue == E::kAddResidual) {
-    if (f.residual == nullptr || f.sumsq_out == nullptr) {
-      return absl::InvalidArgumentError("GemvBf16: kAddResidual needs residual and sumsq_out");
-    }
-  } else if (y == nullptr) {
-    return absl::InvalidArgumentError("GemvBf16: null output");
-  }
+  if (y == nullptr) return absl::InvalidArgumentError("GemvBf16: null output");
   const SplitPlan plan = PlanSplits(m, n, k, ws, force_splits);
   const int64_t tiles = (n + kTileRows - 1) / kTileRows;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(plan.splits));
@@ -426,33 +328,16 @@ absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t 
   a.slots = static_cast<int>(tiles * kTileRows);
   a.partials = ws.partials;
   a.counters = ws.counters;
-  a.norm_residual = f.norm_residual;
-  a.norm_weight = f.norm_weight;
-  a.norm_sumsq = f.norm_sumsq;
-  a.norm_parts = f.norm_parts;
-  a.eps = f.eps;
-  a.residual = f.residual;
-  a.sumsq_out = f.sumsq_out;
   const cudaStream_t s = AsCuda(stream);
-  switch (f.epilogue) {
-    case E::kStore:
-      if (f32_out) {
-        LaunchKernel<Out::kF32, false>(a, grid, s);
-      } else if (norm) {
-        LaunchKernel<Out::kBf16, true>(a, grid, s);
-      } else {
-        LaunchKernel<Out::kBf16, false>(a, grid, s);
-      }
+  switch (out) {
+    case Out::kBf16:
+      GemvKernel<Out::kBf16><<<grid, kThreads, 0, s>>>(a);
       break;
-    case E::kSiluMul:
-      if (norm) {
-        LaunchKernel<Out::kSiluMul, true>(a, grid, s);
-      } else {
-        LaunchKernel<Out::kSiluMul, false>(a, grid, s);
-      }
+    case Out::kF32:
+      GemvKernel<Out::kF32><<<grid, kThreads, 0, s>>>(a);
       break;
-    case E::kAddResidual:
-      LaunchKernel<Out::kAddResidual, false>(a, grid, s);
+    case Out::kSiluMul:
+      GemvKernel<Out::kSiluMul><<<grid, kThreads, 0, s>>>(a);
       break;
   }
   return CheckLastLaunch("GemvBf16");
@@ -461,8 +346,8 @@ absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t 
 }  // namespace
 
 absl::Status GemvResidentCtasPerSm(int* ctas) {
-  TESSERA_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      ctas, GemvKernel<Out::kBf16, false>, kThreads, 0));
+  TESSERA_CUDA_RETURN_IF_ERROR(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, GemvKernel<Out::kBf16>, kThreads, 0));
   return absl::OkStatus();
 }
 
@@ -479,21 +364,19 @@ int GemvSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, int for
 absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
                       const float* bias, Bf16* y, const GemvWorkspace& ws, CudaStream stream,
                       int force_splits) {
-  return Launch(x, m, k, w, n, bias, y, /*f32_out=*/false, GemvFusion{}, ws, stream, force_splits);
+  return Launch(x, m, k, w, n, bias, y, Out::kBf16, ws, stream, force_splits);
 }
 
 absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
                       const float* bias, float* y, const GemvWorkspace& ws, CudaStream stream,
                       int force_splits) {
-  return Launch(x, m, k, w, n, bias, y, /*f32_out=*/true, GemvFusion{}, ws, stream, force_splits);
+  return Launch(x, m, k, w, n, bias, y, Out::kF32, ws, stream, force_splits);
 }
 
-int GemvNormParts(int64_t n) { return static_cast<int>((n + kTileRows - 1) / kTileRows); }
-
-absl::Status GemvBf16Fused(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
-                           const float* bias, Bf16* y, const GemvFusion& fusion,
-                           const GemvWorkspace& ws, CudaStream stream, int force_splits) {
-  return Launch(x, m, k, w, n, bias, y, /*f32_out=*/false, fusion, ws, stream, force_splits);
+absl::Status GemvSiluMulBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w_gate_up, int64_t n,
+                             const float* bias, Bf16* act, const GemvWorkspace& ws,
+                             CudaStream stream, int force_splits) {
+  return Launch(x, m, k, w_gate_up, n, bias, act, Out::kSiluMul, ws, stream, force_splits);
 }
 
 }  // namespace tessera::kernels::cuda

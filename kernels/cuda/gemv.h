@@ -60,42 +60,6 @@ bool GemvApplicable(const Bf16* x, int64_t m, int64_t k, const Bf16* w);
 // workspace); tests use it to exercise the split path on small shapes.
 int GemvSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, int force_splits = 0);
 
-// Stages fused around the GEMV for decode's layer boundaries (m <= 8),
-// so that the RMSNorm and SiLU-mul kernels between projections go away:
-//
-//   norm prologue (norm_weight != null): the activations are not read from
-//     x but computed as they are loaded, as the RMSNorm of the fp32 residual
-//     stream: x[r, j] = bf16(norm_residual[r, j] * inv[r] * norm_weight[j]),
-//     inv[r] = rsqrt(ss[r] / k + eps), where ss[r] is the sum over t of
-//     norm_sumsq[r * norm_parts + t] (the partial sums of squares that a
-//     kAddResidual epilogue left). Each CTA sums them in the same order.
-//   epilogues:
-//     kStore:       y = x . W^T + bias, bf16 (as GemvBf16);
-//     kSiluMul:     W is [gate; up] (n = 2 * inter rows), y bf16 [m, inter]
-//                   = SiLU(bf16(gate)) * bf16(up), the rounding of the
-//                   unfused GEMV + SiluMul;
-//     kAddResidual: residual[m, n] (fp32) += bf16(x . W^T + bias), as
-//                   FusedAddRmsNorm adds a bf16 delta, and sumsq_out[r *
-//                   GemvNormParts(n) + t] = the sum of squares of the new
-//                   residual over row tile t (16 features); y is unused.
-// The norm prologue cannot be combined with kAddResidual (it would read the
-// residual that other CTAs write).
-struct GemvFusion {
-  const float* norm_residual = nullptr;  // fp32 [m, k], 16-byte aligned
-  const float* norm_weight = nullptr;    // fp32 [k], 16-byte aligned
-  const float* norm_sumsq = nullptr;     // fp32 [m, norm_parts]
-  int norm_parts = 0;
-  float eps = 0.f;
-  enum class Epilogue { kStore, kSiluMul, kAddResidual };
-  Epilogue epilogue = Epilogue::kStore;
-  float* residual = nullptr;   // kAddResidual: fp32 [m, n]
-  float* sumsq_out = nullptr;  // kAddResidual: fp32 [m, GemvNormParts(n)]
-};
-
-// Partial sums of squares per row a kAddResidual epilogue over n features
-// writes (one per 16-feature tile).
-int GemvNormParts(int64_t n);
-
 // INVALID_ARGUMENT when !GemvApplicable, n <= 0, null y, or a shape above
 // int32 range; INTERNAL on a launch error.
 absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
@@ -104,10 +68,13 @@ absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_
 absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
                       const float* bias, float* y, const GemvWorkspace& ws, CudaStream stream,
                       int force_splits = 0);
-// The GEMV with fused stages (see GemvFusion). INVALID_ARGUMENT also when
-// the fusion's own pointers or shapes are unusable.
-absl::Status GemvBf16Fused(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
-                           const float* bias, Bf16* y, const GemvFusion& fusion,
-                           const GemvWorkspace& ws, CudaStream stream, int force_splits = 0);
+// The gate/up projection with SiLU-mul fused (decode's MLP): w_gate_up is
+// [gate; up], n = 2 * inter rows; act = bf16 [m, inter] = SiLU(bf16(gate))
+// * bf16(up), the roundings of GemvBf16 followed by SiluMul, without the
+// gate_up intermediate or the second launch. A tile holds 8 gate rows and
+// their 8 up rows. INVALID_ARGUMENT also for an odd n.
+absl::Status GemvSiluMulBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w_gate_up, int64_t n,
+                             const float* bias, Bf16* act, const GemvWorkspace& ws,
+                             CudaStream stream, int force_splits = 0);
 
 }  // namespace tessera::kernels::cuda

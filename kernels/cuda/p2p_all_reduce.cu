@@ -52,15 +52,9 @@ __device__ __forceinline__ void Accumulate(float (&acc)[8], uint4 v) {
 // Inbox halves alternate by round parity: a rank writes half h of round r
 // only after every peer has entered round r - 1 (step 3 of that round),
 // hence finished reading half h in round r - 2.
-//
-// With kAddResidual the sum is not written back: it is rounded to bf16 and
-// added to the fp32 residual stream, and each pair of 16-byte units (16
-// features) leaves the sum of squares of its new residual values in
-// sumsq[unit / 2] (slices hold an even number of units for that).
-template <bool kAddResidual>
 __global__ void __launch_bounds__(kThreads)
     PushAllReduceKernel(__nv_bfloat16* data, int64_t n, int rank, int world, const PeerTable* table,
-                        uint32_t* state, int64_t cap, float* residual, float* sumsq) {
+                        uint32_t* state, int64_t cap) {
   __shared__ uint32_t round;
   const int c = blockIdx.x;
   if (threadIdx.x == 0) round = state[c] + 1;
@@ -68,8 +62,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t half = static_cast<int64_t>(round & 1) * kMaxRanks * cap;
   const bool vec = n % 8 == 0 && (reinterpret_cast<uintptr_t>(data) & 15) == 0;
   const int64_t units = vec ? n / 8 : n;  // 16-byte vectors, or single values
-  int64_t per = (units + gridDim.x - 1) / gridDim.x;
-  if constexpr (kAddResidual) per += per & 1;
+  const int64_t per = (units + gridDim.x - 1) / gridDim.x;
   const int64_t u0 = min(units, c * per);
   const int64_t u1 = min(units, u0 + per);
 
@@ -111,61 +104,32 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   const __nv_bfloat16* box = t.inbox[rank] + half;
-  if constexpr (kAddResidual) {
-    // vec holds (the host checks); every thread runs every iteration so
-    // that the pairs of lanes can meet in a shuffle.
-    for (int64_t base = u0; base < u1; base += blockDim.x) {
-      const int64_t u = base + threadIdx.x;
-      float sq = 0.f;
-      if (u < u1) {
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        for (int p = 0; p < world; ++p) {
-          const uint4 v = p == rank ? reinterpret_cast<const uint4*>(data)[u]
-                                    : __ldcg(reinterpret_cast<const uint4*>(box + p * cap) + u);
-          Accumulate(acc, v);
-        }
-        float4* r = reinterpret_cast<float4*>(residual + u * 8);
-        float4 lo = r[0], hi = r[1];
-        float* out[8] = {&lo.x, &lo.y, &lo.z, &lo.w, &hi.x, &hi.y, &hi.z, &hi.w};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          *out[j] += Bf16BitsToFloat(FloatToBf16Bits(acc[j]));
-          sq += *out[j] * *out[j];
-        }
-        r[0] = lo;
-        r[1] = hi;
+  for (int64_t u = u0 + threadIdx.x; u < u1; u += blockDim.x) {
+    if (vec) {
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      for (int p = 0; p < world; ++p) {
+        // .cg: from L2, which the peers' stores went through; never a line
+        // an earlier round left in L1.
+        const uint4 v = p == rank ? reinterpret_cast<const uint4*>(data)[u]
+                                  : __ldcg(reinterpret_cast<const uint4*>(box + p * cap) + u);
+        Accumulate(acc, v);
       }
-      const float other = __shfl_xor_sync(0xffffffffu, sq, 1);
-      if (u < u1 && (u & 1) == 0) sumsq[u / 2] = sq + other;
-    }
-  } else {
-    for (int64_t u = u0 + threadIdx.x; u < u1; u += blockDim.x) {
-      if (vec) {
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        for (int p = 0; p < world; ++p) {
-          // .cg: from L2, which the peers' stores went through; never a
-          // line an earlier round left in L1.
-          const uint4 v = p == rank ? reinterpret_cast<const uint4*>(data)[u]
-                                    : __ldcg(reinterpret_cast<const uint4*>(box + p * cap) + u);
-          Accumulate(acc, v);
-        }
-        uint32_t w[4];
+      uint32_t w[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          w[j] = static_cast<uint32_t>(FloatToBf16Bits(acc[2 * j])) |
-                 (static_cast<uint32_t>(FloatToBf16Bits(acc[2 * j + 1])) << 16);
-        }
-        reinterpret_cast<uint4*>(data)[u] = make_uint4(w[0], w[1], w[2], w[3]);
-      } else {
-        float sum = 0.f;
-        for (int p = 0; p < world; ++p) {
-          const unsigned short bits =
-              p == rank ? __bfloat16_as_ushort(data[u])
-                        : __ldcg(reinterpret_cast<const unsigned short*>(box + p * cap + u));
-          sum += Bf16BitsToFloat(bits);
-        }
-        data[u] = __ushort_as_bfloat16(FloatToBf16Bits(sum));
+      for (int j = 0; j < 4; ++j) {
+        w[j] = static_cast<uint32_t>(FloatToBf16Bits(acc[2 * j])) |
+               (static_cast<uint32_t>(FloatToBf16Bits(acc[2 * j + 1])) << 16);
       }
+      reinterpret_cast<uint4*>(data)[u] = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+      float sum = 0.f;
+      for (int p = 0; p < world; ++p) {
+        const unsigned short bits =
+            p == rank ? __bfloat16_as_ushort(data[u])
+                      : __ldcg(reinterpret_cast<const unsigned short*>(box + p * cap + u));
+        sum += Bf16BitsToFloat(bits);
+      }
+      data[u] = __ushort_as_bfloat16(FloatToBf16Bits(sum));
     }
   }
   if (threadIdx.x == 0) state[c] = round;
@@ -239,30 +203,10 @@ absl::Status P2pAllReduce::AllReduceSumBf16(int rank, Bf16* data, int64_t count,
         absl::StrCat("P2P all-reduce of ", count, " values (at most ", max_count_, ")"));
   }
   if (count == 0) return absl::OkStatus();
-  PushAllReduceKernel<false><<<CtasFor(count), kThreads, 0, AsCuda(stream)>>>(
+  PushAllReduceKernel<<<CtasFor(count), kThreads, 0, AsCuda(stream)>>>(
       reinterpret_cast<__nv_bfloat16*>(data), count, rank, size(),
-      tables_[rank].as<const PeerTable>(), state_[rank].as<uint32_t>(), max_count_, nullptr,
-      nullptr);
+      tables_[rank].as<const PeerTable>(), state_[rank].as<uint32_t>(), max_count_);
   return CudaError(cudaGetLastError(), "P2P all-reduce");
-}
-
-absl::Status P2pAllReduce::AllReduceAddResidual(int rank, const Bf16* data, int64_t count,
-                                                float* residual, float* sumsq_out,
-                                                CudaStream stream) {
-  if (rank < 0 || rank >= size()) return absl::InvalidArgumentError("P2P rank out of range");
-  if (count <= 0 || count > max_count_ || count % 16 != 0 || data == nullptr ||
-      residual == nullptr || sumsq_out == nullptr || reinterpret_cast<uintptr_t>(data) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(residual) % 16 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "P2P all-reduce with residual add: needs 0 < count <= ", max_count_,
-        ", count % 16 == 0, 16-byte aligned data and residual, and sumsq_out (count ", count, ")"));
-  }
-  // The kernel reads data (its own copy) and never writes it.
-  PushAllReduceKernel<true><<<CtasFor(count), kThreads, 0, AsCuda(stream)>>>(
-      reinterpret_cast<__nv_bfloat16*>(const_cast<Bf16*>(data)), count, rank, size(),
-      tables_[rank].as<const PeerTable>(), state_[rank].as<uint32_t>(), max_count_, residual,
-      sumsq_out);
-  return CudaError(cudaGetLastError(), "P2P all-reduce with residual add");
 }
 
 absl::StatusOr<uint32_t> P2pAllReduce::Timeouts(int rank) {

@@ -43,16 +43,6 @@ class P2pAllReduce {
 
   // In place: data[i] = sum over ranks (bf16 values, fp32 sum, rank order).
   absl::Status AllReduceSumBf16(int rank, Bf16* data, int64_t count, CudaStream stream);
-  // The all-reduce fused with the residual add at a layer boundary: data is
-  // not written; instead residual[i] (fp32) += bf16(sum over ranks of
-  // data[i]), the rounding and add of FusedAddRmsNorm, and sumsq_out[j] =
-  // the sum of squares of the new residual[16 j .. 16 j + 15] (the partial
-  // sums the GEMV's norm prologue reads, gemv.h GemvFusion, when rows are a
-  // multiple of 16 long). Every rank gets bitwise the same residual.
-  // INVALID_ARGUMENT unless 0 < count <= max_count, count % 16 == 0, and
-  // data and residual are 16-byte aligned.
-  absl::Status AllReduceAddResidual(int rank, const Bf16* data, int64_t count, float* residual,
-                                    float* sumsq_out, CudaStream stream);
 
   // Calls of `rank` that stopped waiting for a peer (0 when healthy).
   absl::StatusOr<uint32_t> Timeouts(int rank);

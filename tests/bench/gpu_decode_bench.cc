@@ -49,8 +49,8 @@ ABSL_FLAG(bool, cuda_graphs, true, "run decode steps as CUDA graphs");
 ABSL_FLAG(bool, gemv, true,
           "GEMMs of m <= 8 rows through the GEMV kernel (false: cuBLASLt, for comparison)");
 ABSL_FLAG(bool, fuse_decode_layers, true,
-          "decode steps fold RMSNorm, SiLU-mul and the residual add into the GEMVs (false: the "
-          "unfused kernels, for comparison)");
+          "decode steps run SiLU-mul inside the gate/up GEMV (false: the separate SiluMul "
+          "kernel, for comparison)");
 ABSL_FLAG(std::string, device, "cuda", "device selector (cuda or cuda:<PCI bus id>)");
 ABSL_FLAG(std::string, out, "", "write the JSON here too");
 ABSL_FLAG(int, long_prefill, 4096,

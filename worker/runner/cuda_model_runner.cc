@@ -137,9 +137,6 @@ struct CudaModelRunner::Impl {
 
   // Activations.
   DeviceBuffer residual, xb, qkv, attn, delta, gate_up, act, rows, logits, argmax, top_values;
-  // Partial sums of squares of the residual rows between fused decode GEMVs
-  // (kernels/cuda/gemv.h GemvFusion), [8, ceil(hidden / 16)].
-  DeviceBuffer norm_sumsq;
   DeviceBuffer sampling_params;  // kcu::RowSamplingParams per logits row
   DeviceBuffer attn_workspace;
   int64_t max_logits_rows = 0;
@@ -438,7 +435,6 @@ absl::Status CudaModelRunner::AllocateCacheAndWorkspace() {
       {&m.argmax, m.max_logits_rows * sizeof(int32_t), "argmax"},
       {&m.top_values, m.max_logits_rows * sizeof(float), "argmax values"},
       {&m.sampling_params, m.max_logits_rows * sizeof(kcu::RowSamplingParams), "sampling params"},
-      {&m.norm_sumsq, kcu::kGemvMaxRows * kcu::GemvNormParts(H) * sizeof(float), "norm partials"},
   };
   for (const Want& want : wants) {
     absl::StatusOr<DeviceBuffer> b = Alloc(want.bytes, want.what);
@@ -596,60 +592,19 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
   RETURN_IF_ERROR(
       kcu::Embedding(m.embed.as<Bf16>(), V, H, m.MetaPtr<int32_t>(m.off_tokens), T, residual, st));
   RETURN_IF_ERROR(all_reduce(residual, T * H, kcu::NcclGroup::DType::kF32));
-  // Steps of at most 8 tokens run the layer boundaries inside the GEMVs
-  // (kernels/cuda/gemv.h GemvFusion): SiLU-mul in the gate/up GEMV, and on
-  // one rank also the residual add in the o/down GEMVs and the RMSNorm in
-  // the GEMV that reads it, which leaves 6 kernels per layer instead of 9.
-  // With several ranks the all-reduce sits between the GEMV and the add.
-  const bool fuse_mlp = options_.fuse_decode_layers && m.gemm->GemvTakes(T, H) &&
-                        m.gemm->GemvTakes(T, I) && m.gemm->GemvTakes(T, Q);
-  // With several ranks, the norm is fused too when the p2p all-reduce takes
-  // the message: it adds the sum to the residual itself.
-  const bool p2p_add = m.nccl != nullptr && options_.p2p != nullptr && H % 16 == 0 &&
-                       T * H * 2 <= kernels::kP2pAllReduceMaxBytes &&
-                       T * H <= options_.p2p->max_count();
-  const bool fuse_norm = fuse_mlp && (m.nccl == nullptr || p2p_add);
-  const int norm_parts = kcu::GemvNormParts(H);
-  float* sumsq = m.norm_sumsq.as<float>();
-  // y (+)= x . W^T through the GEMV with `f`'s stages.
-  auto gemv = [&](const Bf16* x, int64_t k, const Bf16* w, int64_t n, const DeviceBuffer& bias,
-                  Bf16* y, const kcu::GemvFusion& f) {
-    return m.gemm->GemvFused(x, T, k, w, n, f32(bias), y, f, st);
-  };
-  auto norm_in = [&](const DeviceBuffer& weight) {
-    kcu::GemvFusion f;
-    f.norm_residual = residual;
-    f.norm_weight = weight.as<float>();
-    f.norm_sumsq = sumsq;
-    f.norm_parts = norm_parts;
-    f.eps = eps;
-    return f;
-  };
-  kcu::GemvFusion add_residual;
-  add_residual.epilogue = kcu::GemvFusion::Epilogue::kAddResidual;
-  add_residual.residual = residual;
-  add_residual.sumsq_out = sumsq;
-  // residual += x . W^T (summed over the ranks), leaving the partial sums of
-  // squares for the next norm.
-  auto add_to_residual = [&](const Bf16* x, int64_t k, const Bf16* w, const DeviceBuffer& bias) {
-    if (m.nccl == nullptr) return gemv(x, k, w, H, bias, nullptr, add_residual);
-    RETURN_IF_ERROR(gemv(x, k, w, H, bias, delta, kcu::GemvFusion{}));
-    return options_.p2p->AllReduceAddResidual(m.rank, delta, T * H, residual, sumsq, st);
-  };
+  // Steps of at most 8 tokens run SiLU-mul inside the gate/up GEMV
+  // (kernels/cuda/gemv.h GemvSiluMulBf16): one launch and one round trip of
+  // the gate/up activations less per layer.
+  const bool fuse_mlp = options_.fuse_decode_layers && m.gemm->GemvTakes(T, H);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const Impl::Layer& l = m.layers[i];
-    if (fuse_norm && i > 0) {
-      RETURN_IF_ERROR(
-          gemv(nullptr, H, l.qkv_w.as<Bf16>(), QKV, l.qkv_b, qkv, norm_in(l.input_norm)));
+    if (i == 0) {
+      RETURN_IF_ERROR(kcu::RmsNorm(residual, T, H, l.input_norm.as<float>(), eps, xb, st));
     } else {
-      if (i == 0) {
-        RETURN_IF_ERROR(kcu::RmsNorm(residual, T, H, l.input_norm.as<float>(), eps, xb, st));
-      } else {
-        RETURN_IF_ERROR(
-            kcu::FusedAddRmsNorm(delta, residual, T, H, l.input_norm.as<float>(), eps, xb, st));
-      }
-      RETURN_IF_ERROR(m.gemm->Gemm(xb, T, H, l.qkv_w.as<Bf16>(), QKV, f32(l.qkv_b), qkv, st));
+      RETURN_IF_ERROR(
+          kcu::FusedAddRmsNorm(delta, residual, T, H, l.input_norm.as<float>(), eps, xb, st));
     }
+    RETURN_IF_ERROR(m.gemm->Gemm(xb, T, H, l.qkv_w.as<Bf16>(), QKV, f32(l.qkv_b), qkv, st));
     Bf16* k_cache = m.k_cache.as<Bf16>() + i * layer_elems;
     Bf16* v_cache = m.v_cache.as<Bf16>() + i * layer_elems;
     // RoPE (and Qwen3's q/k norm) in place, and K/V into the paged cache, in
@@ -691,23 +646,14 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
                         ? kcu::PrefillAttentionSm90(p, st)
                         : kcu::PagedAttentionPrefill(p, st));
     Bf16* act = m.act.as<Bf16>();
-    if (fuse_norm) {
-      RETURN_IF_ERROR(add_to_residual(m.attn.as<Bf16>(), Q, l.o_w.as<Bf16>(), l.o_b));
-      kcu::GemvFusion f = norm_in(l.post_norm);
-      f.epilogue = kcu::GemvFusion::Epilogue::kSiluMul;
-      RETURN_IF_ERROR(gemv(nullptr, H, l.gate_up_w.as<Bf16>(), 2 * I, l.gate_up_b, act, f));
-      RETURN_IF_ERROR(add_to_residual(act, I, l.down_w.as<Bf16>(), l.down_b));
-      continue;
-    }
     RETURN_IF_ERROR(
         m.gemm->Gemm(m.attn.as<Bf16>(), T, Q, l.o_w.as<Bf16>(), H, f32(l.o_b), delta, st));
     RETURN_IF_ERROR(all_reduce(delta, T * H, kcu::NcclGroup::DType::kBf16));
     RETURN_IF_ERROR(
         kcu::FusedAddRmsNorm(delta, residual, T, H, l.post_norm.as<float>(), eps, xb, st));
     if (fuse_mlp) {
-      kcu::GemvFusion f;
-      f.epilogue = kcu::GemvFusion::Epilogue::kSiluMul;
-      RETURN_IF_ERROR(gemv(xb, H, l.gate_up_w.as<Bf16>(), 2 * I, l.gate_up_b, act, f));
+      RETURN_IF_ERROR(
+          m.gemm->GemvSiluMul(xb, T, H, l.gate_up_w.as<Bf16>(), 2 * I, f32(l.gate_up_b), act, st));
     } else {
       RETURN_IF_ERROR(m.gemm->Gemm(xb, T, H, l.gate_up_w.as<Bf16>(), 2 * I, f32(l.gate_up_b),
                                    m.gate_up.as<Bf16>(), st));
@@ -716,12 +662,8 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
     RETURN_IF_ERROR(m.gemm->Gemm(act, T, I, l.down_w.as<Bf16>(), H, f32(l.down_b), delta, st));
     RETURN_IF_ERROR(all_reduce(delta, T * H, kcu::NcclGroup::DType::kBf16));
   }
-  if (fuse_norm) {
-    RETURN_IF_ERROR(kcu::RmsNorm(residual, T, H, m.final_norm.as<float>(), eps, xb, st));
-  } else {
-    RETURN_IF_ERROR(
-        kcu::FusedAddRmsNorm(delta, residual, T, H, m.final_norm.as<float>(), eps, xb, st));
-  }
+  RETURN_IF_ERROR(
+      kcu::FusedAddRmsNorm(delta, residual, T, H, m.final_norm.as<float>(), eps, xb, st));
   if (num_logits == 0) return absl::OkStatus();
   RETURN_IF_ERROR(kcu::GatherRows(xb, T, H, m.MetaPtr<int32_t>(m.off_logits_idx), num_logits,
                                   m.rows.as<Bf16>(), st));

@@ -12,10 +12,8 @@
 //   delta = attn · W_o^T; xb = FusedAddRmsNorm(delta, residual)
 //   delta = silu_mul(xb · W_gate_up^T) · W_down^T
 // then the final norm, the rows that want logits, and the LM head. Steps of
-// at most 8 tokens (decode, short verifications) fold the layer boundaries
-// into the GEMVs (fuse_decode_layers): the residual add into the o/down
-// GEMV's epilogue (or, across ranks, into the p2p all-reduce), the RMSNorm
-// into the next GEMV's loads, SiLU-mul into the gate/up GEMV.
+// at most 8 tokens (decode, short verifications) run SiLU-mul inside the
+// gate/up GEMV (fuse_decode_layers).
 //
 // Decode steps (every sequence one token) run as CUDA graphs captured per
 // (batch-size bucket, context-length bucket): inputs are copied into
@@ -86,8 +84,8 @@ struct CudaRunnerOptions {
   // "cuda-sm90a" cannot run on the device.
   std::string prefill_attention_backend = "cuda";
   // Steps of at most 8 tokens (decode) fold SiLU-mul into the gate/up GEMV
-  // and, on one rank, the residual add and RMSNorm into the GEMVs around
-  // them (kernels/cuda/gemv.h GemvFusion). false: the unfused kernels.
+  // (kernels/cuda/gemv.h GemvSiluMulBf16). false: cuBLASLt or the GEMV,
+  // then the SiluMul kernel.
   bool fuse_decode_layers = true;
 };
 
