@@ -93,6 +93,7 @@ struct GemmContext::Impl {
   void* scratch = nullptr;  // fp32 result of biased bf16 GEMMs (kScratchBytes)
   GemvWorkspace gemv;       // split-K partials and counters of the m <= 8 kernel
   bool use_gemv = true;
+  int64_t gemv_max_weight_elems = kGemvDefaultMaxWeightElems;
   std::mutex mu;
   std::map<Key, Plan> plans;
 
@@ -216,7 +217,7 @@ struct GemmContext::Impl {
     // and loses on the large ones (28672x4096 90% vs 95%, 4096x14336 82% vs
     // 85%). Rule: m <= 8, k % 8 == 0, x and W 16-byte aligned, and W at most
     // 2^25 elements (64 MiB of bf16).
-    if (use_gemv && n * k <= (int64_t{1} << 25) && GemvApplicable(x, m, k, w)) {
+    if (use_gemv && n * k <= gemv_max_weight_elems && GemvApplicable(x, m, k, w)) {
       return f32_out ? GemvBf16(x, m, k, w, n, bias, static_cast<float*>(y), gemv, stream)
                      : GemvBf16(x, m, k, w, n, bias, static_cast<Bf16*>(y), gemv, stream);
     }
@@ -313,6 +314,11 @@ absl::StatusOr<std::unique_ptr<GemmContext>> GemmContext::Create() {
 void GemmContext::SetUseGemv(bool use) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->use_gemv = use;
+}
+
+void GemmContext::SetGemvMaxWeightElems(int64_t elems) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->gemv_max_weight_elems = elems;
 }
 
 bool GemmContext::GemvTakes(int64_t m, int64_t k) const {

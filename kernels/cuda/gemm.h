@@ -34,6 +34,10 @@
 
 namespace tessera::kernels::cuda {
 
+// Gemm() routes m <= 8 to the GEMV for weights of at most this many
+// elements (64 MiB of bf16), cuBLASLt above.
+inline constexpr int64_t kGemvDefaultMaxWeightElems = int64_t{1} << 25;
+
 class GemmContext {
  public:
   // Creates the handle and workspace on the current device.
@@ -52,6 +56,9 @@ class GemmContext {
 
   // Default true: m <= 8 GEMMs use the GEMV kernel when it applies.
   void SetUseGemv(bool use);
+  // The largest weight (n * k elements) Gemm() sends to the GEMV; default
+  // kGemvDefaultMaxWeightElems. Benchmarks move it to compare the paths.
+  void SetGemvMaxWeightElems(int64_t elems);
   // Whether the GEMV path is on (SetUseGemv) and takes rows of m, k.
   bool GemvTakes(int64_t m, int64_t k) const;
   // gemv.h GemvSiluMulBf16 on the context's workspace; FAILED_PRECONDITION

@@ -21,7 +21,7 @@
 //                              the token ids back, the next batch)
 // Usage: gpu_decode_bench [--batch_sizes=1,8,64] [--prompt_len=128]
 //        [--decode_steps=128] [--hbm_tbps=4.27] [--gemv=true|false]
-//        [--fuse_decode_layers=true|false]
+//        [--fuse_decode_layers=true|false] [--gemv_max_weight_elems=N]
 //        [--out=result.json]
 #include <chrono>
 #include <cstdio>
@@ -48,6 +48,9 @@ ABSL_FLAG(double, hbm_tbps, 4.27, "measured HBM bandwidth (TB/s), the roofline's
 ABSL_FLAG(bool, cuda_graphs, true, "run decode steps as CUDA graphs");
 ABSL_FLAG(bool, gemv, true,
           "GEMMs of m <= 8 rows through the GEMV kernel (false: cuBLASLt, for comparison)");
+ABSL_FLAG(int64_t, gemv_max_weight_elems, 0,
+          "largest weight (n x k) a GEMM of m <= 8 rows sends to the GEMV (0: the default, "
+          "2^25)");
 ABSL_FLAG(bool, fuse_decode_layers, true,
           "decode steps run SiLU-mul inside the gate/up GEMV (false: the separate SiluMul "
           "kernel, for comparison)");
@@ -104,7 +107,9 @@ int Run() {
     std::fprintf(stderr, "runner: %s\n", runner.status().ToString().c_str());
     return 1;
   }
-  if (auto s = (*runner)->SetUseGemv(absl::GetFlag(FLAGS_gemv)); !s.ok()) {
+  if (auto s = (*runner)->SetUseGemv(absl::GetFlag(FLAGS_gemv),
+                                     absl::GetFlag(FLAGS_gemv_max_weight_elems));
+      !s.ok()) {
     std::fprintf(stderr, "SetUseGemv: %s\n", s.ToString().c_str());
     return 1;
   }
@@ -246,6 +251,7 @@ int Run() {
       {"cuda_graphs", options.cuda_graphs},
       {"skinny_gemm", absl::GetFlag(FLAGS_gemv) ? "gemv" : "cublaslt"},
       {"fuse_decode_layers", options.fuse_decode_layers},
+      {"gemv_max_weight_elems", absl::GetFlag(FLAGS_gemv_max_weight_elems)},
       {"prefill_attention_backend", options.prefill_attention_backend},
       {"results", results},
   };

@@ -766,9 +766,11 @@ absl::StatusOr<double> CudaModelRunner::ReplayLastDecodeGraphMs(int replays, int
   return static_cast<double>(*ms) / replays;
 }
 
-absl::Status CudaModelRunner::SetUseGemv(bool use) {
+absl::Status CudaModelRunner::SetUseGemv(bool use, int64_t max_weight_elems) {
   RETURN_IF_ERROR(kcu::Synchronize(impl_->stream.get()));
   impl_->gemm->SetUseGemv(use);
+  impl_->gemm->SetGemvMaxWeightElems(max_weight_elems > 0 ? max_weight_elems
+                                                          : kcu::kGemvDefaultMaxWeightElems);
   graphs_.clear();
   last_graph_ = {-1, -1};
   return absl::OkStatus();

@@ -140,9 +140,10 @@ class CudaModelRunner final : public ModelRunner {
   // with the same values. FAILED_PRECONDITION when no step ran as a graph.
   absl::StatusOr<double> ReplayLastDecodeGraphMs(int replays, int64_t argmax_rows);
   // Benchmarks: whether GEMMs of m <= 8 rows use the GEMV kernel (the
-  // default) or cuBLASLt (GemmContext::SetUseGemv). Drops the captured
+  // default) or cuBLASLt (GemmContext::SetUseGemv), and up to which weight
+  // size (n * k elements; 0: GemmContext's default). Drops the captured
   // decode graphs, which hold the earlier choice.
-  absl::Status SetUseGemv(bool use);
+  absl::Status SetUseGemv(bool use, int64_t max_weight_elems = 0);
   // Benchmarks and tests: CudaRunnerOptions::fuse_decode_layers after
   // creation (drops the captured decode graphs).
   absl::Status SetFuseDecodeLayers(bool fuse);
