@@ -36,6 +36,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -50,8 +51,9 @@ constexpr int kRows = 128;     // query rows per CTA (two warpgroups of 64)
 constexpr int kThreads = 256;  // two warpgroups
 constexpr int kKeys = 128;     // keys per K/V tile
 constexpr int kStages = 3;
-// The schedule PrefillAttentionSm90 runs (see PrefillSm90Kernel).
-constexpr bool kDefaultPingPong = true;
+using sm90_detail::Schedule;
+// The schedule PrefillAttentionSm90 runs (see sm90_detail::Schedule).
+constexpr Schedule kDefaultSchedule = Schedule::kPingPong;
 constexpr float kLog2e = 1.4426950408889634f;
 
 template <int D>
@@ -499,6 +501,449 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// --- Warp-specialized schedules (kWarpSpec, kWarpSpecPingPong) -------------
+//
+// 384 threads: warpgroups 0 and 1 are the consumers (query rows 0..63 and
+// 64..127 of the tile), warpgroup 2 the producer. The producer gives most
+// of its registers to the consumers (setmaxnreg: 40 vs 232 per thread; the
+// kernel is compiled for 168 = 65536 / 384, and 128 * (168 - 40) =
+// 256 * (232 - 168), so the consumers' increase is exactly what the
+// producer frees; the consumers need about 218). ptxas only allocates the
+// consumer code with the larger budget when nothing in the kernel can trap
+// (a __trap() in a wait loop made it spill and serialize the wgmmas), hence
+// the sticky time-out flag below rather than a trap.
+//
+// The producer gathers the query tile, then K and V of every key tile with
+// cp.async (zero-filling past the sequence) into a ring of three stages,
+// each of K and V with its own "full" and "empty" mbarrier:
+//   commit groups, in order: [Q, K0], [V0], [K1], [V1], ...
+//   after issuing group g it waits for group g - 1 (cp.async.wait_group 1),
+//   makes its writes visible to the async proxy (fence.proxy.async) and
+//   arrives on g - 1's full barrier (count 128, one arrival per producer
+//   thread); before reusing a stage it waits for that stage's empty barrier
+//   (count 256, one arrival per consumer thread when done with the tile).
+// Tile j sits in stage j % 3 and is that stage's (j / 3)-th use, so every
+// wait's parity follows from j alone: full (j / 3) & 1, empty
+// (j / 3 - 1) & 1. No barrier can run a phase ahead of a waiter: the
+// producer refills a stage only after all consumers released the previous
+// tile there, which they do only after waiting for it.
+//
+// Both consumer warpgroups walk all key tiles of the CTA (warpgroup 1 may
+// compute one fully masked tile more than it needs, at most), so their
+// barrier sequences are identical and fixed. Each consumer overlaps its own
+// softmax with its own tensor-core work (intra-warpgroup pipelining):
+//   iteration j: issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1} (two commit
+//   groups); wait for S_j only (wait_group 1) and release K_j; the softmax
+//   of S_j runs while P V is on the tensor cores; wait for P V (wait_group
+//   0), release V_{j-1}, rescale O and pack P_j.
+// The key tiles at or past the warpgroup's first query row's diagonal run a
+// masked copy of the loop body (branch-free masking: a select per element);
+// the others run without mask code. All mbarrier waits sit where no wgmma is
+// in flight (ptxas serializes wgmma around loops and divergent branches),
+// and they are bounded: a wait that lasts over 4 s gives up and sets the
+// thread's sticky time-out flag (later waits then return at once), so a
+// broken phase protocol cannot hang the device; consumer threads that
+// timed out write NaN for their rows, which any parity check reports.
+//
+// kPingPong additionally orders the two consumers' issue sections (S_j and
+// P V of one iteration) with named barriers 1 and 2 (count 256: 128 syncing
+// + 128 arriving): consumer 1 arrives once on consumer 0's barrier up
+// front; each consumer syncs on its own barrier before its section and
+// arrives on the other's after it, except consumer 1 after its last
+// section. With both walking the same n tiles that makes n syncs and n
+// arrivals per barrier, strictly alternating, so one consumer's softmax
+// runs while the other's products occupy the tensor cores.
+constexpr int kWsThreads = 384;  // two consumer warpgroups + the producer warpgroup
+constexpr int kWsProducerRegs = 40;
+constexpr int kWsConsumerRegs = 232;
+
+template <int D>
+constexpr size_t WsSmemBytes() {
+  // The tiles as SmemBytes, then 4 * kStages mbarriers (8 bytes each).
+  return SmemBytes<D>() + 4 * kStages * 8;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ bool MbarTryWait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+// Waits until the phase of parity `parity` of barrier `bar` has completed,
+// at most 4 s: then sets `timed_out` and returns (and returns at once while
+// it is set). No trap here: see the warp-specialized kernel's comment.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity, bool& timed_out) {
+  if (timed_out || MbarTryWait(bar, parity)) return;
+  const uint64_t start = GlobalTimerNs();
+  while (!MbarTryWait(bar, parity)) {
+    if (GlobalTimerNs() - start > 4000000000ull) {
+      timed_out = true;
+      return;
+    }
+  }
+}
+// bar.arrive only where `pred` holds (a predicated instruction, no branch).
+__device__ __forceinline__ void NamedBarArriveIf(bool pred, int id, int count) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p bar.arrive %1, %2;\n}\n" ::"r"(
+          static_cast<int>(pred)),
+      "r"(id), "r"(count)
+      : "memory");
+}
+template <int N>
+__device__ __forceinline__ void WgWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Producer warpgroup (tid 0..127): cp.async of keys [key0,
+// key0 + kKeys) of one of K or V into a swizzled tile, branch-free (keys >=
+// key_end copy 0 bytes, i.e. zero-fill, from key key_end - 1's address).
+template <int D>
+__device__ __forceinline__ void WsLoadTile(uint16_t* dst, const uint16_t* cache,
+                                           const KvSource& src, int key0, int key_end, int tid) {
+  constexpr int kChunksPerRow = D / 8;
+  constexpr int kRowsPerPass = 128 / kChunksPerRow;
+  const int block_mask = (1 << src.block_shift) - 1;
+  const int chunk = tid % kChunksPerRow;
+  const int row_in_pass = tid / kChunksPerRow;
+  const uint32_t dst_addr = SmemAddr(dst);
+#pragma unroll 4
+  for (int r = row_in_pass; r < kKeys; r += kRowsPerPass) {
+    const int key = key0 + r;
+    const bool valid = key < key_end;
+    const int safe_key = valid ? key : key_end - 1;
+    const int64_t block = src.table[safe_key >> src.block_shift];
+    const int64_t slot = (block << src.block_shift) + (safe_key & block_mask);
+    const uint16_t* g = cache + slot * src.slot_stride + src.head_offset + chunk * 8;
+    const uint32_t bytes = valid ? 16u : 0u;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     dst_addr + 2 * TileOffset<kKeys>(r, chunk)),
+                 "l"(g), "r"(bytes)
+                 : "memory");
+  }
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <int D, bool kPingPong>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    PrefillSm90WsKernel(PagedAttentionParams p, int block_shift, int group, float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  constexpr int kKSteps = D / 16;
+  constexpr int kPSteps = kKeys / 16;
+  constexpr int kStageElems = 2 * kKeys * D;
+  extern __shared__ uint4 smem_raw[];
+  const uint32_t raw_addr = SmemAddr(smem_raw);
+  uint16_t* const sq = reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(smem_raw) +
+                                                   ((1024 - (raw_addr & 1023)) & 1023));
+  uint16_t* const stages = sq + kRows * D;
+  // Barriers: full_k[s], full_v[s], empty_k[s], empty_v[s] at bars + 8 * (4 s + i).
+  const uint32_t bars = SmemAddr(stages + kStages * kStageElems);
+  auto full_k = [&](int s) { return bars + 8 * (4 * s + 0); };
+  auto full_v = [&](int s) { return bars + 8 * (4 * s + 1); };
+  auto empty_k = [&](int s) { return bars + 8 * (4 * s + 2); };
+  auto empty_v = [&](int s) { return bars + 8 * (4 * s + 3); };
+
+  const int seq = blockIdx.z;
+  const int head = blockIdx.y;
+  const int q_tile = gridDim.x - 1 - blockIdx.x;  // longest tiles first
+  const int q_begin = p.query_start_loc[seq];
+  const int q_len = p.query_start_loc[seq + 1] - q_begin;
+  const int row0 = q_tile * kRows;
+  if (row0 >= q_len) return;  // uniform over the CTA
+  const int rows_valid = min(kRows, q_len - row0);
+  const int ctx_start = p.seq_lens[seq] - q_len;
+
+  if (ctx_start < 0) {  // inconsistent lengths: zeros rather than garbage
+    for (int c = threadIdx.x; c < rows_valid * (D / 8); c += kWsThreads) {
+      const int row = c / (D / 8);
+      const int chunk = c % (D / 8);
+      *reinterpret_cast<uint4*>(p.out + int64_t{q_begin + row0 + row} * p.out_token_stride +
+                                int64_t{head} * D + chunk * 8) = make_uint4(0, 0, 0, 0);
+    }
+    return;
+  }
+
+  const KvSource src{p.k_cache,
+                     p.v_cache,
+                     p.block_tables + int64_t{seq} * p.block_table_stride,
+                     block_shift,
+                     int64_t{p.num_kv_heads} * D,
+                     int64_t{head / group} * D};
+  const int n_keys = ctx_start + row0 + rows_valid;  // keys the last valid row sees
+  const int n_tiles = (n_keys + kKeys - 1) / kKeys;  // >= 1
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(full_k(s), 128);
+      MbarInit(full_v(s), 128);
+      MbarInit(empty_k(s), 256);
+      MbarInit(empty_v(s), 256);
+    }
+  }
+  __syncthreads();  // the last CTA-wide barrier: the roles split below
+  bool timed_out = false;  // see MbarWait
+
+  // Warp index, made warp-uniform for the compiler.
+  const int warp_id = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);
+  if (warp_id >= 8) {
+    // ---- Producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWsProducerRegs));
+    const int tid = threadIdx.x - 256;
+    {
+      // Query tile (rows past q_len zero-filled from row 0's address).
+      constexpr int kChunksPerRow = D / 8;
+      const int chunk = tid % kChunksPerRow;
+      const uint32_t sq_addr = SmemAddr(sq);
+#pragma unroll 4
+      for (int r = tid / kChunksPerRow; r < kRows; r += 128 / kChunksPerRow) {
+        const bool valid = r < rows_valid;
+        const uint16_t* g = p.q + int64_t{q_begin + row0 + (valid ? r : 0)} * p.q_token_stride +
+                            int64_t{head} * D + chunk * 8;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                         sq_addr + 2 * TileOffset<kRows>(r, chunk)),
+                     "l"(g), "r"(valid ? 16u : 0u)
+                     : "memory");
+      }
+    }
+    for (int j = 0; j < n_tiles; ++j) {
+      const int s = j % kStages;
+      const uint32_t empty_parity = ((j / kStages) + 1) & 1;
+      uint16_t* const sk = stages + s * kStageElems;
+      if (j >= kStages) MbarWait(empty_k(s), empty_parity, timed_out);
+      WsLoadTile<D>(sk, src.k, src, j * kKeys, n_keys, tid);
+      CpAsyncCommit();
+      if (j > 0) {  // V_{j-1} landed
+        CpAsyncWait<1>();
+        FenceProxyAsync();
+        MbarArrive(full_v((j - 1) % kStages));
+      }
+      if (j >= kStages) MbarWait(empty_v(s), empty_parity, timed_out);
+      WsLoadTile<D>(sk + kKeys * D, src.v, src, j * kKeys, n_keys, tid);
+      CpAsyncCommit();
+      CpAsyncWait<1>();  // K_j (and for j = 0 the query tile) landed
+      FenceProxyAsync();
+      MbarArrive(full_k(s));
+    }
+    CpAsyncWait<0>();
+    FenceProxyAsync();
+    MbarArrive(full_v((n_tiles - 1) % kStages));
+    return;
+  }
+
+  // ---- Consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWsConsumerRegs));
+  const int cwg = warp_id >> 2;             // consumer: query rows 64 cwg .. 64 cwg + 63
+  const int warp = (threadIdx.x >> 5) & 3;  // warp inside the warpgroup
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int wg_first_pos = ctx_start + row0 + cwg * 64;
+  const int pos0 = wg_first_pos + warp * 16 + g;  // this thread's rows: pos0 and pos0 + 8
+  const uint32_t q_addr = SmemAddr(sq) + cwg * 64 * 128;
+  const uint32_t stages_addr = SmemAddr(stages);
+  // Tiles [0, n_plain) lie wholly at or below every row of this warpgroup.
+  const int n_plain = min(n_tiles, (wg_first_pos + 1) / kKeys);
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float s[kKeys / 2];
+#pragma unroll
+  for (int i = 0; i < kKeys / 2; ++i) s[i] = 0.f;
+  uint32_t pa[kPSteps][4];
+  float m[2] = {kNegInf, kNegInf};
+  float l[2] = {0.f, 0.f};
+  float alpha[2] = {0.f, 0.f};
+  float row_sum[2] = {0.f, 0.f};
+
+  auto k_addr_of = [&](int j) { return stages_addr + (j % kStages) * kStageElems * 2; };
+  auto issue_s = [&](int j) {
+    const uint32_t k_addr = k_addr_of(j);
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      const uint32_t col = ks >> 2;
+      const uint32_t k_off = (ks & 3) * 32u;
+      const uint64_t da = Desc(q_addr + col * (kRows * 128) + k_off, 16, 1024);
+      const uint64_t db = Desc(k_addr + col * (kKeys * 128) + k_off, 16, 1024);
+      WgmmaSS128(s, da, db, ks > 0 ? 1 : 0);
+    }
+    WgCommit();
+  };
+  auto issue_pv = [&](int j) {
+    const uint32_t v_addr = k_addr_of(j) + kKeys * D * 2;
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk) {
+      const uint64_t dv = Desc(v_addr + kk * (16 * 128), kKeys * 128, 1024);
+      WgmmaPV<D>(o, pa[kk], dv);
+    }
+    WgCommit();
+  };
+  auto pin_s = [&] {
+#pragma unroll
+    for (int i = 0; i < kKeys / 2; ++i) PinF(s[i]);
+  };
+  auto pin_o_pa = [&] {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) PinF(o[i]);
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) PinU(pa[kk][r]);
+    }
+  };
+  // Online softmax of S_j in place (log2 units): new maxima, alpha, P
+  // (fp32, in s), row sums. Masked: keys past a row's position get -inf
+  // (selects, no branches).
+  auto softmax = [&](int j, auto masked) {
+    const int key0 = j * kKeys;
+    float mx[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int jj = 0; jj < kKeys / 8; ++jj) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = s[4 * jj + e] * scale_log2;
+        if constexpr (decltype(masked)::value) {
+          const int limit = pos0 + 8 * (e >> 1) - key0 - 2 * t;
+          v = 8 * jj + (e & 1) > limit ? kNegInf : v;
+        }
+        s[4 * jj + e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+      }
+    }
+    float base[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float m_new = fmaxf(m[i], mx[i]);
+      base[i] = m_new == kNegInf ? 0.f : m_new;  // a fully masked row stays at 0 weight
+      alpha[i] = Ex2(m[i] - base[i]);
+      m[i] = m_new;
+      row_sum[i] = 0.f;
+    }
+#pragma unroll
+    for (int jj = 0; jj < kKeys / 8; ++jj) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = Ex2(s[4 * jj + e] - base[e >> 1]);
+        s[4 * jj + e] = pe;
+        row_sum[e >> 1] += pe;
+      }
+    }
+  };
+  // After P V of the previous tile completed: rescale O, update l, pack P_j.
+  auto finish = [&] {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + row_sum[i];
+#pragma unroll
+    for (int jj = 0; jj < D / 8; ++jj) {
+      o[4 * jj + 0] *= alpha[0];
+      o[4 * jj + 1] *= alpha[0];
+      o[4 * jj + 2] *= alpha[1];
+      o[4 * jj + 3] *= alpha[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk) {
+      pa[kk][0] = PackBf16x2(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = PackBf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = PackBf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = PackBf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
+  const int my_bar = 1 + cwg;     // this consumer's ping-pong barrier
+  const int other_bar = 2 - cwg;  // the other's
+
+  // Tile 0 (no P V to overlap yet).
+  if constexpr (kPingPong) {
+    if (cwg == 1) NamedBarArrive(1, 256);  // consumer 0 goes first
+  }
+  MbarWait(full_k(0), 0, timed_out);
+  FenceProxyAsync();
+  if constexpr (kPingPong) NamedBarSync(my_bar, 256);
+  pin_s();
+  WgFence();
+  issue_s(0);
+  if constexpr (kPingPong) NamedBarArriveIf(!(cwg == 1 && n_tiles == 1), other_bar, 256);
+  WgWait<0>();
+  pin_s();
+  MbarArrive(empty_k(0));
+  softmax(0, std::integral_constant<bool, true>{});
+  finish();
+
+  // Tiles 1 .. n_tiles - 1: S_j and P_{j-1} V_{j-1} in flight together.
+  auto step = [&](int j, auto masked) {
+    MbarWait(full_k(j % kStages), (j / kStages) & 1, timed_out);
+    MbarWait(full_v((j - 1) % kStages), ((j - 1) / kStages) & 1, timed_out);
+    FenceProxyAsync();
+    if constexpr (kPingPong) NamedBarSync(my_bar, 256);
+    pin_s();
+    pin_o_pa();
+    WgFence();
+    issue_s(j);
+    issue_pv(j - 1);
+    if constexpr (kPingPong) NamedBarArriveIf(!(cwg == 1 && j == n_tiles - 1), other_bar, 256);
+    WgWait<1>();  // S_j done; P V may still run
+    pin_s();
+    MbarArrive(empty_k(j % kStages));
+    softmax(j, masked);
+    WgWait<0>();
+    pin_o_pa();
+    MbarArrive(empty_v((j - 1) % kStages));
+    finish();
+  };
+  const int plain_end = max(1, n_plain);
+  for (int j = 1; j < plain_end; ++j) step(j, std::integral_constant<bool, false>{});
+  for (int j = plain_end; j < n_tiles; ++j) step(j, std::integral_constant<bool, true>{});
+
+  // P V of the last tile.
+  MbarWait(full_v((n_tiles - 1) % kStages), ((n_tiles - 1) / kStages) & 1, timed_out);
+  FenceProxyAsync();
+  pin_o_pa();
+  WgFence();
+  issue_pv(n_tiles - 1);
+  WgWait<0>();
+  pin_o_pa();
+  MbarArrive(empty_v((n_tiles - 1) % kStages));
+
+  const float sums[2] = {QuadSum(l[0]), QuadSum(l[1])};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = cwg * 64 + warp * 16 + g + 8 * i;
+    if (row >= rows_valid) continue;
+    const float inv = timed_out ? __int_as_float(0x7fc00000) : sums[i] > 0.f ? 1.f / sums[i] : 0.f;
+    uint16_t* dst = p.out + int64_t{q_begin + row0 + row} * p.out_token_stride + int64_t{head} * D;
+#pragma unroll
+    for (int jj = 0; jj < D / 8; ++jj) {
+      *reinterpret_cast<uint32_t*>(dst + 8 * jj + 2 * t) =
+          PackBf16x2(o[4 * jj + 2 * i] * inv, o[4 * jj + 2 * i + 1] * inv);
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
 // Writes 1 when the image that runs on this device is the sm_90a one.
 __global__ void Sm90aProbeKernel(int* out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -576,8 +1021,29 @@ absl::Status LaunchStatus(const char* what) {
 // FAILED_PRECONDITION unless the current device is SM 9.0 and runs an SM
 // 9.0 image of the kernel compiled from sm_90 PTX or newer (not a JIT of
 // older PTX, whose body is the trapping stub). Capture-safe.
-template <int D, bool kPingPong>
-absl::Status CheckDevice() {
+// The kernel function, threads and dynamic shared memory of a schedule.
+struct KernelConfig {
+  const void* fn;
+  int threads;
+  size_t smem;
+};
+
+template <int D, Schedule kSchedule>
+KernelConfig ConfigFor() {
+  if constexpr (kSchedule == Schedule::kPlain) {
+    return {reinterpret_cast<const void*>(&PrefillSm90Kernel<D, false>), kThreads, SmemBytes<D>()};
+  } else if constexpr (kSchedule == Schedule::kPingPong) {
+    return {reinterpret_cast<const void*>(&PrefillSm90Kernel<D, true>), kThreads, SmemBytes<D>()};
+  } else if constexpr (kSchedule == Schedule::kWarpSpec) {
+    return {reinterpret_cast<const void*>(&PrefillSm90WsKernel<D, false>), kWsThreads,
+            WsSmemBytes<D>()};
+  } else {
+    return {reinterpret_cast<const void*>(&PrefillSm90WsKernel<D, true>), kWsThreads,
+            WsSmemBytes<D>()};
+  }
+}
+
+absl::Status CheckDevice(const void* kernel) {
   int device = 0;
   int major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -598,7 +1064,7 @@ absl::Status CheckDevice() {
                      major, ".", minor));
   }
   cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, PrefillSm90Kernel<D, kPingPong>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
     (void)cudaGetLastError();
     return absl::FailedPreconditionError(
         "PrefillAttentionSm90: this binary has no kernel image for SM 9.0 (build with sm_90a in "
@@ -612,9 +1078,10 @@ absl::Status CheckDevice() {
   return absl::OkStatus();
 }
 
-template <int D, bool kPingPong>
+template <int D, Schedule kSchedule>
 absl::Status Launch(const PagedAttentionParams& p, cudaStream_t stream) {
-  constexpr size_t smem = SmemBytes<D>();
+  const KernelConfig config = ConfigFor<D, kSchedule>();
+  const size_t smem = config.smem;
   // The device checks and the shared-memory opt-in, once per device (bit
   // d of `ready`; devices past 63 are checked on every call).
   static std::atomic<uint64_t> ready{0};
@@ -626,8 +1093,8 @@ absl::Status Launch(const PagedAttentionParams& p, cudaStream_t stream) {
   }
   const uint64_t bit = device >= 0 && device < 64 ? uint64_t{1} << device : 0;
   if (bit == 0 || (ready.load(std::memory_order_acquire) & bit) == 0) {
-    if (absl::Status s = CheckDevice<D, kPingPong>(); !s.ok()) return s;
-    if (const cudaError_t err = cudaFuncSetAttribute(PrefillSm90Kernel<D, kPingPong>,
+    if (absl::Status s = CheckDevice(config.fn); !s.ok()) return s;
+    if (const cudaError_t err = cudaFuncSetAttribute(config.fn,
                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                      static_cast<int>(smem));
         err != cudaSuccess) {
@@ -639,8 +1106,21 @@ absl::Status Launch(const PagedAttentionParams& p, cudaStream_t stream) {
     ready.fetch_or(bit, std::memory_order_acq_rel);
   }
   const dim3 grid((p.max_query_len + kRows - 1) / kRows, p.num_heads, p.num_seqs);
-  PrefillSm90Kernel<D, kPingPong><<<grid, kThreads, smem, stream>>>(
-      p, Log2IfPowerOfTwo(p.block_size), p.num_heads / p.num_kv_heads, p.scale * kLog2e);
+  const int block_shift = Log2IfPowerOfTwo(p.block_size);
+  const int group = p.num_heads / p.num_kv_heads;
+  const float scale_log2 = p.scale * kLog2e;
+  if constexpr (kSchedule == Schedule::kPlain) {
+    PrefillSm90Kernel<D, false>
+        <<<grid, kThreads, smem, stream>>>(p, block_shift, group, scale_log2);
+  } else if constexpr (kSchedule == Schedule::kPingPong) {
+    PrefillSm90Kernel<D, true><<<grid, kThreads, smem, stream>>>(p, block_shift, group, scale_log2);
+  } else if constexpr (kSchedule == Schedule::kWarpSpec) {
+    PrefillSm90WsKernel<D, false>
+        <<<grid, kWsThreads, smem, stream>>>(p, block_shift, group, scale_log2);
+  } else {
+    PrefillSm90WsKernel<D, true>
+        <<<grid, kWsThreads, smem, stream>>>(p, block_shift, group, scale_log2);
+  }
   return LaunchStatus("PrefillAttentionSm90 launch");
 }
 
@@ -651,7 +1131,7 @@ bool PrefillAttentionSm90Available(std::string* why) {
     if (why != nullptr) *why = std::move(reason);
     return false;
   };
-  if (absl::Status s = CheckDevice<128, kDefaultPingPong>(); !s.ok()) {
+  if (absl::Status s = CheckDevice(ConfigFor<128, kDefaultSchedule>().fn); !s.ok()) {
     return fail(std::string(s.message()));
   }
   int* flag = nullptr;
@@ -681,18 +1161,47 @@ bool PrefillAttentionSm90Supports(const PagedAttentionParams& p) {
 }
 
 absl::Status PrefillAttentionSm90(const PagedAttentionParams& p, CUstream_st* stream) {
-  return sm90_detail::PrefillAttentionSm90Variant(p, stream, kDefaultPingPong);
+  return sm90_detail::PrefillAttentionSm90Variant(p, stream, kDefaultSchedule);
 }
 
 namespace sm90_detail {
 
+const char* ScheduleName(Schedule schedule) {
+  switch (schedule) {
+    case Schedule::kPlain:
+      return "plain";
+    case Schedule::kPingPong:
+      return "pingpong";
+    case Schedule::kWarpSpec:
+      return "warpspec";
+    case Schedule::kWarpSpecPingPong:
+      return "warpspec_pingpong";
+  }
+  return "unknown";
+}
+
+template <int D>
+absl::Status LaunchSchedule(const PagedAttentionParams& p, cudaStream_t stream,
+                            Schedule schedule) {
+  switch (schedule) {
+    case Schedule::kPlain:
+      return Launch<D, Schedule::kPlain>(p, stream);
+    case Schedule::kPingPong:
+      return Launch<D, Schedule::kPingPong>(p, stream);
+    case Schedule::kWarpSpec:
+      return Launch<D, Schedule::kWarpSpec>(p, stream);
+    case Schedule::kWarpSpecPingPong:
+      return Launch<D, Schedule::kWarpSpecPingPong>(p, stream);
+  }
+  return absl::InvalidArgumentError("PrefillAttentionSm90: unknown schedule");
+}
+
 absl::Status PrefillAttentionSm90Variant(const PagedAttentionParams& p, CUstream_st* stream,
-                                         bool pingpong) {
+                                         Schedule schedule) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (p.num_seqs == 0 || p.max_query_len == 0) return absl::OkStatus();
-  if (p.head_dim == 64)
-    return pingpong ? Launch<64, true>(p, stream) : Launch<64, false>(p, stream);
-  return pingpong ? Launch<128, true>(p, stream) : Launch<128, false>(p, stream);
+  if (p.head_dim == 64) return LaunchSchedule<64>(p, stream, schedule);
+  return LaunchSchedule<128>(p, stream, schedule);
 }
 
 }  // namespace sm90_detail

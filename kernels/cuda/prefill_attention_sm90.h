@@ -19,10 +19,11 @@
 // S = Q K^T is a shared-memory wgmma (both operands K-major), the online
 // softmax runs on the fp32 accumulators, and P goes back to the tensor
 // cores as bf16 register fragments for O += P V (V N-major, transposed by
-// the instruction). Warpgroup 1 starts each S product after warpgroup 0's
-// has finished (a named barrier), so one warpgroup's softmax overlaps the
-// other's tensor-core work. Tiles above a warpgroup's last query position
-// are skipped; only diagonal tiles are masked.
+// the instruction). Several schedules of the same arithmetic exist
+// (sm90_detail::Schedule below): warpgroup ping-pong on a shared gather,
+// and warp-specialized ones with a producer warpgroup and consumers that
+// overlap their softmax with their own wgmma. Only diagonal tiles are
+// masked.
 //
 // Thread-safety: as PagedAttentionPrefill (reentrant; concurrent calls on
 // different streams need different outputs).
@@ -52,11 +53,28 @@ bool PrefillAttentionSm90Supports(const PagedAttentionParams& p);
 absl::Status PrefillAttentionSm90(const PagedAttentionParams& p, CUstream_st* stream);
 
 namespace sm90_detail {
-// For tests and benchmarks: PrefillAttentionSm90 with the warpgroup
-// ping-pong schedule on or off (the arithmetic is the same; PrefillAttentionSm90
-// runs one of the two, see kDefaultPingPong in the .cu).
+// The kernel's schedules (the arithmetic is the same; PrefillAttentionSm90
+// runs kDefaultSchedule in the .cu):
+//   kPlain: 256 threads, both warpgroups gather K/V with cp.async, one
+//     __syncthreads per key tile, S and P V each issued and waited for.
+//   kPingPong: kPlain, but warpgroup 1 issues S only after warpgroup 0's S
+//     finished, so one warpgroup's softmax overlaps the other's wgmma.
+//   kWarpSpec: 384 threads, a producer warpgroup gathers Q/K/V with cp.async
+//     (mbarrier full/empty ring of three stages, registers moved to the
+//     consumers with setmaxnreg); each of the two consumer warpgroups issues
+//     S of tile j together with P V of tile j - 1 and runs tile j's softmax
+//     while P V is on the tensor cores.
+//   kWarpSpecPingPong: kWarpSpec, with the two consumers' issue sections
+//     alternating (named barriers), as kPingPong.
+enum class Schedule { kPlain, kPingPong, kWarpSpec, kWarpSpecPingPong };
+
+// Short name of a schedule ("plain", "pingpong", "warpspec",
+// "warpspec_pingpong"), for test names and benchmark fields.
+const char* ScheduleName(Schedule schedule);
+
+// For tests and benchmarks: PrefillAttentionSm90 with a given schedule.
 absl::Status PrefillAttentionSm90Variant(const PagedAttentionParams& p, CUstream_st* stream,
-                                         bool pingpong);
+                                         Schedule schedule);
 }  // namespace sm90_detail
 
 }  // namespace tessera::kernels::cuda

@@ -8,9 +8,11 @@
 // bf16 and P is rounded to bf16 before the P.V product, so
 // |gpu - ref| <= 2^-7 * max|v| + 1e-3.
 //
-// Every parity test runs twice: with the plain schedule (/Plain) and the
-// warpgroup ping-pong one (/PingPong); a hang of one shows as its last
-// "[ RUN ]" line.
+// Every parity test runs with each schedule of the kernel
+// (sm90_detail::Schedule): /Plain, /PingPong, /WarpSpec and
+// /WarpSpecPingPong; a hang of one shows as its last "[ RUN ]" line (the
+// warp-specialized schedules trap instead of hanging when a barrier wait
+// exceeds 4 s, which fails the test with a launch error).
 //
 // On a mismatch the test prints the first few bad elements with their
 // coordinates in the kernel's tiling (128-row query tile, warpgroup, warp,
@@ -194,9 +196,9 @@ int Compare(const Case& c, const std::vector<int32_t>& qsl, const std::vector<ui
   return bad;
 }
 
-// Runs case `c` through the wgmma kernel with the ping-pong schedule on or
-// off (sm90_detail::PrefillAttentionSm90Variant).
-void RunCase(const Case& c, uint32_t seed, bool pingpong) {
+// Runs case `c` through the wgmma kernel with schedule `schedule`
+// (sm90_detail::PrefillAttentionSm90Variant).
+void RunCase(const Case& c, uint32_t seed, sm90_detail::Schedule schedule) {
   SCOPED_TRACE(c.name);
   std::mt19937 rng(seed);
   const int num_seqs = static_cast<int>(c.seq_lens.size());
@@ -310,7 +312,7 @@ void RunCase(const Case& c, uint32_t seed, bool pingpong) {
   EXPECT_EQ(bad_portable, 0) << "the portable control kernel disagrees with the reference";
 
   dout.Upload(fresh);
-  const absl::Status status = sm90_detail::PrefillAttentionSm90Variant(p, nullptr, pingpong);
+  const absl::Status status = sm90_detail::PrefillAttentionSm90Variant(p, nullptr, schedule);
   ASSERT_TRUE(status.ok()) << status;
   const cudaError_t sync = cudaDeviceSynchronize();
   ASSERT_EQ(sync, cudaSuccess) << "kernel fault: " << cudaGetErrorString(sync);
@@ -330,7 +332,7 @@ void RunCase(const Case& c, uint32_t seed, bool pingpong) {
     cudaStream_t stream = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-    const absl::Status captured = sm90_detail::PrefillAttentionSm90Variant(p, stream, pingpong);
+    const absl::Status captured = sm90_detail::PrefillAttentionSm90Variant(p, stream, schedule);
     cudaGraph_t graph = nullptr;
     const cudaError_t end = cudaStreamEndCapture(stream, &graph);
     ASSERT_TRUE(captured.ok()) << captured;
@@ -348,10 +350,10 @@ void RunCase(const Case& c, uint32_t seed, bool pingpong) {
 
 // --- Kernel parity (SM 9.0 with sm_90a code only) ------------------------------
 // Ordered from the simplest data path to the most general, so the first
-// failing test points at the broken piece. Each runs with the plain
-// schedule (Plain) and the warpgroup ping-pong one (PingPong).
+// failing test points at the broken piece. Each runs with every schedule,
+// the older (simpler) ones first.
 
-class PrefillAttentionSm90Parity : public ::testing::TestWithParam<bool> {};
+class PrefillAttentionSm90Parity : public ::testing::TestWithParam<sm90_detail::Schedule> {};
 
 // q = 0: every score is 0, so the output is the mean of V over the visible
 // keys. Exercises the K/V gather, the causal mask, the softmax bookkeeping
@@ -472,9 +474,23 @@ TEST_P(PrefillAttentionSm90Parity, SharpScores) {
   RunCase(c, 500, GetParam());
 }
 
-INSTANTIATE_TEST_SUITE_P(Schedules, PrefillAttentionSm90Parity, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return std::string(info.param ? "PingPong" : "Plain");
+INSTANTIATE_TEST_SUITE_P(Schedules, PrefillAttentionSm90Parity,
+                         ::testing::Values(sm90_detail::Schedule::kPlain,
+                                           sm90_detail::Schedule::kPingPong,
+                                           sm90_detail::Schedule::kWarpSpec,
+                                           sm90_detail::Schedule::kWarpSpecPingPong),
+                         [](const ::testing::TestParamInfo<sm90_detail::Schedule>& info) {
+                           switch (info.param) {
+                             case sm90_detail::Schedule::kPlain:
+                               return std::string("Plain");
+                             case sm90_detail::Schedule::kPingPong:
+                               return std::string("PingPong");
+                             case sm90_detail::Schedule::kWarpSpec:
+                               return std::string("WarpSpec");
+                             case sm90_detail::Schedule::kWarpSpecPingPong:
+                               return std::string("WarpSpecPingPong");
+                           }
+                           return std::string("Unknown");
                          });
 
 // --- Validation (no device needed) -------------------------------------------
