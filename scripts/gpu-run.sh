@@ -74,8 +74,6 @@ if [[ "$QUICK" != "--quick" ]]; then
   step_json bench/paged_attention 120 "$BIN/paged_attention_bench"
   step bench/sdpa_reference 180 python3 tests/gpu/sdpa_reference.py --out="$OUT/bench/sdpa_reference.json"
   step bench/gpu_decode 300 "$BIN/gpu_decode_bench" --device="$DEV" --out="$OUT/bench/gpu_decode.json"
-  step bench/gpu_decode_unfused 200 "$BIN/gpu_decode_bench" --device="$DEV" --fuse_decode_layers=false \
-    --batch_sizes=1,8 --long_prefill=0 --out="$OUT/bench/gpu_decode_unfused.json"
   step bench/gpu_decode_gemv_down 200 "$BIN/gpu_decode_bench" --device="$DEV" \
     --gemv_max_weight_elems=67108864 --batch_sizes=1,8 --long_prefill=0 \
     --out="$OUT/bench/gpu_decode_gemv_down.json"

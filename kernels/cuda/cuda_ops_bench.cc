@@ -2,10 +2,9 @@
 // Llama-3-8B shapes at m in {1..8, 64, 4096} (m <= 8 both through the GEMV
 // kernel and through cuBLASLt), with achieved bandwidth as a fraction of the
 // H200's 4.27 TB/s for m <= 8, and bandwidth of rmsnorm,
-// fused-add rmsnorm, silu_mul, the decode MLP up-projection with SiLU-mul
-// fused into the GEMV against GEMM + SiluMul, a sweep of forced GEMV split
-// counts, plus the time of sampling / argmax over a 128256-entry
-// vocabulary. Prints one JSON document on stdout.
+// fused-add rmsnorm, silu_mul, a sweep of forced GEMV split counts, plus
+// the time of sampling / argmax over a 128256-entry vocabulary. Prints one
+// JSON document on stdout.
 //
 // Weights are cycled over enough copies (>= 256 MiB in all) that a GEMV
 // reads them from HBM, not from the 50 MiB L2. Runs in well under 60 s on
@@ -147,42 +146,6 @@ void Run() {
     }
   }
   gemm->SetUseGemv(true);
-
-  // ---- decode MLP up-projection: SiLU-mul fused into the GEMV vs the
-  // gate_up GEMM (GEMV or cuBLASLt) followed by the SiluMul kernel ----
-  {
-    const int64_t inter = 14336, hidden = 4096;
-    const size_t w_bytes = static_cast<size_t>(2 * inter * hidden * 2);
-    const int copies = static_cast<int>(((256u << 20) + w_bytes - 1) / w_bytes);
-    std::vector<DeviceBuffer> ws;
-    for (int c = 0; c < copies; ++c) ws.push_back(Filled(w_bytes, 0x3b));
-    DeviceBuffer gu = Filled(8 * 2 * inter * 2, 0), a = Filled(8 * inter * 2, 0);
-    for (const int64_t m : {1, 8}) {
-      for (const char* path : {"gemv_silu_fused", "gemv_then_silu_mul", "cublaslt_then_silu_mul"}) {
-        const std::string p(path);
-        gemm->SetUseGemv(p != "cublaslt_then_silu_mul");
-        const double sec = TimeIt(s, [&](int i) -> absl::Status {
-          const Bf16* w = ws[i % copies].as<Bf16>();
-          if (p == "gemv_silu_fused") {
-            return gemm->GemvSiluMul(x.as<Bf16>(), m, hidden, w, 2 * inter, nullptr, a.as<Bf16>(),
-                                     s);
-          }
-          if (absl::Status st =
-                  gemm->Gemm(x.as<Bf16>(), m, hidden, w, 2 * inter, nullptr, gu.as<Bf16>(), s);
-              !st.ok()) {
-            return st;
-          }
-          return SiluMul(gu.as<Bf16>(), m, inter, a.as<Bf16>(), s);
-        });
-        entries.push_back(absl::StrCat(
-            "{\"op\": \"gate_up_silu_mul\", \"path\": \"", path, "\", \"m\": ", m,
-            ", \"n\": ", 2 * inter, ", \"k\": ", hidden, ", \"us\": ", sec * 1e6,
-            ", \"fraction_of_hbm\": ", static_cast<double>(w_bytes) / sec / kHbmBytesPerSecond,
-            "}"));
-      }
-    }
-    gemm->SetUseGemv(true);
-  }
 
   // ---- GEMV split sweep (m = 1): data for the split rule ----
   {

@@ -59,13 +59,6 @@ class GemmContext {
   // The largest weight (n * k elements) Gemm() sends to the GEMV; default
   // kGemvDefaultMaxWeightElems. Benchmarks move it to compare the paths.
   void SetGemvMaxWeightElems(int64_t elems);
-  // Whether the GEMV path is on (SetUseGemv) and takes rows of m, k.
-  bool GemvTakes(int64_t m, int64_t k) const;
-  // gemv.h GemvSiluMulBf16 on the context's workspace; FAILED_PRECONDITION
-  // when !GemvTakes(m, k).
-  absl::Status GemvSiluMul(const Bf16* x, int64_t m, int64_t k, const Bf16* w_gate_up, int64_t n,
-                           const float* bias, Bf16* act, CudaStream stream);
-
   struct Impl;
 
  private:

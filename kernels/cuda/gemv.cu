@@ -16,10 +16,13 @@
 // without any shuffle. The accumulator element (row r, column c) is
 // output feature n0 + r of activation row c.
 //
-// Each warp takes 4 consecutive steps (4 KiB of W) per iteration and
+// Each warp takes U consecutive steps (U KiB of W) per iteration and
 // issues the next iteration's loads before this one's MMAs; the 4 warps
-// cover 16 consecutive steps (512 values, 1 KiB per row), and the warps'
-// accumulators are summed in shared memory in warp order. With more than
+// cover 4U consecutive steps (128U values per row), and the warps'
+// accumulators are summed in shared memory in warp order. U is 4, or 8
+// when the weight has at most 3 row tiles per SM: with so few CTAs per SM,
+// the 4-step pipeline keeps too few bytes in flight to cover the memory
+// latency (the deep variant takes more registers, 3 CTAs per SM). With more than
 // one split, each CTA stores its 16 x m partial sums in the workspace,
 // and the CTA that arrives last at the tile's counter sums the splits in
 // split order, adds the bias, writes y and resets the counter.
@@ -37,8 +40,9 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileRows = 16;
 constexpr int kStepK = 32;
-constexpr int kUnroll = 4;
-constexpr int kStepsPerIter = kWarps * kUnroll;
+constexpr int kUnrollWide = 4;  // steps per warp and iteration: many row tiles
+constexpr int kUnrollDeep = 8;  // at most kDeepTilesPerSm row tiles per SM
+constexpr int kDeepTilesPerSm = 3;
 
 // Predicated 16-byte loads (zeros when !pred). Volatile so that ptxas
 // keeps every load of an iteration ahead of its MMAs. W is read exactly
@@ -87,29 +91,25 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// What the kernel stores: y in bf16 or fp32, or SiLU(gate) * up.
-enum class Out { kBf16, kF32, kSiluMul };
-
 struct KernelArgs {
   const uint16_t* x;  // bf16 [m, k]
   int m, k;
   const uint16_t* w;  // bf16 [n, k]
-  int n;              // rows of w
+  int n;
   const float* bias;  // [n] or null
-  void* y;            // bf16 or fp32 [m, n]; kSiluMul: bf16 [m, n / 2]
+  void* y;            // bf16 or fp32 [m, n]
   int steps_per_split, splits;
-  int slots;  // tiles * kTileRows: the row stride of the split partials
   float* partials;
   uint32_t* counters;
 };
 
-__device__ __forceinline__ float RoundBf16(float v) { return Bf16BitsToFloat(FloatToBf16Bits(v)); }
-
-// At most 80 registers: 6 CTAs per SM.
-template <Out kOut>
-__global__ void __launch_bounds__(kThreads, 6) GemvKernel(const KernelArgs a) {
+// Register caps: 80 for the 4-step pipeline (6 CTAs per SM), 168 for the
+// 8-step one (3 CTAs per SM).
+template <bool kF32Out, int kUnroll>
+__global__ void __launch_bounds__(kThreads, kUnroll == kUnrollDeep ? kDeepTilesPerSm : 6)
+    GemvKernel(const KernelArgs a) {
+  constexpr int kStepsPerIter = kWarps * kUnroll;
   __shared__ float red[kWarps][kTileRows][8];
-  __shared__ float fin[kTileRows][8];
   __shared__ uint32_t is_last;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -118,65 +118,42 @@ __global__ void __launch_bounds__(kThreads, 6) GemvKernel(const KernelArgs a) {
   const int tile = blockIdx.x;
   const int split = blockIdx.y;
   const int k = a.k, m = a.m, n = a.n;
+  const int n0 = tile * kTileRows;
   const int total_steps = (k + kStepK - 1) / kStepK;
   const int s_begin = split * a.steps_per_split;
   const int s_end = min(total_steps, s_begin + a.steps_per_split);
 
-  // Rows of W this lane reads: tile rows g and g + 8. With the SiLU-mul
-  // epilogue a tile is 8 gate rows and the 8 matching up rows.
-  const int half = n / 2;
-  int row_lo, row_hi;
-  bool lo_ok, hi_ok;
-  if constexpr (kOut == Out::kSiluMul) {
-    const int j = tile * 8 + g;
-    lo_ok = hi_ok = j < half;
-    row_lo = j;
-    row_hi = half + j;
-  } else {
-    row_lo = tile * kTileRows + g;
-    row_hi = row_lo + 8;
-    lo_ok = row_lo < n;
-    hi_ok = row_hi < n;
-  }
+  const bool lo_ok = n0 + g < n;
+  const bool hi_ok = n0 + g + 8 < n;
   const bool x_ok = g < m;
-  const uint16_t* w_lo = a.w + static_cast<int64_t>(lo_ok ? row_lo : 0) * k + q * 8;
-  const uint16_t* w_hi = a.w + static_cast<int64_t>(hi_ok ? row_hi : 0) * k + q * 8;
-  const int64_t x_off = static_cast<int64_t>(x_ok ? g : 0) * k + q * 8;
+  const uint16_t* w_lo = a.w + static_cast<int64_t>(lo_ok ? n0 + g : 0) * k + q * 8;
+  const uint16_t* w_hi = a.w + static_cast<int64_t>(hi_ok ? n0 + g + 8 : 0) * k + q * 8;
+  const uint16_t* xr = a.x + static_cast<int64_t>(x_ok ? g : 0) * k + q * 8;
   const int k_lane = k - q * 8;  // chunk at step t is inside k iff 32 t < k_lane
 
-  auto step_ok = [&](int step) { return step < s_end && step * kStepK < k_lane; };
-  // The warp's 4 steps of W (and of x) of the iteration starting at step
-  // `it`; zeros past the split, k, n or m.
-  auto load_w = [&](int it, uint4(&lo)[kUnroll], uint4(&hi)[kUnroll]) {
+  // Loads the warp's kUnroll steps of the iteration starting at step `it`
+  // (zeros past the split, k, n or m).
+  auto load = [&](int it, uint4(&lo)[kUnroll], uint4(&hi)[kUnroll], uint4(&xb)[kUnroll]) {
     const int base = it + warp * kUnroll;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int kk = (base + u) * kStepK;
-      const bool ok = step_ok(base + u);
+      const int step = base + u;
+      const int kk = step * kStepK;
+      const bool ok = step < s_end && kk < k_lane;
       lo[u] = LoadStreaming(w_lo + kk, ok && lo_ok);
       hi[u] = LoadStreaming(w_hi + kk, ok && hi_ok);
-    }
-  };
-  auto load_x = [&](int it, uint4(&xb)[kUnroll]) {
-    const int base = it + warp * kUnroll;
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int kk = (base + u) * kStepK;
-      const bool ok = step_ok(base + u) && x_ok;
-      xb[u] = LoadCached(a.x + x_off + kk, ok);
+      xb[u] = LoadCached(xr + kk, ok && x_ok);
     }
   };
 
   // Software pipeline: the next iteration's loads are issued before this
-  // iteration's MMAs, so up to 8 KiB of W per warp are in flight.
+  // iteration's MMAs, so up to 2 kUnroll KiB of W per warp are in flight.
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   uint4 a_lo[kUnroll], a_hi[kUnroll], b[kUnroll];
-  load_w(s_begin, a_lo, a_hi);
-  load_x(s_begin, b);
+  load(s_begin, a_lo, a_hi, b);
   for (int it = s_begin; it < s_end; it += kStepsPerIter) {
     uint4 n_lo[kUnroll], n_hi[kUnroll], n_b[kUnroll];
-    load_w(it + kStepsPerIter, n_lo, n_hi);
-    load_x(it + kStepsPerIter, n_b);
+    load(it + kStepsPerIter, n_lo, n_hi, n_b);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       MmaBf16(acc, a_lo[u].x, a_hi[u].x, a_lo[u].y, a_hi[u].y, b[u].x, b[u].y);
@@ -195,94 +172,83 @@ __global__ void __launch_bounds__(kThreads, 6) GemvKernel(const KernelArgs a) {
   red[warp][g + 8][2 * q] = acc[2];
   red[warp][g + 8][2 * q + 1] = acc[3];
   __syncthreads();
-  const int row = threadIdx.x >> 3;  // tile row 0..15
+  const int row = threadIdx.x >> 3;  // 0..15
   const int col = threadIdx.x & 7;   // activation row
   float v = red[0][row][col];
 #pragma unroll
   for (int i = 1; i < kWarps; ++i) v += red[i][row][col];
-  // The tile's slot in the split partials (row stride a.slots).
-  const int64_t slot = static_cast<int64_t>(col) * a.slots + tile * kTileRows + row;
-  if (a.splits > 1) {
-    if (col < m) a.partials[static_cast<int64_t>(split) * m * a.slots + slot] = v;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const uint32_t prev = atomicAdd(&a.counters[tile], 1u);
-      is_last = prev == static_cast<uint32_t>(a.splits - 1) ? 1u : 0u;
+  const int out_n = n0 + row;
+  const bool valid = col < m && out_n < n;
+  const int64_t out_i = static_cast<int64_t>(col) * n + out_n;
+  auto store = [&](float o) {
+    if (a.bias != nullptr) o += a.bias[out_n];
+    if constexpr (kF32Out) {
+      static_cast<float*>(a.y)[out_i] = o;
+    } else {
+      static_cast<uint16_t*>(a.y)[out_i] = FloatToBf16Bits(o);
     }
-    __syncthreads();
-    if (is_last == 0) return;
-    __threadfence();
-    if (col < m) {
-      v = __ldcg(&a.partials[slot]);
-      for (int s = 1; s < a.splits; ++s) v += __ldcg(&a.partials[s * m * a.slots + slot]);
-    }
-    if (threadIdx.x == 0) a.counters[tile] = 0;
+  };
+  if (a.splits == 1) {
+    if (valid) store(v);
+    return;
   }
+  if (valid) a.partials[static_cast<int64_t>(split) * m * n + out_i] = v;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t prev = atomicAdd(&a.counters[tile], 1u);
+    is_last = prev == static_cast<uint32_t>(a.splits - 1) ? 1u : 0u;
+  }
+  __syncthreads();
+  if (is_last == 0) return;
+  __threadfence();
+  if (valid) {
+    float sum = __ldcg(&a.partials[out_i]);
+    for (int s = 1; s < a.splits; ++s)
+      sum += __ldcg(&a.partials[static_cast<int64_t>(s) * m * n + out_i]);
+    store(sum);
+  }
+  if (threadIdx.x == 0) a.counters[tile] = 0;
+}
 
-  // Epilogue on the tile's final sums.
-  if constexpr (kOut == Out::kBf16 || kOut == Out::kF32) {
-    const int out_n = tile * kTileRows + row;
-    if (col < m && out_n < n) {
-      const float o = a.bias != nullptr ? v + a.bias[out_n] : v;
-      const int64_t i = static_cast<int64_t>(col) * n + out_n;
-      if constexpr (kOut == Out::kF32) {
-        static_cast<float*>(a.y)[i] = o;
-      } else {
-        static_cast<uint16_t*>(a.y)[i] = FloatToBf16Bits(o);
-      }
-    }
-  } else if constexpr (kOut == Out::kSiluMul) {
-    // gate and up each rounded to bf16 as the unfused GEMV would store
-    // them, then SiLU(gate) * up as SiluMul computes it.
-    fin[row][col] = v;
-    __syncthreads();
-    const int j = tile * 8 + row;
-    if (row < 8 && col < m && j < half) {
-      float gv = fin[row][col], uv = fin[row + 8][col];
-      if (a.bias != nullptr) {
-        gv += a.bias[j];
-        uv += a.bias[half + j];
-      }
-      gv = RoundBf16(gv);
-      uv = RoundBf16(uv);
-      static_cast<uint16_t*>(a.y)[static_cast<int64_t>(col) * half + j] =
-          FloatToBf16Bits(gv / (1.0f + expf(-gv)) * uv);
-    }
-  }
+// The pipeline depth for a weight of `tiles` row tiles.
+int UnrollFor(int64_t tiles, int num_sms) {
+  return tiles <= int64_t{kDeepTilesPerSm} * num_sms ? kUnrollDeep : kUnrollWide;
 }
 
 struct SplitPlan {
   int splits = 1;
   int steps_per_split = 1;
+  int unroll = kUnrollWide;
 };
 
 SplitPlan PlanSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, int force_splits) {
   const int64_t total_steps = (k + kStepK - 1) / kStepK;
   const int64_t tiles = (n + kTileRows - 1) / kTileRows;
+  const int sms = ws.num_sms > 0 ? ws.num_sms : 132;
+  SplitPlan plan;
+  plan.unroll = UnrollFor(tiles, sms);
+  const int64_t steps_per_iter = int64_t{kWarps} * plan.unroll;
   int64_t splits = 1;
   if (force_splits > 0) {
     splits = force_splits;
-  } else {
+  } else if (tiles < sms) {
     // With at least one row tile per SM, no split: on the H200 one split
     // beat two or more on every Llama-3-8B shape (cuda_ops_bench's split
     // sweep: 4096x4096 12.5 vs 12.9 us, 6144x4096 15.4 vs 19.4, 4096x14336
-    // 32.8 vs 33.4). Fewer tiles than SMs: fill the resident slots in one
-    // wave (a second, partial wave of equal CTAs would run the tail at a
-    // fraction of the bandwidth).
-    const int64_t sms = ws.num_sms > 0 ? ws.num_sms : 132;
-    const int64_t slots = sms * (ws.ctas_per_sm > 0 ? ws.ctas_per_sm : 4);
-    if (tiles < sms) splits = std::max<int64_t>(1, slots / tiles);
+    // 32.8 vs 33.4, 28672x4096 60.5 vs 62.6). Fewer tiles than SMs: fill
+    // the resident slots of the deep kernel (kDeepTilesPerSm per SM) in one
+    // wave.
+    splits = std::max<int64_t>(1, int64_t{sms} * kDeepTilesPerSm / tiles);
   }
   splits = std::min<int64_t>({splits, total_steps, 65535});
   if (splits > 1) {
     if (ws.partials == nullptr || ws.counters == nullptr || tiles > ws.counter_capacity) {
       splits = 1;
     } else {
-      splits = std::min<int64_t>(splits, ws.partial_capacity / (m * tiles * kTileRows));
+      splits = std::min<int64_t>(splits, ws.partial_capacity / (m * n));
     }
   }
-  SplitPlan plan;
   if (splits <= 1) {
     plan.splits = 1;
     plan.steps_per_split = static_cast<int>(total_steps);
@@ -290,15 +256,15 @@ SplitPlan PlanSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, i
   }
   int64_t sps = (total_steps + splits - 1) / splits;
   // Whole CTA iterations per split, so no warp of a split idles.
-  if (force_splits <= 0) sps = (sps + kStepsPerIter - 1) / kStepsPerIter * kStepsPerIter;
+  if (force_splits <= 0) sps = (sps + steps_per_iter - 1) / steps_per_iter * steps_per_iter;
   plan.steps_per_split = static_cast<int>(sps);
   plan.splits = static_cast<int>((total_steps + sps - 1) / sps);
   return plan;
 }
 
 absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
-                    const float* bias, void* y, Out out, const GemvWorkspace& ws, CudaStream stream,
-                    int force_splits) {
+                    const float* bias, void* y, bool f32_out, const GemvWorkspace& ws,
+                    CudaStream stream, int force_splits) {
   if (!GemvApplicable(x, m, k, w)) {
     return absl::InvalidArgumentError(
         absl::StrCat("GemvBf16: needs 1 <= m <= ", kGemvMaxRows,
@@ -307,14 +273,10 @@ absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t 
   if (n <= 0 || n > INT32_MAX || k > (INT32_MAX >> 1)) {
     return absl::InvalidArgumentError(absl::StrCat("GemvBf16: bad shape n=", n, " k=", k));
   }
-  if (out == Out::kSiluMul && n % 2 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GemvSiluMulBf16: needs an even number of rows (gate then up), got ", n));
-  }
   if (y == nullptr) return absl::InvalidArgumentError("GemvBf16: null output");
   const SplitPlan plan = PlanSplits(m, n, k, ws, force_splits);
-  const int64_t tiles = (n + kTileRows - 1) / kTileRows;
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(plan.splits));
+  const dim3 grid(static_cast<unsigned>((n + kTileRows - 1) / kTileRows),
+                  static_cast<unsigned>(plan.splits));
   KernelArgs a{};
   a.x = x;
   a.m = static_cast<int>(m);
@@ -325,20 +287,19 @@ absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t 
   a.y = y;
   a.steps_per_split = plan.steps_per_split;
   a.splits = plan.splits;
-  a.slots = static_cast<int>(tiles * kTileRows);
   a.partials = ws.partials;
   a.counters = ws.counters;
   const cudaStream_t s = AsCuda(stream);
-  switch (out) {
-    case Out::kBf16:
-      GemvKernel<Out::kBf16><<<grid, kThreads, 0, s>>>(a);
-      break;
-    case Out::kF32:
-      GemvKernel<Out::kF32><<<grid, kThreads, 0, s>>>(a);
-      break;
-    case Out::kSiluMul:
-      GemvKernel<Out::kSiluMul><<<grid, kThreads, 0, s>>>(a);
-      break;
+  if (plan.unroll == kUnrollDeep) {
+    if (f32_out) {
+      GemvKernel<true, kUnrollDeep><<<grid, kThreads, 0, s>>>(a);
+    } else {
+      GemvKernel<false, kUnrollDeep><<<grid, kThreads, 0, s>>>(a);
+    }
+  } else if (f32_out) {
+    GemvKernel<true, kUnrollWide><<<grid, kThreads, 0, s>>>(a);
+  } else {
+    GemvKernel<false, kUnrollWide><<<grid, kThreads, 0, s>>>(a);
   }
   return CheckLastLaunch("GemvBf16");
 }
@@ -346,8 +307,8 @@ absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t 
 }  // namespace
 
 absl::Status GemvResidentCtasPerSm(int* ctas) {
-  TESSERA_CUDA_RETURN_IF_ERROR(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, GemvKernel<Out::kBf16>, kThreads, 0));
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      ctas, GemvKernel<false, kUnrollWide>, kThreads, 0));
   return absl::OkStatus();
 }
 
@@ -364,19 +325,13 @@ int GemvSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, int for
 absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
                       const float* bias, Bf16* y, const GemvWorkspace& ws, CudaStream stream,
                       int force_splits) {
-  return Launch(x, m, k, w, n, bias, y, Out::kBf16, ws, stream, force_splits);
+  return Launch(x, m, k, w, n, bias, y, /*f32_out=*/false, ws, stream, force_splits);
 }
 
 absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
                       const float* bias, float* y, const GemvWorkspace& ws, CudaStream stream,
                       int force_splits) {
-  return Launch(x, m, k, w, n, bias, y, Out::kF32, ws, stream, force_splits);
-}
-
-absl::Status GemvSiluMulBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w_gate_up, int64_t n,
-                             const float* bias, Bf16* act, const GemvWorkspace& ws,
-                             CudaStream stream, int force_splits) {
-  return Launch(x, m, k, w_gate_up, n, bias, act, Out::kSiluMul, ws, stream, force_splits);
+  return Launch(x, m, k, w, n, bias, y, /*f32_out=*/true, ws, stream, force_splits);
 }
 
 }  // namespace tessera::kernels::cuda

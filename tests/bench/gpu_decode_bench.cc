@@ -21,7 +21,7 @@
 //                              the token ids back, the next batch)
 // Usage: gpu_decode_bench [--batch_sizes=1,8,64] [--prompt_len=128]
 //        [--decode_steps=128] [--hbm_tbps=4.27] [--gemv=true|false]
-//        [--fuse_decode_layers=true|false] [--gemv_max_weight_elems=N]
+//        [--gemv_max_weight_elems=N]
 //        [--out=result.json]
 #include <chrono>
 #include <cstdio>
@@ -51,9 +51,6 @@ ABSL_FLAG(bool, gemv, true,
 ABSL_FLAG(int64_t, gemv_max_weight_elems, 0,
           "largest weight (n x k) a GEMM of m <= 8 rows sends to the GEMV (0: the default, "
           "2^25)");
-ABSL_FLAG(bool, fuse_decode_layers, true,
-          "decode steps run SiLU-mul inside the gate/up GEMV (false: the separate SiluMul "
-          "kernel, for comparison)");
 ABSL_FLAG(std::string, device, "cuda", "device selector (cuda or cuda:<PCI bus id>)");
 ABSL_FLAG(std::string, out, "", "write the JSON here too");
 ABSL_FLAG(int, long_prefill, 4096,
@@ -92,7 +89,6 @@ int Run() {
   options.max_num_seqs = max_batch;
   options.max_num_tokens = std::max(max_batch * prompt_len, 256);
   options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
-  options.fuse_decode_layers = absl::GetFlag(FLAGS_fuse_decode_layers);
   // The prefill attention kernel the registry picks for this device, as the
   // worker does.
   absl::StatusOr<kernels::Selection> prefill =
@@ -250,7 +246,6 @@ int Run() {
       {"hbm_bytes_per_second", hbm},
       {"cuda_graphs", options.cuda_graphs},
       {"skinny_gemm", absl::GetFlag(FLAGS_gemv) ? "gemv" : "cublaslt"},
-      {"fuse_decode_layers", options.fuse_decode_layers},
       {"gemv_max_weight_elems", absl::GetFlag(FLAGS_gemv_max_weight_elems)},
       {"prefill_attention_backend", options.prefill_attention_backend},
       {"results", results},

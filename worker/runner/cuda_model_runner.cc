@@ -592,10 +592,6 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
   RETURN_IF_ERROR(
       kcu::Embedding(m.embed.as<Bf16>(), V, H, m.MetaPtr<int32_t>(m.off_tokens), T, residual, st));
   RETURN_IF_ERROR(all_reduce(residual, T * H, kcu::NcclGroup::DType::kF32));
-  // Steps of at most 8 tokens run SiLU-mul inside the gate/up GEMV
-  // (kernels/cuda/gemv.h GemvSiluMulBf16): one launch and one round trip of
-  // the gate/up activations less per layer.
-  const bool fuse_mlp = options_.fuse_decode_layers && m.gemm->GemvTakes(T, H);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const Impl::Layer& l = m.layers[i];
     if (i == 0) {
@@ -645,21 +641,16 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
                             kcu::PrefillAttentionSm90Supports(p)
                         ? kcu::PrefillAttentionSm90(p, st)
                         : kcu::PagedAttentionPrefill(p, st));
-    Bf16* act = m.act.as<Bf16>();
     RETURN_IF_ERROR(
         m.gemm->Gemm(m.attn.as<Bf16>(), T, Q, l.o_w.as<Bf16>(), H, f32(l.o_b), delta, st));
     RETURN_IF_ERROR(all_reduce(delta, T * H, kcu::NcclGroup::DType::kBf16));
     RETURN_IF_ERROR(
         kcu::FusedAddRmsNorm(delta, residual, T, H, l.post_norm.as<float>(), eps, xb, st));
-    if (fuse_mlp) {
-      RETURN_IF_ERROR(
-          m.gemm->GemvSiluMul(xb, T, H, l.gate_up_w.as<Bf16>(), 2 * I, f32(l.gate_up_b), act, st));
-    } else {
-      RETURN_IF_ERROR(m.gemm->Gemm(xb, T, H, l.gate_up_w.as<Bf16>(), 2 * I, f32(l.gate_up_b),
-                                   m.gate_up.as<Bf16>(), st));
-      RETURN_IF_ERROR(kcu::SiluMul(m.gate_up.as<Bf16>(), T, I, act, st));
-    }
-    RETURN_IF_ERROR(m.gemm->Gemm(act, T, I, l.down_w.as<Bf16>(), H, f32(l.down_b), delta, st));
+    RETURN_IF_ERROR(m.gemm->Gemm(xb, T, H, l.gate_up_w.as<Bf16>(), 2 * I, f32(l.gate_up_b),
+                                 m.gate_up.as<Bf16>(), st));
+    RETURN_IF_ERROR(kcu::SiluMul(m.gate_up.as<Bf16>(), T, I, m.act.as<Bf16>(), st));
+    RETURN_IF_ERROR(
+        m.gemm->Gemm(m.act.as<Bf16>(), T, I, l.down_w.as<Bf16>(), H, f32(l.down_b), delta, st));
     RETURN_IF_ERROR(all_reduce(delta, T * H, kcu::NcclGroup::DType::kBf16));
   }
   RETURN_IF_ERROR(
@@ -771,14 +762,6 @@ absl::Status CudaModelRunner::SetUseGemv(bool use, int64_t max_weight_elems) {
   impl_->gemm->SetUseGemv(use);
   impl_->gemm->SetGemvMaxWeightElems(max_weight_elems > 0 ? max_weight_elems
                                                           : kcu::kGemvDefaultMaxWeightElems);
-  graphs_.clear();
-  last_graph_ = {-1, -1};
-  return absl::OkStatus();
-}
-
-absl::Status CudaModelRunner::SetFuseDecodeLayers(bool fuse) {
-  RETURN_IF_ERROR(kcu::Synchronize(impl_->stream.get()));
-  options_.fuse_decode_layers = fuse;
   graphs_.clear();
   last_graph_ = {-1, -1};
   return absl::OkStatus();

@@ -11,9 +11,7 @@
 //          else paged prefill (flash attention on tensor cores)
 //   delta = attn · W_o^T; xb = FusedAddRmsNorm(delta, residual)
 //   delta = silu_mul(xb · W_gate_up^T) · W_down^T
-// then the final norm, the rows that want logits, and the LM head. Steps of
-// at most 8 tokens (decode, short verifications) run SiLU-mul inside the
-// gate/up GEMV (fuse_decode_layers).
+// then the final norm, the rows that want logits, and the LM head.
 //
 // Decode steps (every sequence one token) run as CUDA graphs captured per
 // (batch-size bucket, context-length bucket): inputs are copied into
@@ -83,10 +81,6 @@ struct CudaRunnerOptions {
   // (head_dim 64, 128), the portable one for the rest. Create() fails when
   // "cuda-sm90a" cannot run on the device.
   std::string prefill_attention_backend = "cuda";
-  // Steps of at most 8 tokens (decode) fold SiLU-mul into the gate/up GEMV
-  // (kernels/cuda/gemv.h GemvSiluMulBf16). false: cuBLASLt or the GEMV,
-  // then the SiluMul kernel.
-  bool fuse_decode_layers = true;
 };
 
 class CudaModelRunner final : public ModelRunner {
@@ -144,9 +138,6 @@ class CudaModelRunner final : public ModelRunner {
   // size (n * k elements; 0: GemmContext's default). Drops the captured
   // decode graphs, which hold the earlier choice.
   absl::Status SetUseGemv(bool use, int64_t max_weight_elems = 0);
-  // Benchmarks and tests: CudaRunnerOptions::fuse_decode_layers after
-  // creation (drops the captured decode graphs).
-  absl::Status SetFuseDecodeLayers(bool fuse);
 
  private:
   struct Impl;

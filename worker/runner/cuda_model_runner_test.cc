@@ -152,12 +152,8 @@ TEST_P(ModelPairOnGpu, LogitsAndGreedyContinuationsMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Pair, ModelPairOnGpu, ::testing::Values("target", "draft"));
 
 // Mixed batches (a prefill chunk with earlier context next to decodes) give
-// the CPU runner's logits within the bf16 tolerance, eager and graphed, with
-// the decode layer boundaries fused into the GEMVs (steps of <= 8 tokens)
-// and without.
-class MixedBatches : public ::testing::TestWithParam<bool> {};
-
-TEST_P(MixedBatches, MatchTheCpuRunner) {
+// the CPU runner's logits within the bf16 tolerance, eager and graphed.
+TEST(CudaModelRunnerTest, MixedBatchesMatchTheCpuRunner) {
   REQUIRE_GPU(device);
   auto model = model::LoadModel(SourcePath("models/target"));
   ASSERT_TRUE(model.ok()) << model.status();
@@ -169,7 +165,6 @@ TEST_P(MixedBatches, MatchTheCpuRunner) {
   options.num_kv_blocks = 64;
   options.max_num_tokens = 256;
   options.max_num_seqs = 8;
-  options.fuse_decode_layers = GetParam();
   auto gpu = CudaModelRunner::Create(model->get(), device, options);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   const int64_t vocab = (*model)->config.vocab_size;
@@ -212,9 +207,6 @@ TEST_P(MixedBatches, MatchTheCpuRunner) {
   }
   EXPECT_GE((*gpu)->graphs_captured(), 1);  // the all-decode steps ran as graphs
 }
-
-INSTANTIATE_TEST_SUITE_P(FuseDecodeLayers, MixedBatches, ::testing::Bool());
-
 TEST(CudaModelRunnerTest, GreedyOnDeviceEqualsHostArgmax) {
   REQUIRE_GPU(device);
   auto model = model::LoadModel(SourcePath("models/draft"));
