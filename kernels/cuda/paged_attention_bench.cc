@@ -252,8 +252,8 @@ int Main(int argc, char** argv) {
                       flops / sec * 1e-12, name, sched_diff);
         json += line;
         // Progress on stderr: survives a failing schedule (which exits).
-        std::fprintf(stderr, "prefill %d tokens: sm90a %s %.1f TFLOP/s, max diff %.3g\n", len,
-                     name, flops / sec * 1e-12, sched_diff);
+        std::fprintf(stderr, "prefill %d tokens: sm90a %s %.1f TFLOP/s, max diff %.3g\n", len, name,
+                     flops / sec * 1e-12, sched_diff);
       }
     } else {
       std::string why;

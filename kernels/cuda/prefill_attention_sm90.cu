@@ -28,6 +28,11 @@
 // warpgroup's tensor-core work, and warpgroup 0 issues its prefetch while
 // its S product runs.
 //
+// The warp-specialized schedules (PrefillSm90WsKernel, below) keep the
+// same tiles, layouts and descriptors but move the gather to a producer
+// warpgroup synchronised through mbarriers, and pipeline each consumer's
+// softmax against its own P V product; see the comment above that kernel.
+//
 // Thread-safety: see the header.
 #include "kernels/cuda/prefill_attention_sm90.h"
 
@@ -556,6 +561,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 constexpr int kWsThreads = 384;  // two consumer warpgroups + the producer warpgroup
 constexpr int kWsProducerRegs = 40;
 constexpr int kWsConsumerRegs = 232;
+// The kernel starts with 65536 / 384 -> 168 registers per thread; the
+// consumers' increase must equal what the producer frees, or setmaxnreg.inc
+// waits forever.
+static_assert(128 * (168 - kWsProducerRegs) == 256 * (kWsConsumerRegs - 168),
+              "setmaxnreg budgets must balance");
 
 template <int D>
 constexpr size_t WsSmemBytes() {
@@ -602,11 +612,10 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity, bool& ti
 }
 // bar.arrive only where `pred` holds (a predicated instruction, no branch).
 __device__ __forceinline__ void NamedBarArriveIf(bool pred, int id, int count) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p bar.arrive %1, %2;\n}\n" ::"r"(
-          static_cast<int>(pred)),
-      "r"(id), "r"(count)
-      : "memory");
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p bar.arrive %1, %2;\n}\n" ::"r"(
+                   static_cast<int>(pred)),
+               "r"(id), "r"(count)
+               : "memory");
 }
 template <int N>
 __device__ __forceinline__ void WgWait() {
@@ -701,7 +710,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       MbarInit(empty_v(s), 256);
     }
   }
-  __syncthreads();  // the last CTA-wide barrier: the roles split below
+  __syncthreads();         // the last CTA-wide barrier: the roles split below
   bool timed_out = false;  // see MbarWait
 
   // Warp index, made warp-uniform for the compiler.
@@ -1094,9 +1103,8 @@ absl::Status Launch(const PagedAttentionParams& p, cudaStream_t stream) {
   const uint64_t bit = device >= 0 && device < 64 ? uint64_t{1} << device : 0;
   if (bit == 0 || (ready.load(std::memory_order_acquire) & bit) == 0) {
     if (absl::Status s = CheckDevice(config.fn); !s.ok()) return s;
-    if (const cudaError_t err = cudaFuncSetAttribute(config.fn,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     static_cast<int>(smem));
+    if (const cudaError_t err = cudaFuncSetAttribute(
+            config.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
         err != cudaSuccess) {
       (void)cudaGetLastError();
       return absl::InternalError(
@@ -1181,8 +1189,7 @@ const char* ScheduleName(Schedule schedule) {
 }
 
 template <int D>
-absl::Status LaunchSchedule(const PagedAttentionParams& p, cudaStream_t stream,
-                            Schedule schedule) {
+absl::Status LaunchSchedule(const PagedAttentionParams& p, cudaStream_t stream, Schedule schedule) {
   switch (schedule) {
     case Schedule::kPlain:
       return Launch<D, Schedule::kPlain>(p, stream);
