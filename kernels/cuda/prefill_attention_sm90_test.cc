@@ -11,8 +11,9 @@
 // Every parity test runs with each schedule of the kernel
 // (sm90_detail::Schedule): /Plain, /PingPong, /WarpSpec and
 // /WarpSpecPingPong; a hang of one shows as its last "[ RUN ]" line (the
-// warp-specialized schedules trap instead of hanging when a barrier wait
-// exceeds 4 s, which fails the test with a launch error).
+// warp-specialized schedules' mbarrier waits give up after 4 s and those
+// threads write NaN rows, so a broken barrier protocol shows as mismatches
+// after a few seconds rather than a hang).
 //
 // On a mismatch the test prints the first few bad elements with their
 // coordinates in the kernel's tiling (128-row query tile, warpgroup, warp,
