@@ -16,13 +16,10 @@
 // without any shuffle. The accumulator element (row r, column c) is
 // output feature n0 + r of activation row c.
 //
-// Each warp takes U consecutive steps (U KiB of W) per iteration and
+// Each warp takes 4 consecutive steps (4 KiB of W) per iteration and
 // issues the next iteration's loads before this one's MMAs; the 4 warps
-// cover 4U consecutive steps (128U values per row), and the warps'
-// accumulators are summed in shared memory in warp order. U is 4, or 8
-// when the weight has at most 3 row tiles per SM: with so few CTAs per SM,
-// the 4-step pipeline keeps too few bytes in flight to cover the memory
-// latency (the deep variant takes more registers, 3 CTAs per SM). With more than
+// cover 16 consecutive steps (512 values, 1 KiB per row), and the warps'
+// accumulators are summed in shared memory in warp order. With more than
 // one split, each CTA stores its 16 x m partial sums in the workspace,
 // and the CTA that arrives last at the tile's counter sums the splits in
 // split order, adds the bias, writes y and resets the counter.
@@ -40,9 +37,8 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileRows = 16;
 constexpr int kStepK = 32;
-constexpr int kUnrollWide = 4;  // steps per warp and iteration: many row tiles
-constexpr int kUnrollDeep = 8;  // at most kDeepTilesPerSm row tiles per SM
-constexpr int kDeepTilesPerSm = 3;
+constexpr int kUnroll = 4;
+constexpr int kStepsPerIter = kWarps * kUnroll;
 
 // Predicated 16-byte loads (zeros when !pred). Volatile so that ptxas
 // keeps every load of an iteration ahead of its MMAs. W is read exactly
@@ -91,24 +87,20 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-struct KernelArgs {
-  const uint16_t* x;  // bf16 [m, k]
-  int m, k;
-  const uint16_t* w;  // bf16 [n, k]
-  int n;
-  const float* bias;  // [n] or null
-  void* y;            // bf16 or fp32 [m, n]
-  int steps_per_split, splits;
-  float* partials;
-  uint32_t* counters;
-};
+template <bool kF32Out>
+__device__ __forceinline__ void StoreOut(void* y, int64_t i, float v) {
+  if constexpr (kF32Out) {
+    static_cast<float*>(y)[i] = v;
+  } else {
+    static_cast<uint16_t*>(y)[i] = FloatToBf16Bits(v);
+  }
+}
 
-// Register caps: 80 for the 4-step pipeline (6 CTAs per SM), 168 for the
-// 8-step one (3 CTAs per SM).
-template <bool kF32Out, int kUnroll>
-__global__ void __launch_bounds__(kThreads, kUnroll == kUnrollDeep ? kDeepTilesPerSm : 6)
-    GemvKernel(const KernelArgs a) {
-  constexpr int kStepsPerIter = kWarps * kUnroll;
+template <bool kF32Out>
+__global__ void __launch_bounds__(kThreads)
+    GemvKernel(const uint16_t* __restrict__ x, int m, int k, const uint16_t* __restrict__ w, int n,
+               const float* __restrict__ bias, void* __restrict__ y, int steps_per_split,
+               int splits, float* __restrict__ partials, uint32_t* __restrict__ counters) {
   __shared__ float red[kWarps][kTileRows][8];
   __shared__ uint32_t is_last;
   const int lane = threadIdx.x & 31;
@@ -117,21 +109,20 @@ __global__ void __launch_bounds__(kThreads, kUnroll == kUnrollDeep ? kDeepTilesP
   const int q = lane & 3;
   const int tile = blockIdx.x;
   const int split = blockIdx.y;
-  const int k = a.k, m = a.m, n = a.n;
   const int n0 = tile * kTileRows;
   const int total_steps = (k + kStepK - 1) / kStepK;
-  const int s_begin = split * a.steps_per_split;
-  const int s_end = min(total_steps, s_begin + a.steps_per_split);
+  const int s_begin = split * steps_per_split;
+  const int s_end = min(total_steps, s_begin + steps_per_split);
 
   const bool lo_ok = n0 + g < n;
   const bool hi_ok = n0 + g + 8 < n;
   const bool x_ok = g < m;
-  const uint16_t* w_lo = a.w + static_cast<int64_t>(lo_ok ? n0 + g : 0) * k + q * 8;
-  const uint16_t* w_hi = a.w + static_cast<int64_t>(hi_ok ? n0 + g + 8 : 0) * k + q * 8;
-  const uint16_t* xr = a.x + static_cast<int64_t>(x_ok ? g : 0) * k + q * 8;
+  const uint16_t* w_lo = w + static_cast<int64_t>(lo_ok ? n0 + g : 0) * k + q * 8;
+  const uint16_t* w_hi = w + static_cast<int64_t>(hi_ok ? n0 + g + 8 : 0) * k + q * 8;
+  const uint16_t* xr = x + static_cast<int64_t>(x_ok ? g : 0) * k + q * 8;
   const int k_lane = k - q * 8;  // chunk at step t is inside k iff 32 t < k_lane
 
-  // Loads the warp's kUnroll steps of the iteration starting at step `it`
+  // Loads the warp's 4 steps of the iteration starting at step `it`
   // (zeros past the split, k, n or m).
   auto load = [&](int it, uint4(&lo)[kUnroll], uint4(&hi)[kUnroll], uint4(&xb)[kUnroll]) {
     const int base = it + warp * kUnroll;
@@ -147,7 +138,7 @@ __global__ void __launch_bounds__(kThreads, kUnroll == kUnrollDeep ? kDeepTilesP
   };
 
   // Software pipeline: the next iteration's loads are issued before this
-  // iteration's MMAs, so up to 2 kUnroll KiB of W per warp are in flight.
+  // iteration's MMAs, so up to 8 KiB of W per warp are in flight.
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   uint4 a_lo[kUnroll], a_hi[kUnroll], b[kUnroll];
   load(s_begin, a_lo, a_hi, b);
@@ -180,66 +171,50 @@ __global__ void __launch_bounds__(kThreads, kUnroll == kUnrollDeep ? kDeepTilesP
   const int out_n = n0 + row;
   const bool valid = col < m && out_n < n;
   const int64_t out_i = static_cast<int64_t>(col) * n + out_n;
-  auto store = [&](float o) {
-    if (a.bias != nullptr) o += a.bias[out_n];
-    if constexpr (kF32Out) {
-      static_cast<float*>(a.y)[out_i] = o;
-    } else {
-      static_cast<uint16_t*>(a.y)[out_i] = FloatToBf16Bits(o);
-    }
-  };
-  if (a.splits == 1) {
-    if (valid) store(v);
+  if (splits == 1) {
+    if (valid) StoreOut<kF32Out>(y, out_i, bias != nullptr ? v + bias[out_n] : v);
     return;
   }
-  if (valid) a.partials[static_cast<int64_t>(split) * m * n + out_i] = v;
+  if (valid) partials[static_cast<int64_t>(split) * m * n + out_i] = v;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    const uint32_t prev = atomicAdd(&a.counters[tile], 1u);
-    is_last = prev == static_cast<uint32_t>(a.splits - 1) ? 1u : 0u;
+    const uint32_t prev = atomicAdd(&counters[tile], 1u);
+    is_last = prev == static_cast<uint32_t>(splits - 1) ? 1u : 0u;
   }
   __syncthreads();
   if (is_last == 0) return;
   __threadfence();
   if (valid) {
-    float sum = __ldcg(&a.partials[out_i]);
-    for (int s = 1; s < a.splits; ++s)
-      sum += __ldcg(&a.partials[static_cast<int64_t>(s) * m * n + out_i]);
-    store(sum);
+    float sum = __ldcg(&partials[out_i]);
+    for (int s = 1; s < splits; ++s)
+      sum += __ldcg(&partials[static_cast<int64_t>(s) * m * n + out_i]);
+    StoreOut<kF32Out>(y, out_i, bias != nullptr ? sum + bias[out_n] : sum);
   }
-  if (threadIdx.x == 0) a.counters[tile] = 0;
-}
-
-// The pipeline depth for a weight of `tiles` row tiles.
-int UnrollFor(int64_t tiles, int num_sms) {
-  return tiles <= int64_t{kDeepTilesPerSm} * num_sms ? kUnrollDeep : kUnrollWide;
+  if (threadIdx.x == 0) counters[tile] = 0;
 }
 
 struct SplitPlan {
   int splits = 1;
   int steps_per_split = 1;
-  int unroll = kUnrollWide;
 };
 
 SplitPlan PlanSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, int force_splits) {
   const int64_t total_steps = (k + kStepK - 1) / kStepK;
   const int64_t tiles = (n + kTileRows - 1) / kTileRows;
-  const int sms = ws.num_sms > 0 ? ws.num_sms : 132;
-  SplitPlan plan;
-  plan.unroll = UnrollFor(tiles, sms);
-  const int64_t steps_per_iter = int64_t{kWarps} * plan.unroll;
   int64_t splits = 1;
   if (force_splits > 0) {
     splits = force_splits;
-  } else if (tiles < sms) {
+  } else {
     // With at least one row tile per SM, no split: on the H200 one split
     // beat two or more on every Llama-3-8B shape (cuda_ops_bench's split
     // sweep: 4096x4096 12.5 vs 12.9 us, 6144x4096 15.4 vs 19.4, 4096x14336
     // 32.8 vs 33.4, 28672x4096 60.5 vs 62.6). Fewer tiles than SMs: fill
-    // the resident slots of the deep kernel (kDeepTilesPerSm per SM) in one
-    // wave.
-    splits = std::max<int64_t>(1, int64_t{sms} * kDeepTilesPerSm / tiles);
+    // the resident slots in one wave (a second, partial wave of equal CTAs
+    // would run the tail at a fraction of the bandwidth).
+    const int64_t sms = ws.num_sms > 0 ? ws.num_sms : 132;
+    const int64_t slots = sms * (ws.ctas_per_sm > 0 ? ws.ctas_per_sm : 4);
+    if (tiles < sms) splits = std::max<int64_t>(1, slots / tiles);
   }
   splits = std::min<int64_t>({splits, total_steps, 65535});
   if (splits > 1) {
@@ -249,6 +224,7 @@ SplitPlan PlanSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, i
       splits = std::min<int64_t>(splits, ws.partial_capacity / (m * n));
     }
   }
+  SplitPlan plan;
   if (splits <= 1) {
     plan.splits = 1;
     plan.steps_per_split = static_cast<int>(total_steps);
@@ -256,7 +232,7 @@ SplitPlan PlanSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, i
   }
   int64_t sps = (total_steps + splits - 1) / splits;
   // Whole CTA iterations per split, so no warp of a split idles.
-  if (force_splits <= 0) sps = (sps + steps_per_iter - 1) / steps_per_iter * steps_per_iter;
+  if (force_splits <= 0) sps = (sps + kStepsPerIter - 1) / kStepsPerIter * kStepsPerIter;
   plan.steps_per_split = static_cast<int>(sps);
   plan.splits = static_cast<int>((total_steps + sps - 1) / sps);
   return plan;
@@ -277,29 +253,13 @@ absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t 
   const SplitPlan plan = PlanSplits(m, n, k, ws, force_splits);
   const dim3 grid(static_cast<unsigned>((n + kTileRows - 1) / kTileRows),
                   static_cast<unsigned>(plan.splits));
-  KernelArgs a{};
-  a.x = x;
-  a.m = static_cast<int>(m);
-  a.k = static_cast<int>(k);
-  a.w = w;
-  a.n = static_cast<int>(n);
-  a.bias = bias;
-  a.y = y;
-  a.steps_per_split = plan.steps_per_split;
-  a.splits = plan.splits;
-  a.partials = ws.partials;
-  a.counters = ws.counters;
-  const cudaStream_t s = AsCuda(stream);
-  if (plan.unroll == kUnrollDeep) {
-    if (f32_out) {
-      GemvKernel<true, kUnrollDeep><<<grid, kThreads, 0, s>>>(a);
-    } else {
-      GemvKernel<false, kUnrollDeep><<<grid, kThreads, 0, s>>>(a);
-    }
-  } else if (f32_out) {
-    GemvKernel<true, kUnrollWide><<<grid, kThreads, 0, s>>>(a);
+  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  if (f32_out) {
+    GemvKernel<true><<<grid, kThreads, 0, AsCuda(stream)>>>(
+        x, mi, ki, w, ni, bias, y, plan.steps_per_split, plan.splits, ws.partials, ws.counters);
   } else {
-    GemvKernel<false, kUnrollWide><<<grid, kThreads, 0, s>>>(a);
+    GemvKernel<false><<<grid, kThreads, 0, AsCuda(stream)>>>(
+        x, mi, ki, w, ni, bias, y, plan.steps_per_split, plan.splits, ws.partials, ws.counters);
   }
   return CheckLastLaunch("GemvBf16");
 }
@@ -307,8 +267,8 @@ absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t 
 }  // namespace
 
 absl::Status GemvResidentCtasPerSm(int* ctas) {
-  TESSERA_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      ctas, GemvKernel<false, kUnrollWide>, kThreads, 0));
+  TESSERA_CUDA_RETURN_IF_ERROR(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, GemvKernel<false>, kThreads, 0));
   return absl::OkStatus();
 }
 

@@ -37,7 +37,7 @@ struct GemvWorkspace {
   uint32_t* counters = nullptr;  // counter_capacity entries
   int64_t counter_capacity = 0;
   int num_sms = 0;      // the device's SM count (sizes the splits)
-  int ctas_per_sm = 0;  // CTAs of the 4-step kernel per SM (GemvResidentCtasPerSm), for reports
+  int ctas_per_sm = 0;  // resident GEMV CTAs per SM (GemvResidentCtasPerSm); 0: 4
 };
 
 // CTAs of the GEMV kernel one SM holds at once (the occupancy calculator's
@@ -53,8 +53,9 @@ bool GemvApplicable(const Bf16* x, int64_t m, int64_t k, const Bf16* w);
 
 // Number of k splits the kernel uses for the shape (1: no workspace use).
 // Rule: with T = ceil(n / 16) row tiles, T >= num_sms runs unsplit;
-// otherwise floor(3 * num_sms / T) splits (one wave of the 8-step kernel,
-// 3 CTAs per SM), each a whole number of CTA iterations of k.
+// otherwise, with S = num_sms * ctas_per_sm resident slots, floor(S / T)
+// splits (one wave of CTAs, each a whole number of 512-value iterations of
+// k).
 // `force_splits` > 0 asks for that many (capped by the k steps and the
 // workspace); tests use it to exercise the split path on small shapes.
 int GemvSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, int force_splits = 0);

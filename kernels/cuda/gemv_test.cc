@@ -191,6 +191,7 @@ TEST(CudaGemvTest, SplitPlanFillsTheGpuAndRespectsTheWorkspace) {
   ws.counters = fake_counters.data();
   ws.partial_capacity = kGemvPartialFloats;
   ws.counter_capacity = kGemvCounters;
+  ws.ctas_per_sm = 5;  // 660 slots
   // At least one row tile per SM: unsplit.
   EXPECT_EQ(GemvSplits(1, 4096, 4096, ws), 1);  // 256 tiles
   EXPECT_EQ(GemvSplits(1, 6144, 4096, ws), 1);
@@ -198,15 +199,15 @@ TEST(CudaGemvTest, SplitPlanFillsTheGpuAndRespectsTheWorkspace) {
   EXPECT_EQ(GemvSplits(1, 28672, 4096, ws), 1);
   EXPECT_EQ(GemvSplits(1, 128256, 4096, ws), 1);
   EXPECT_EQ(GemvSplits(1, 2112, 4096, ws), 1);  // 132 tiles
-  // Fewer: one wave of the 8-step kernel's 3 x 132 slots, in whole
-  // 1024-value (32-step) CTA iterations.
-  EXPECT_EQ(GemvSplits(1, 2096, 4096, ws), 2);     // 131 tiles: 3 wanted, 43 steps -> 64: 2
-  EXPECT_EQ(GemvSplits(1, 1024, 4096, ws), 4);     // 64 tiles: 6 wanted, 22 steps -> 32: 4
-  EXPECT_EQ(GemvSplits(1, 1024, 2048, ws), 2);     // 64 steps: 6 wanted, 11 -> 32: 2
-  EXPECT_EQ(GemvSplits(1, 1024, 1024, ws), 1);     // 32 steps: one iteration
+  // Fewer: one wave of the 660 slots, in whole 512-value CTA iterations.
+  EXPECT_EQ(GemvSplits(1, 2096, 4096, ws), 4);     // 131 tiles: 5 wanted, 26 steps -> 32: 4
+  EXPECT_EQ(GemvSplits(1, 1024, 4096, ws), 8);     // 64 tiles, 128 steps: 8 x 16
+  EXPECT_EQ(GemvSplits(1, 1024, 1024, ws), 2);     // 32 steps: whole iterations only
   EXPECT_EQ(GemvSplits(8, 16, 32, ws), 1);         // a single k step cannot split
   EXPECT_EQ(GemvSplits(1, 1024, 4096, ws, 3), 3);  // forced
-  ws.partial_capacity = 1024;                      // one split's worth of m x n
+  ws.partial_capacity = 4096;                      // one split's worth of m x n
+  EXPECT_EQ(GemvSplits(1, 1024, 4096, ws), 4);
+  ws.partial_capacity = 1024;
   EXPECT_EQ(GemvSplits(1, 1024, 4096, ws), 1);
 }
 
