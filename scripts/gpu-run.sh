@@ -74,9 +74,6 @@ if [[ "$QUICK" != "--quick" ]]; then
   step_json bench/paged_attention 120 "$BIN/paged_attention_bench"
   step bench/sdpa_reference 180 python3 tests/gpu/sdpa_reference.py --out="$OUT/bench/sdpa_reference.json"
   step bench/gpu_decode 300 "$BIN/gpu_decode_bench" --device="$DEV" --out="$OUT/bench/gpu_decode.json"
-  step bench/gpu_decode_gemv_down 200 "$BIN/gpu_decode_bench" --device="$DEV" \
-    --gemv_max_weight_elems=67108864 --batch_sizes=1,8 --long_prefill=0 \
-    --out="$OUT/bench/gpu_decode_gemv_down.json"
   step bench/gpu_decode_cublaslt 200 "$BIN/gpu_decode_bench" --device="$DEV" --gemv=false --batch_sizes=1,8 \
     --out="$OUT/bench/gpu_decode_cublaslt.json"
   step bench/hf_decode_peer 400 python3 tests/gpu/hf_decode_peer.py --out="$OUT/bench/hf_decode_peer.json"
