@@ -10,7 +10,7 @@
 // splits. The split length depends only on (num_seqs, num_heads,
 // max_seq_len), which also size the workspace.
 //
-// Prefill: grid (64-row query tile, head, sequence), 4 warps of 16 query
+// Prefill: grid (head, 64-row query tile, sequence), 4 warps of 16 query
 // rows sharing each K/V tile. Key tiles past the tile's last query
 // position are never loaded; tiles entirely below a warp's first position
 // skip the mask; a warp skips tiles entirely above its last position.
@@ -84,9 +84,12 @@ __global__ void __launch_bounds__(kPrefillThreads)
   uint16_t* sq = reinterpret_cast<uint16_t*>(smem_raw);
   uint16_t* const stage_base = sq + kPrefillRows * D;  // stage i: K at 2*i*TK*D, V after it
 
+  // Blocks start in x-fastest order: every head's tile of a row before the
+  // next row, last (longest causal) rows first, so the short tiles fill the
+  // tail.
   const int seq = blockIdx.z;
-  const int head = blockIdx.y;
-  const int q_tile = gridDim.x - 1 - blockIdx.x;  // longest tiles first
+  const int head = blockIdx.x;
+  const int q_tile = gridDim.y - 1 - blockIdx.y;
   const int q_begin = p.query_start_loc[seq];
   const int q_len = p.query_start_loc[seq + 1] - q_begin;
   const int row0 = q_tile * kPrefillRows;
@@ -459,7 +462,7 @@ absl::Status LaunchPrefill(const PagedAttentionParams& p, cudaStream_t stream) {
                            static_cast<int>(smem)) != cudaSuccess) {
     return LaunchStatus("paged attention prefill (shared memory attribute)");
   }
-  const dim3 grid((p.max_query_len + kPrefillRows - 1) / kPrefillRows, p.num_heads, p.num_seqs);
+  const dim3 grid(p.num_heads, (p.max_query_len + kPrefillRows - 1) / kPrefillRows, p.num_seqs);
   const float scale_log2 = p.scale * kLog2e;
   PrefillKernel<D><<<grid, kPrefillThreads, smem, stream>>>(
       p, Log2IfPowerOfTwo(p.block_size), p.num_heads / p.num_kv_heads, scale_log2);

@@ -272,9 +272,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                    ((1024 - (raw_addr & 1023)) & 1023));
   uint16_t* const stages = sq + kRows * D;  // stage s: K at s * kStageElems, V kKeys * D after
 
+  // Blocks start in x-fastest order: every head's tile of a row before the
+  // next row, last (longest causal) rows first, so the short tiles fill the
+  // tail; the heads of a GQA group read the same K/V tiles close in time.
   const int seq = blockIdx.z;
-  const int head = blockIdx.y;
-  const int q_tile = gridDim.x - 1 - blockIdx.x;  // longest tiles first
+  const int head = blockIdx.x;
+  const int q_tile = gridDim.y - 1 - blockIdx.y;
   const int q_begin = p.query_start_loc[seq];
   const int q_len = p.query_start_loc[seq + 1] - q_begin;
   const int row0 = q_tile * kRows;
@@ -672,9 +675,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   auto empty_k = [&](int s) { return bars + 8 * (4 * s + 2); };
   auto empty_v = [&](int s) { return bars + 8 * (4 * s + 3); };
 
+  // Blocks start in x-fastest order: every head's tile of a row before the
+  // next row, last (longest causal) rows first, so the short tiles fill the
+  // tail; the heads of a GQA group read the same K/V tiles close in time.
   const int seq = blockIdx.z;
-  const int head = blockIdx.y;
-  const int q_tile = gridDim.x - 1 - blockIdx.x;  // longest tiles first
+  const int head = blockIdx.x;
+  const int q_tile = gridDim.y - 1 - blockIdx.y;
   const int q_begin = p.query_start_loc[seq];
   const int q_len = p.query_start_loc[seq + 1] - q_begin;
   const int row0 = q_tile * kRows;
@@ -1113,7 +1119,7 @@ absl::Status Launch(const PagedAttentionParams& p, cudaStream_t stream) {
     }
     ready.fetch_or(bit, std::memory_order_acq_rel);
   }
-  const dim3 grid((p.max_query_len + kRows - 1) / kRows, p.num_heads, p.num_seqs);
+  const dim3 grid(p.num_heads, (p.max_query_len + kRows - 1) / kRows, p.num_seqs);
   const int block_shift = Log2IfPowerOfTwo(p.block_size);
   const int group = p.num_heads / p.num_kv_heads;
   const float scale_log2 = p.scale * kLog2e;

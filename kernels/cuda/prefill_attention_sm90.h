@@ -12,7 +12,7 @@
 // relying on it; the kernel registry offers it as the "cuda-sm90a"
 // candidate of attention_prefill (kernels/cuda_backend.h).
 //
-// Design: grid (128-row query tile, head, sequence); 256 threads = two
+// Design: grid (head, 128-row query tile, sequence); 256 threads = two
 // warpgroups of 64 query rows that share each K/V tile of 128 keys. The
 // tiles are gathered from the paged cache with 16-byte cp.async into
 // 128-byte-swizzled shared memory (three stages, one barrier per tile);
