@@ -45,7 +45,7 @@ out=.gpu/bundle
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
 for b in "${bins[@]}"; do
-  strip --strip-debug -o "$out/bin/$(basename "$b")" "$BUILD_DIR/$b"
+  strip --strip-all -o "$out/bin/$(basename "$b")" "$BUILD_DIR/$b"
 done
 # Every library except the C runtime, the loader and CUDA's (present there).
 for b in "${bins[@]}"; do
@@ -54,6 +54,6 @@ done | sort -u |
   grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libgcc_s)\.so' |
   grep -v -E '/(libcublas|libcublasLt|libnccl|libcudart)\.so' |
   while read -r lib; do cp -L "$lib" "$out/lib/"; done
-strip --strip-debug "$out"/lib/*.so* 2>/dev/null || true
-tar -C .gpu -cJf .gpu/bundle.tar.xz bundle
+strip --strip-unneeded "$out"/lib/*.so* 2>/dev/null || true
+tar -C .gpu -cf - bundle | xz -9e -T2 >.gpu/bundle.tar.xz
 du -sh "$out" .gpu/bundle.tar.xz
