@@ -70,6 +70,11 @@ if [[ "$QUICK" != "--quick" ]]; then
   step bench/spec_decode 400 "$BIN/spec_decode_bench" --device="$DEV" --draft_device="$DEV" \
     --batch=16 --requests=16 \
     --out="$OUT/bench/spec_decode_h200.json"
+  # The same with token trees (branching 3; the draft model's runner-up
+  # tokens as siblings at its first 2 positions).
+  step bench/spec_decode_trees 400 "$BIN/spec_decode_bench" --device="$DEV" --draft_device="$DEV" \
+    --batch=16 --requests=16 --tree_branching=3 --tree_depth=2 \
+    --out="$OUT/bench/spec_decode_h200_trees.json"
   step_json bench/cuda_ops 120 "$BIN/cuda_ops_bench"
   step_json bench/paged_attention 120 "$BIN/paged_attention_bench"
   step bench/sdpa_reference 180 python3 tests/gpu/sdpa_reference.py --out="$OUT/bench/sdpa_reference.json"

@@ -10,6 +10,7 @@ tests/bench/results/, each with the command that produced it:
   cuda_ops_h200.json          kernel microbenchmarks
   gpu_tp_h200x2.json          TP=1 vs TP=2 per all-reduce backend (2 GPUs)
   spec_decode_h200.json       speculative decoding with the trained pair
+  spec_decode_h200_trees.json the same with token trees
   router_route_decision_live_h200_host.json
                               route-decision latency at ~1,000 in flight
   cuda_generate_parity_h200.json
@@ -144,10 +145,23 @@ def speculative(out, results):
          "--draft_device=cuda:<bus id> --batch=16 --requests=16)",
          {"machine_note": "one H200 (target and draft model on the GPU, n-gram/suffix sources "
                           "on the host). The trained pair is tiny, so a GPU step is bound by "
-                          "kernel launches, not memory; the CUDA runner verifies chains only "
-                          "(a tree proposal keeps its first-child chain there)",
+                          "kernel launches, not memory. Chains here; spec_decode_h200_trees.json "
+                          "has the same run with token trees",
           "identity_note": "On the GPU the kernels are not batch-invariant (different kernels "
                            "for 1 vs k+1 tokens round differently in bf16), so greedy outputs "
+                           "can part from plain decoding at near ties; on the CPU backend "
+                           "speculation reproduces plain decoding exactly"})
+
+
+def speculative_trees(out, results):
+    wrap(out, results, "bench/spec_decode_h200_trees.json", "spec_decode_h200_trees.json",
+         "GPU machine: bash scripts/gpu-run.sh OUT (spec_decode_bench --device=cuda:<bus id> "
+         "--draft_device=cuda:<bus id> --batch=16 --requests=16 --tree_branching=3 "
+         "--tree_depth=2)",
+         {"machine_note": "one H200 (target and draft model on the GPU, n-gram/suffix sources "
+                          "on the host); token trees verified in one forward pass with the "
+                          "tree attention mask of the CUDA prefill kernel",
+          "identity_note": "On the GPU the kernels are not batch-invariant, so greedy outputs "
                            "can part from plain decoding at near ties; on the CPU backend "
                            "speculation reproduces plain decoding exactly"})
 
@@ -181,8 +195,8 @@ def main():
     out = sys.argv[1]
     results = sys.argv[2] if len(sys.argv) > 2 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results")
-    for step in (decode, attention, ops, tensor_parallel, speculative, router, generate_parity,
-                 doctor):
+    for step in (decode, attention, ops, tensor_parallel, speculative, speculative_trees, router,
+                 generate_parity, doctor):
         step(out, results)
 
 
