@@ -258,6 +258,49 @@ __device__ __forceinline__ void LoadKvZfill(uint16_t* sk, uint16_t* sv, const Kv
   }
 }
 
+// A CTA's query tile and where its keys come from.
+struct QueryTile {
+  int seq, head, q_begin, row0, rows_valid, ctx_start;
+  KvSource src;
+};
+
+// This CTA's tile. Blocks start in x-fastest order: every head's tile of a
+// row before the next row, last (longest causal) rows first, so the short
+// tiles fill the tail; the heads of a GQA group read the same K/V tiles
+// close in time. False when the CTA has nothing to do (uniform over the
+// CTA): its tile lies past the sequence's new tokens, or the lengths are
+// inconsistent, in which case its rows of out are zeroed rather than left
+// as garbage.
+template <int D, int kThreadCount>
+__device__ __forceinline__ bool FindQueryTile(const PagedAttentionParams& p, int block_shift,
+                                              int group, QueryTile* tile) {
+  tile->seq = blockIdx.z;
+  tile->head = blockIdx.x;
+  tile->q_begin = p.query_start_loc[tile->seq];
+  const int q_len = p.query_start_loc[tile->seq + 1] - tile->q_begin;
+  tile->row0 = (gridDim.y - 1 - blockIdx.y) * kRows;
+  if (tile->row0 >= q_len) return false;
+  tile->rows_valid = min(kRows, q_len - tile->row0);
+  tile->ctx_start = p.seq_lens[tile->seq] - q_len;
+  if (tile->ctx_start < 0) {
+    for (int c = threadIdx.x; c < tile->rows_valid * (D / 8); c += kThreadCount) {
+      const int row = c / (D / 8);
+      const int chunk = c % (D / 8);
+      *reinterpret_cast<uint4*>(p.out +
+                                int64_t{tile->q_begin + tile->row0 + row} * p.out_token_stride +
+                                int64_t{tile->head} * D + chunk * 8) = make_uint4(0, 0, 0, 0);
+    }
+    return false;
+  }
+  tile->src = KvSource{p.k_cache,
+                       p.v_cache,
+                       p.block_tables + int64_t{tile->seq} * p.block_table_stride,
+                       block_shift,
+                       int64_t{p.num_kv_heads} * D,
+                       int64_t{tile->head / group} * D};
+  return true;
+}
+
 template <int D, bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillSm90Kernel(PagedAttentionParams p, int block_shift, int group, float scale_log2) {
@@ -272,28 +315,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                    ((1024 - (raw_addr & 1023)) & 1023));
   uint16_t* const stages = sq + kRows * D;  // stage s: K at s * kStageElems, V kKeys * D after
 
-  // Blocks start in x-fastest order: every head's tile of a row before the
-  // next row, last (longest causal) rows first, so the short tiles fill the
-  // tail; the heads of a GQA group read the same K/V tiles close in time.
-  const int seq = blockIdx.z;
-  const int head = blockIdx.x;
-  const int q_tile = gridDim.y - 1 - blockIdx.y;
-  const int q_begin = p.query_start_loc[seq];
-  const int q_len = p.query_start_loc[seq + 1] - q_begin;
-  const int row0 = q_tile * kRows;
-  if (row0 >= q_len) return;  // uniform over the CTA
-  const int rows_valid = min(kRows, q_len - row0);
-  const int ctx_start = p.seq_lens[seq] - q_len;
-
-  if (ctx_start < 0) {  // inconsistent lengths: zeros rather than garbage
-    for (int c = threadIdx.x; c < rows_valid * (D / 8); c += kThreads) {
-      const int row = c / (D / 8);
-      const int chunk = c % (D / 8);
-      *reinterpret_cast<uint4*>(p.out + int64_t{q_begin + row0 + row} * p.out_token_stride +
-                                int64_t{head} * D + chunk * 8) = make_uint4(0, 0, 0, 0);
-    }
-    return;
-  }
+  QueryTile tile;
+  if (!FindQueryTile<D, kThreads>(p, block_shift, group, &tile)) return;
+  const int head = tile.head;
+  const int q_begin = tile.q_begin;
+  const int row0 = tile.row0;
+  const int rows_valid = tile.rows_valid;
+  const int ctx_start = tile.ctx_start;
+  const KvSource& src = tile.src;
 
   const int wg = threadIdx.x >> 7;          // warpgroup: query rows 64 wg .. 64 wg + 63
   const int warp = (threadIdx.x >> 5) & 3;  // warp inside the warpgroup
@@ -301,12 +330,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane >> 2;
   const int t = lane & 3;
 
-  const KvSource src{p.k_cache,
-                     p.v_cache,
-                     p.block_tables + int64_t{seq} * p.block_table_stride,
-                     block_shift,
-                     int64_t{p.num_kv_heads} * D,
-                     int64_t{head / group} * D};
   const int n_keys = ctx_start + row0 + rows_valid;  // keys the last valid row sees
   const int n_tiles = (n_keys + kKeys - 1) / kKeys;
 
@@ -675,35 +698,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   auto empty_k = [&](int s) { return bars + 8 * (4 * s + 2); };
   auto empty_v = [&](int s) { return bars + 8 * (4 * s + 3); };
 
-  // Blocks start in x-fastest order: every head's tile of a row before the
-  // next row, last (longest causal) rows first, so the short tiles fill the
-  // tail; the heads of a GQA group read the same K/V tiles close in time.
-  const int seq = blockIdx.z;
-  const int head = blockIdx.x;
-  const int q_tile = gridDim.y - 1 - blockIdx.y;
-  const int q_begin = p.query_start_loc[seq];
-  const int q_len = p.query_start_loc[seq + 1] - q_begin;
-  const int row0 = q_tile * kRows;
-  if (row0 >= q_len) return;  // uniform over the CTA
-  const int rows_valid = min(kRows, q_len - row0);
-  const int ctx_start = p.seq_lens[seq] - q_len;
+  QueryTile tile;
+  if (!FindQueryTile<D, kWsThreads>(p, block_shift, group, &tile)) return;
+  const int head = tile.head;
+  const int q_begin = tile.q_begin;
+  const int row0 = tile.row0;
+  const int rows_valid = tile.rows_valid;
+  const int ctx_start = tile.ctx_start;
+  const KvSource& src = tile.src;
 
-  if (ctx_start < 0) {  // inconsistent lengths: zeros rather than garbage
-    for (int c = threadIdx.x; c < rows_valid * (D / 8); c += kWsThreads) {
-      const int row = c / (D / 8);
-      const int chunk = c % (D / 8);
-      *reinterpret_cast<uint4*>(p.out + int64_t{q_begin + row0 + row} * p.out_token_stride +
-                                int64_t{head} * D + chunk * 8) = make_uint4(0, 0, 0, 0);
-    }
-    return;
-  }
-
-  const KvSource src{p.k_cache,
-                     p.v_cache,
-                     p.block_tables + int64_t{seq} * p.block_table_stride,
-                     block_shift,
-                     int64_t{p.num_kv_heads} * D,
-                     int64_t{head / group} * D};
   const int n_keys = ctx_start + row0 + rows_valid;  // keys the last valid row sees
   const int n_tiles = (n_keys + kKeys - 1) / kKeys;  // >= 1
 
@@ -1171,7 +1174,7 @@ bool PrefillAttentionSm90Available(std::string* why) {
 }
 
 bool PrefillAttentionSm90Supports(const PagedAttentionParams& p) {
-  return p.head_dim == 64 || p.head_dim == 128;
+  return (p.head_dim == 64 || p.head_dim == 128) && p.tree_ancestors == nullptr;
 }
 
 absl::Status PrefillAttentionSm90(const PagedAttentionParams& p, CUstream_st* stream) {
