@@ -8,6 +8,19 @@
 // <= its own; query head h reads kv head h / (num_heads / num_kv_heads);
 // scores are scale * q.k; softmax and accumulation are fp32.
 //
+// Token trees (prefill only; speculative decoding, worker/runner/
+// forward_batch.h): with tree_ancestors set, each new token carries a 64-bit
+// mask. New token i of sequence s (chunk start c = seq_lens[s] - q_len)
+// attends to every key at a position < c, and to key c + j (the K/V the
+// chunk's token j wrote: chunk tokens sit in the cache by index, whatever
+// their RoPE positions) iff bit j of its mask is set (its ancestors and
+// itself). An all-ones mask means plain causal (key c + j iff j <= i):
+// that is what the 64th token of a 64-token chain has anyway, and it lets
+// chunks without a tree (of any length) share the batch. A token with any
+// other mask sees no chunk key j >= 64: trees have at most 64 nodes per
+// chunk. Decode ignores the masks (one new token per
+// sequence attends to its context and itself under either rule).
+//
 // Data types: q, the cache and out are bf16 (stored as uint16_t bit
 // patterns); tables and lengths are int32. Supported head_dim: 64, 128, 256.
 // block_size must be a power of two. q, out, k_cache, v_cache and the
@@ -57,6 +70,9 @@ struct PagedAttentionParams {
   int64_t out_token_stride = 0;
   void* workspace = nullptr;  // device scratch for decode split-K partials
   size_t workspace_bytes = 0;
+  // Prefill only: null = causal; else device [tokens], one mask per new
+  // token (bit j: chunk token j is an ancestor of it or itself; ~0 = causal).
+  const uint64_t* tree_ancestors = nullptr;
 };
 
 // Device scratch PagedAttentionDecode needs for these sizes (0 when one
@@ -71,7 +87,8 @@ size_t PagedAttentionDecodeWorkspaceBytes(int num_seqs, int num_heads, int head_
 absl::Status PagedAttentionDecode(const PagedAttentionParams& p, CUstream_st* stream);
 
 // q_len = query_start_loc[s + 1] - query_start_loc[s] >= 0 new tokens per
-// sequence after seq_lens[s] - q_len tokens of earlier context; causal.
+// sequence after seq_lens[s] - q_len tokens of earlier context; causal, or
+// masked by tree_ancestors when set.
 absl::Status PagedAttentionPrefill(const PagedAttentionParams& p, CUstream_st* stream);
 
 }  // namespace tessera::kernels::cuda

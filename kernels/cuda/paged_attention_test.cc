@@ -6,6 +6,9 @@
 // must stay untouched. Tolerance: the output is bf16 and P is rounded to
 // bf16 before the P.V product, so |gpu - ref| <= 2^-7 * max|v| + 1e-3.
 // Two cases also replay the call from a captured CUDA graph (bitwise equal).
+// Token trees: each tree token's reference is the CPU reference run on a
+// one-token sequence whose cache holds just its context and its ancestor
+// path (root first), as the CPU runner's tree attention reads them.
 // The parameter validation tests run without a GPU; the kernel tests skip
 // when no CUDA device is present.
 //
@@ -106,7 +109,19 @@ struct Case {
   int max_seq_len_extra = 0;  // host bound above the true maximum (graph buckets)
   float q_range = 2.0f;
   bool via_graph = false;  // also replay the call from a captured CUDA graph
+  // Token trees (prefill): per sequence, empty = plain causal, else each
+  // chunk token's parent (-1 = the cached context). Any tree sets the masks.
+  std::vector<std::vector<int>> parents;
 };
+
+// The 64-bit ancestor-or-self masks of a tree (parents[j] < j).
+std::vector<uint64_t> AncestorMasks(const std::vector<int>& parents) {
+  std::vector<uint64_t> masks(parents.size());
+  for (size_t j = 0; j < parents.size(); ++j) {
+    masks[j] = (parents[j] < 0 ? 0 : masks[parents[j]]) | (uint64_t{1} << j);
+  }
+  return masks;
+}
 
 constexpr uint16_t kSentinel = 0x7fc1;  // a NaN pattern the kernels never write
 
@@ -191,9 +206,55 @@ void RunCase(const Case& c, uint32_t seed) {
   args.out = ref.data();
   ASSERT_TRUE(cpu::reference::PagedAttention(args).ok());
 
+  // Token trees: masks for the GPU (all ones = causal for sequences without
+  // a tree), and each tree token's reference over its context + path.
+  bool tree = false;
+  std::vector<uint64_t> masks(static_cast<size_t>(tokens), ~uint64_t{0});
+  for (int s = 0; s < static_cast<int>(c.parents.size()); ++s) {
+    const std::vector<int>& par = c.parents[s];
+    if (par.empty()) continue;
+    ASSERT_EQ(static_cast<int>(par.size()), c.q_lens[s]) << "test setup";
+    tree = true;
+    const std::vector<uint64_t> m = AncestorMasks(par);
+    std::copy(m.begin(), m.end(), masks.begin() + qsl[s]);
+    const int ctx = c.seq_lens[s] - c.q_lens[s];
+    const int64_t row = int64_t{c.num_kv_heads} * d;
+    for (int j = 0; j < c.q_lens[s]; ++j) {
+      std::vector<int> path;  // logical cache indices this token sees
+      for (int a = j; a >= 0; a = par[a]) path.push_back(ctx + a);
+      for (int k = ctx - 1; k >= 0; --k) path.push_back(k);
+      std::reverse(path.begin(), path.end());
+      const int len = static_cast<int>(path.size());
+      const int nb = (len + c.block_size - 1) / c.block_size;
+      std::vector<float> pk(static_cast<size_t>(nb) * c.block_size * row, 0.f), pv(pk.size(), 0.f);
+      for (int r = 0; r < len; ++r) {
+        const int idx = path[r];
+        const int64_t slot =
+            int64_t{table_ref[s * table_stride + idx / c.block_size]} * c.block_size +
+            idx % c.block_size;
+        std::copy_n(k_f.begin() + slot * row, row, pk.begin() + int64_t{r} * row);
+        std::copy_n(v_f.begin() + slot * row, row, pv.begin() + int64_t{r} * row);
+      }
+      std::vector<int32_t> one_qsl = {0, 1}, one_len = {len}, one_table(nb);
+      std::iota(one_table.begin(), one_table.end(), 0);
+      cpu::PagedAttentionArgs a = args;
+      a.q = q_f.data() + int64_t{qsl[s] + j} * q_stride;
+      a.cache.k = pk.data();
+      a.cache.v = pv.data();
+      a.cache.num_blocks = nb;
+      a.query_start_loc = one_qsl;
+      a.seq_lens = one_len;
+      a.block_tables = one_table;
+      a.block_table_stride = nb;
+      a.out = ref.data() + int64_t{qsl[s] + j} * c.num_heads * d;
+      ASSERT_TRUE(cpu::reference::PagedAttention(a).ok());
+    }
+  }
+
   // GPU.
   DeviceArray<uint16_t> dq(q_bf), dk(k_bf), dv(v_bf);
   DeviceArray<int32_t> dtable(table_gpu), dseq(seq_lens), dqsl(qsl);
+  DeviceArray<uint64_t> dmasks(masks);
   DeviceArray<uint16_t> dout(
       std::vector<uint16_t>(static_cast<size_t>(tokens) * out_stride, kSentinel));
   PagedAttentionParams p;
@@ -215,6 +276,7 @@ void RunCase(const Case& c, uint32_t seed) {
   p.max_query_len = *std::max_element(c.q_lens.begin(), c.q_lens.end());
   p.out = dout.get();
   p.out_token_stride = out_stride;
+  p.tree_ancestors = tree ? dmasks.get() : nullptr;
   // Bucketing may round max_seq_len up past the table; keep the table wide enough.
   ASSERT_GE(table_stride, (p.max_seq_len + c.block_size - 1) / c.block_size) << "test setup";
 
@@ -445,6 +507,75 @@ TEST(PagedAttentionPrefill, MixedBatches) {
   gqa8.seq_lens = {300, 1002, 150};
   gqa8.name = "prefill mixed gqa8 bs8";
   RunCase(gqa8, 403);
+}
+
+// --- Token trees ------------------------------------------------------------
+
+// A chain of n tokens (parent j - 1), a star (every token on the context),
+// and a deep branch: a 24-token trunk with side branches hanging off it.
+std::vector<int> Chain(int n) {
+  std::vector<int> p(n);
+  for (int j = 0; j < n; ++j) p[j] = j - 1;
+  return p;
+}
+std::vector<int> Star(int n) { return std::vector<int>(n, -1); }
+std::vector<int> DeepBranch() {
+  std::vector<int> p = Chain(24);
+  for (int j = 24; j < 40; ++j) p.push_back(j == 24 ? 10 : (j % 4 == 0 ? j - 1 : 2 * (j - 24)));
+  return p;
+}
+// A random 64-node tree (each parent a random earlier node or the root).
+std::vector<int> RandomTree(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int> p(n);
+  for (int j = 0; j < n; ++j) p[j] = static_cast<int>(rng() % (j + 1)) - 1;
+  return p;
+}
+
+TEST(PagedAttentionPrefillTree, TreesWithContextGqaAndPlainSequences) {
+  SKIP_WITHOUT_DEVICE();
+  uint32_t seed = 500;
+  struct Shape {
+    int heads, kv_heads, head_dim, block_size;
+  };
+  for (const Shape& sh : {Shape{8, 2, 128, 16}, Shape{16, 2, 64, 8}, Shape{4, 1, 256, 32}}) {
+    Case c;
+    c.num_heads = sh.heads;
+    c.num_kv_heads = sh.kv_heads;
+    c.head_dim = sh.head_dim;
+    c.block_size = sh.block_size;
+    // chain, star, deep branch, 64-node tree, a plain 130-token chunk (no
+    // tree, longer than 64), a tree on an empty context, a decode-like token.
+    c.parents = {Chain(9), Star(7), DeepBranch(), RandomTree(64, seed), {}, RandomTree(20, seed + 1),
+                 {}};
+    c.q_lens = {9, 7, 40, 64, 130, 20, 1};
+    c.seq_lens = {100 + 9, 37 + 7, 300 + 40, 1000 + 64, 200 + 130, 20, 77};
+    c.q_stride_pad = sh.head_dim == 128 ? 2 * 2 * 128 : 0;
+    c.out_stride_pad = 8;
+    c.name = absl::StrCat("tree batch h", sh.heads, "/kv", sh.kv_heads, " d", sh.head_dim, " bs",
+                          sh.block_size);
+    c.via_graph = sh.head_dim == 128;  // the mask pointer is a plain kernel argument
+    RunCase(c, seed++);
+  }
+}
+
+TEST(PagedAttentionPrefillTree, ChainMasksEqualCausalAndSingleTree) {
+  SKIP_WITHOUT_DEVICE();
+  // A 64-token chain with masks must match the causal reference (the
+  // reference here is the plain causal one for the chain's own rows too).
+  Case chain;
+  chain.parents = {Chain(64)};
+  chain.q_lens = {64};
+  chain.seq_lens = {64 + 500};
+  chain.name = "tree: 64-chain";
+  RunCase(chain, 600);
+
+  Case star;  // no context: each token sees only itself
+  star.parents = {Star(33)};
+  star.q_lens = {33};
+  star.seq_lens = {33};
+  star.name = "tree: star without context";
+  RunCase(star, 601);
 }
 
 // --- Validation (no device needed) --------------------------------------------

@@ -83,6 +83,30 @@ int64_t CudaTensorParallelRunner::num_kv_blocks() const {
   return blocks;
 }
 
+bool CudaTensorParallelRunner::SupportsTreeAttention() const {
+  for (const auto& r : ranks_) {
+    if (!r->SupportsTreeAttention()) return false;
+  }
+  return true;
+}
+
+absl::Status CudaTensorParallelRunner::CopyKvSlots(absl::Span<const int64_t> from,
+                                                   absl::Span<const int64_t> to) {
+  // Checked once against the group's cache, so no rank copies unless all do.
+  const int64_t num_slots = num_kv_blocks() * block_size();
+  for (size_t i = 0; i < from.size() && from.size() == to.size(); ++i) {
+    if (from[i] < 0 || from[i] >= num_slots || to[i] < 0 || to[i] >= num_slots) {
+      return absl::InvalidArgumentError(absl::StrCat("CopyKvSlots: slot pair ", i, " (", from[i],
+                                                     " -> ", to[i], ") outside the cache of ",
+                                                     num_slots, " slots"));
+    }
+  }
+  for (auto& r : ranks_) {
+    if (absl::Status s = r->CopyKvSlots(from, to); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaTensorParallelRunner::RunRank(int r, const runner::ForwardBatch& batch) {
   if (greedy_) return ranks_[r]->ForwardTopOne(batch, &top_ids_[r], &top_values_[r]);
   std::vector<float>& local = local_logits_[r];

@@ -48,6 +48,12 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   int64_t num_kv_blocks() const override;
   absl::Status Forward(const runner::ForwardBatch& batch, std::vector<float>* logits) override;
 
+  // Token trees: every rank masks its own heads (true when all ranks do).
+  bool SupportsTreeAttention() const override;
+  // Each rank copies the slots in its own cache (its kv heads), after the
+  // slots are checked against the smallest rank cache.
+  absl::Status CopyKvSlots(absl::Span<const int64_t> from, absl::Span<const int64_t> to) override;
+
   // Greedy tokens of the logits rows without moving logits to the host:
   // each rank finds its slice's best (value, id), the host keeps the
   // largest (ties: the lower id).

@@ -11,6 +11,7 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gather_rows.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/kv_slot_copy.h"
 #include "kernels/cuda/logits.h"
 #include "kernels/cuda/nccl_group.h"
 #include "kernels/cuda/p2p_all_reduce.h"
@@ -36,6 +37,9 @@ using kcu::DeviceBuffer;
   do {                                                 \
     if (absl::Status s_ = (expr); !s_.ok()) return s_; \
   } while (0)
+
+// Largest token tree per sequence chunk (one 64-bit ancestor mask per token).
+constexpr int kMaxTreeTokens = 64;
 
 // Smallest power of two >= n (n >= 1).
 int64_t RoundUpPow2(int64_t n) {
@@ -128,10 +132,15 @@ struct CudaModelRunner::Impl {
   DeviceBuffer k_cache, v_cache;  // [layers][blocks, block_size, kv_heads, head_dim]
 
   // Batch inputs, one packed buffer at fixed offsets (one copy per step).
+  // Token-tree ancestor masks (uint64 per token) follow the used part of
+  // the block tables, at off_tree, so the same copy carries them.
   DeviceBuffer meta;
   std::vector<std::byte> host_meta;
   size_t off_tokens = 0, off_positions = 0, off_slots = 0, off_qsl = 0, off_seq_lens = 0,
-         off_logits_idx = 0, off_block_tables = 0;
+         off_logits_idx = 0, off_block_tables = 0, off_tree = 0;
+  // CopyKvSlots: the (from, to) slot pairs, staged in one copy.
+  DeviceBuffer kv_copy_pairs;
+  std::vector<int64_t> host_kv_copy_pairs;
   int64_t max_blocks_per_seq = 0;
   int64_t table_stride = 0;  // block-table stride of the staged batch
 
@@ -414,6 +423,7 @@ absl::Status CudaModelRunner::AllocateCacheAndWorkspace() {
   off = align8(off + m.max_logits_rows * sizeof(int32_t));
   m.off_block_tables = off;
   off = align8(off + S * m.max_blocks_per_seq * sizeof(int32_t));
+  off += T * sizeof(uint64_t);  // tree masks, after the block tables in use
   m.host_meta.assign(off, std::byte{0});
 
   struct Want {
@@ -499,12 +509,27 @@ absl::Status CudaModelRunner::ValidateBatch(const ForwardBatch& b) const {
           absl::StrCat("sequence ", i, " has no new tokens; the CUDA kernels need at least one"));
     }
   }
-  return ValidateForwardBatch(b, {config_.vocab_size, config_.max_position_embeddings,
-                                  options_.block_size, num_kv_blocks_});
+  RETURN_IF_ERROR(ValidateForwardBatch(b, {config_.vocab_size, config_.max_position_embeddings,
+                                            options_.block_size, num_kv_blocks_,
+                                            /*tree_attention=*/true}));
+  if (b.tree_parents.empty()) return absl::OkStatus();
+  // Ancestor masks are 64 bits: a branching chunk holds at most 64 tokens
+  // (a chain of any length is plain causal).
+  for (int i = 0; i < b.num_seqs(); ++i) {
+    const int begin = b.query_start_loc[i], q_len = b.query_start_loc[i + 1] - begin;
+    bool chain = true;
+    for (int j = 0; j < q_len; ++j) chain &= b.tree_parents[begin + j] == j - 1;
+    if (!chain && q_len > kMaxTreeTokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", i, ": a token tree of ", q_len,
+                       " tokens; the CUDA runner verifies trees of at most ", kMaxTreeTokens));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaModelRunner::Stage(const ForwardBatch& b, int64_t padded_tokens, int padded_seqs,
-                                    int context) {
+                                    int context, bool* tree) {
   Impl& m = *impl_;
   std::byte* base = m.host_meta.data();
   auto put = [&](size_t off, const void* src, size_t bytes) {
@@ -557,13 +582,36 @@ absl::Status CudaModelRunner::Stage(const ForwardBatch& b, int64_t padded_tokens
     for (int i = 0; i < padded_seqs; ++i) logits_idx[i] = i;
   }
   // Only the used prefix of the block-table section is copied.
-  const size_t bytes =
-      m.off_block_tables + static_cast<size_t>(padded_seqs) * stride * sizeof(int32_t);
+  size_t bytes = m.off_block_tables + static_cast<size_t>(padded_seqs) * stride * sizeof(int32_t);
+  *tree = false;
+  for (int i = 0; i < s && !b.tree_parents.empty() && !*tree; ++i) {
+    for (int t = b.query_start_loc[i]; t < b.query_start_loc[i + 1]; ++t) {
+      *tree |= b.tree_parents[t] != t - b.query_start_loc[i] - 1;
+    }
+  }
+  if (*tree) {
+    // Ancestor masks: bit j = chunk token j is the token or one of its
+    // ancestors; chunks that do not branch are causal (all ones).
+    m.off_tree = (bytes + 7) & ~size_t{7};
+    uint64_t* masks = reinterpret_cast<uint64_t*>(base + m.off_tree);
+    for (int i = 0; i < s; ++i) {
+      const int begin = b.query_start_loc[i], q_len = b.query_start_loc[i + 1] - begin;
+      bool chain = true;
+      for (int j = 0; j < q_len; ++j) chain &= b.tree_parents[begin + j] == j - 1;
+      for (int j = 0; j < q_len; ++j) {
+        const int32_t parent = b.tree_parents[begin + j];
+        masks[begin + j] =
+            chain ? ~uint64_t{0}
+                  : (parent < 0 ? uint64_t{0} : masks[begin + parent]) | (uint64_t{1} << j);
+      }
+    }
+    bytes = m.off_tree + static_cast<size_t>(n) * sizeof(uint64_t);
+  }
   return kcu::CopyToDevice(m.meta.data(), base, bytes, m.stream.get());
 }
 
 absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logits, bool decode,
-                                       int max_seq_len, int max_query_len) {
+                                       int max_seq_len, int max_query_len, bool tree) {
   Impl& m = *impl_;
   const model::ModelConfig& c = config_;
   kcu::CudaStream st = m.stream.get();
@@ -636,6 +684,10 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
     p.out_token_stride = Q;
     p.workspace = m.attn_workspace.data();
     p.workspace_bytes = m.attn_workspace.size();
+    // Token trees: only the portable prefill kernel reads the masks
+    // (PrefillAttentionSm90Supports is false with them); a decode step has
+    // no branching chunk.
+    p.tree_ancestors = tree && !decode ? m.MetaPtr<uint64_t>(m.off_tree) : nullptr;
     RETURN_IF_ERROR(decode ? kcu::PagedAttentionDecode(p, st)
                     : options_.prefill_attention_backend == kernels::kCudaSm90aBackend &&
                             kcu::PrefillAttentionSm90Supports(p)
@@ -706,9 +758,13 @@ absl::Status CudaModelRunner::Execute(const ForwardBatch& batch, int64_t* num_lo
       m.attn_workspace = std::move(*ws);
     }
   }
+  bool tree = false;
   RETURN_IF_ERROR(Stage(batch, graph_ok ? bucket_seqs : n, graph_ok ? bucket_seqs : s,
-                        graph_ok ? ctx_bucket : max_seq_len));
-  if (!graph_ok) return RunModel(n, s, r, decode, max_seq_len, max_query_len);
+                        graph_ok ? ctx_bucket : max_seq_len, &tree));
+  // A branching chunk has at least two tokens, so a tree step is never a
+  // decode step and never reaches a graph.
+  if (tree && decode) return absl::InternalError("a branching chunk in a decode step");
+  if (!graph_ok) return RunModel(n, s, r, decode, max_seq_len, max_query_len, tree);
 
   *num_logits = s;  // padded rows follow; callers read the first s
   const std::pair<int, int> key{bucket_seqs, ctx_bucket};
@@ -815,6 +871,44 @@ absl::Status CudaModelRunner::ForwardTopOne(const ForwardBatch& batch, std::vect
         kcu::CopyToHost(values->data(), m.top_values.data(), r * sizeof(float), m.stream.get()));
   }
   return kcu::Synchronize(m.stream.get());
+}
+
+absl::Status CudaModelRunner::CopyKvSlots(absl::Span<const int64_t> from,
+                                          absl::Span<const int64_t> to) {
+  if (from.size() != to.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyKvSlots: ", from.size(), " sources but ", to.size(), " destinations"));
+  }
+  const int64_t num_slots = num_kv_blocks_ * options_.block_size;
+  for (size_t i = 0; i < from.size(); ++i) {
+    if (from[i] < 0 || from[i] >= num_slots || to[i] < 0 || to[i] >= num_slots) {
+      return absl::InvalidArgumentError(absl::StrCat("CopyKvSlots: slot pair ", i, " (", from[i],
+                                                     " -> ", to[i], ") outside the cache of ",
+                                                     num_slots, " slots"));
+    }
+  }
+  if (from.empty()) return absl::OkStatus();
+  Impl& m = *impl_;
+  RETURN_IF_ERROR(kcu::SetDevice(m.ordinal));
+  kcu::CudaStream st = m.stream.get();
+  const size_t pairs = from.size();
+  const size_t bytes = 2 * pairs * sizeof(int64_t);
+  if (bytes > m.kv_copy_pairs.size()) {
+    RETURN_IF_ERROR(kcu::Synchronize(st));  // an earlier copy may still read the old buffer
+    m.kv_copy_pairs = DeviceBuffer();
+    absl::StatusOr<DeviceBuffer> buf = Alloc(std::max<size_t>(bytes, 1024), "KV slot copy pairs");
+    if (!buf.ok()) return buf.status();
+    m.kv_copy_pairs = std::move(*buf);
+  }
+  // One staging copy: the sources, then the destinations.
+  m.host_kv_copy_pairs.assign(from.begin(), from.end());
+  m.host_kv_copy_pairs.insert(m.host_kv_copy_pairs.end(), to.begin(), to.end());
+  RETURN_IF_ERROR(kcu::CopyToDevice(m.kv_copy_pairs.data(), m.host_kv_copy_pairs.data(), bytes, st));
+  const int64_t* dev = m.kv_copy_pairs.as<int64_t>();
+  const int64_t row = m.kv_heads * config_.head_dim;
+  return kcu::CopyKvCacheSlots(m.k_cache.as<Bf16>(), m.v_cache.as<Bf16>(),
+                               config_.num_hidden_layers, num_slots * row, row, dev,
+                               dev + pairs, static_cast<int64_t>(pairs), st);
 }
 
 bool CudaModelRunner::SupportsDeviceSampling() const { return impl_->nccl == nullptr; }

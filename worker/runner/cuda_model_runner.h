@@ -8,14 +8,19 @@
 //   qkv = xb · W_qkv^T (+b)       cuBLASLt, one GEMM over fused q/k/v
 //   rope(q, k) with Qwen3's per-head q/k RMSNorm fused; cache[slots] = k, v
 //   attn = paged decode (split-K) when every sequence has one new token,
-//          else paged prefill (flash attention on tensor cores)
+//          else paged prefill (flash attention on tensor cores; a batch
+//          whose chunks branch as token trees takes the portable kernel
+//          with per-token ancestor masks)
 //   delta = attn · W_o^T; xb = FusedAddRmsNorm(delta, residual)
 //   delta = silu_mul(xb · W_gate_up^T) · W_down^T
 // then the final norm, the rows that want logits, and the LM head.
 //
 // Decode steps (every sequence one token) run as CUDA graphs captured per
 // (batch-size bucket, context-length bucket): inputs are copied into
-// fixed buffers, padded rows write no KV (slot -1) and are ignored.
+// fixed buffers, padded rows write no KV (slot -1) and are ignored. A
+// token-tree batch whose chunks are all single tokens is such a step (one
+// token attends to its context and itself either way); a branching chunk
+// has more than one token, so tree masks never enter a graph.
 //
 // With a shard (CudaRunnerOptions::shard) the runner is one tensor-parallel
 // rank (Megatron-style, as worker/parallel/README.md describes for CPU
@@ -107,8 +112,12 @@ class CudaModelRunner final : public ModelRunner {
   absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
 
   bool SupportsDeviceSampling() const override;
-  // Chains only: the engine verifies a token tree's first-child chain.
-  bool SupportsTreeAttention() const override { return false; }
+  // Token trees: Forward accepts ForwardBatch::tree_parents (a branching
+  // chunk has at most 64 tokens; its tokens attend through the portable
+  // prefill kernel's ancestor masks) and CopyKvSlots compacts the accepted
+  // path's K/V.
+  bool SupportsTreeAttention() const override { return true; }
+  absl::Status CopyKvSlots(absl::Span<const int64_t> from, absl::Span<const int64_t> to) override;
   absl::Status ForwardSample(const ForwardBatch& batch, absl::Span<const DeviceSamplingRow> rows,
                              std::vector<int32_t>* tokens) override;
 
@@ -148,10 +157,13 @@ class CudaModelRunner final : public ModelRunner {
   absl::Status ValidateBatch(const ForwardBatch& batch) const;
   // Runs the model on the batch staged in the device buffers; logits rows
   // land in the logits buffer.
+  // With `tree`, the prefill attention reads the staged ancestor masks.
   absl::Status RunModel(int64_t num_tokens, int num_seqs, int64_t num_logits, bool decode,
-                        int max_seq_len, int max_query_len);
+                        int max_seq_len, int max_query_len, bool tree = false);
+  // Stages the batch; *tree is set when a chunk branches (its ancestor
+  // masks are staged too).
   absl::Status Stage(const ForwardBatch& batch, int64_t padded_tokens, int padded_seqs,
-                     int context);
+                     int context, bool* tree);
   absl::Status Execute(const ForwardBatch& batch, int64_t* num_logits);
 
   model::ModelConfig config_;

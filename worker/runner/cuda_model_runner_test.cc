@@ -1,7 +1,9 @@
 // The CUDA forward pass on a real GPU (skipped without one): parity with
 // transformers on the trained model pair (models/fixtures), with the CPU
 // runner on mixed batches, CUDA graphs against eager execution, the
-// preflight, and bad input.
+// preflight, bad input, and token-tree verification (each node's logits
+// equal its root-to-node path run as a chain; CopyKvSlots then a decode
+// step equal the chain).
 //
 // Tolerances (bf16 weights AND bf16 activations on the GPU; the fixtures are
 // fp32 computations of the same bf16 weights):
@@ -15,13 +17,16 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/reference_ops.h"
+#include "kernels/cuda_backend.h"
 #include "kernels/cuda_devices.h"
 #include "kernels/registry.h"
 #include "nlohmann/json.hpp"
@@ -266,6 +271,169 @@ TEST(CudaModelRunnerTest, BadBatchesAreRejectedBeforeAnyKernelRuns) {
   ok.block_table_stride = 1;
   ok.AddSequence({1, 2, 3}, 0, {0}, 16, true);
   EXPECT_TRUE((*gpu)->Forward(ok, &logits).ok());
+}
+
+// The logits of the last token of `seq` prefilled from position 0 as a
+// plain chain (rewrites the slots it reads, so a runner can be reused).
+std::vector<float> ChainLastLogits(CudaModelRunner& runner, const std::vector<int32_t>& seq,
+                                   const std::vector<int32_t>& blocks) {
+  ForwardBatch b;
+  b.block_table_stride = static_cast<int64_t>(blocks.size());
+  b.AddSequence(seq, 0, blocks, runner.block_size(), true);
+  std::vector<float> logits;
+  const absl::Status s = runner.Forward(b, &logits);
+  EXPECT_TRUE(s.ok()) << s;
+  return logits;
+}
+
+// Expects `got` within the file's bf16 tolerance of `want` (one logits
+// row), with the same argmax unless want's top two are within the error.
+void ExpectCloseRow(const std::vector<float>& got, const std::vector<float>& want,
+                    const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const Err e = Compare(got, want);
+  EXPECT_LE(e.max, 0.04f * e.scale) << what << ": max abs error " << e.max;
+  EXPECT_LE(e.mean, 0.004f * e.scale) << what << ": mean abs error " << e.mean;
+  std::vector<float> sorted(want);
+  std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+  if (sorted[0] - sorted[1] > 2 * e.max) {
+    EXPECT_EQ(Argmax(got.data(), static_cast<int64_t>(got.size())),
+              Argmax(want.data(), static_cast<int64_t>(want.size())))
+        << what;
+  }
+}
+
+// Token trees (as the CPU runner's TreeForwardEqualsEachPathAsAChain): one
+// forward pass over a 9-node tree after a 39-token context, batched with a
+// plain 20-token prompt, gives every node the logits of its root-to-node
+// path prefilled as a chain; then CopyKvSlots moves one path's K/V to
+// consecutive slots (pairs that overlap: a later pair reads a slot an
+// earlier one wrote) and a decode step equals the chain. With both prefill
+// attention backends where the device has them (the wgmma one must hand
+// masked batches to the portable kernel).
+TEST(CudaModelRunnerTest, TreeForwardEqualsEachPathAsAChain) {
+  REQUIRE_GPU(device);
+  auto model = model::LoadModel(SourcePath("models/target"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const int64_t vocab = (*model)->config.vocab_size;
+  for (const std::string& backend :
+       {std::string("cuda"), std::string(kernels::kCudaSm90aBackend)}) {
+    SCOPED_TRACE(backend);
+    CudaRunnerOptions options;
+    options.num_kv_blocks = 64;
+    options.max_num_tokens = 256;
+    options.max_num_seqs = 4;
+    options.prefill_attention_backend = backend;
+    auto tree = CudaModelRunner::Create(model->get(), device, options);
+    if (!tree.ok() && backend != "cuda") {
+      std::cerr << "skipping " << backend << ": " << tree.status() << "\n";
+      continue;
+    }
+    ASSERT_TRUE(tree.ok()) << tree.status();
+    auto chain = CudaModelRunner::Create(model->get(), device, options);
+    ASSERT_TRUE(chain.ok()) << chain.status();
+    ASSERT_TRUE((*tree)->SupportsTreeAttention());
+    std::mt19937 rng(11);
+    std::vector<int32_t> prompt(40), other(20);
+    for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % vocab);
+    for (int32_t& t : other) t = static_cast<int32_t>(rng() % vocab);
+    const std::vector<int32_t> blocks = {3, 9, 4, 12}, other_blocks = {20, 21};
+    std::vector<float> logits;
+    ForwardBatch pre;  // the prompt but its last token, cached
+    pre.block_table_stride = 4;
+    pre.AddSequence(std::vector<int32_t>(prompt.begin(), prompt.end() - 1), 0, blocks, 16, false);
+    ASSERT_TRUE((*tree)->Forward(pre, &logits).ok());
+
+    // The last prompt token, then 8 draft nodes (node i hangs off chunk
+    // token 1 + parents[i]); a plain prompt in the same batch.
+    const std::vector<int32_t> nodes = {17, 42, 99, 5, 42, 7, 63, 8};
+    const std::vector<int32_t> parents = {-1, -1, 0, 0, 1, 2, 4, 6};
+    std::vector<int32_t> chunk = {prompt.back()};
+    chunk.insert(chunk.end(), nodes.begin(), nodes.end());
+    const int32_t start = static_cast<int32_t>(prompt.size()) - 1;
+    ForwardBatch b;
+    b.block_table_stride = 4;
+    b.AddSequence(chunk, start, blocks, 16, false);
+    b.tree_parents = {-1};
+    std::vector<int> depth = {0};
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      b.tree_parents.push_back(parents[i] + 1);
+      depth.push_back(depth[parents[i] + 1] + 1);
+    }
+    for (size_t j = 0; j < chunk.size(); ++j) {
+      b.positions[j] = start + depth[j];
+      b.logits_indices.push_back(static_cast<int32_t>(j));
+    }
+    b.AddSequence(other, 0, other_blocks, 16, true);
+    for (size_t j = 0; j < other.size(); ++j) b.tree_parents.push_back(static_cast<int32_t>(j) - 1);
+    ASSERT_TRUE((*tree)->Forward(b, &logits).ok());
+    ASSERT_EQ(logits.size(), (chunk.size() + 1) * vocab);
+    for (size_t j = 0; j < chunk.size(); ++j) {
+      std::vector<int32_t> path;
+      for (int32_t k = static_cast<int32_t>(j); k >= 0; k = b.tree_parents[k]) {
+        path.insert(path.begin(), chunk[k]);
+      }
+      std::vector<int32_t> seq(prompt.begin(), prompt.end() - 1);
+      seq.insert(seq.end(), path.begin(), path.end());
+      const std::vector<float> got(logits.begin() + j * vocab, logits.begin() + (j + 1) * vocab);
+      ExpectCloseRow(got, ChainLastLogits(**chain, seq, blocks), absl::StrCat("node ", j));
+    }
+    const std::vector<float> got_other(logits.end() - vocab, logits.end());
+    ExpectCloseRow(got_other, ChainLastLogits(**chain, other, other_blocks), "plain prompt");
+
+    // Keep the path 42 (chunk 2), 42 (chunk 5), 63 (chunk 7): move their
+    // K/V to chunk indices 1, 2, 3 (logical indices start + 1 ...).
+    auto slot = [&](int index) { return int64_t{blocks[index / 16]} * 16 + index % 16; };
+    ASSERT_TRUE((*tree)
+                    ->CopyKvSlots({slot(start + 2), slot(start + 5), slot(start + 7)},
+                                  {slot(start + 1), slot(start + 2), slot(start + 3)})
+                    .ok());
+    ForwardBatch next;
+    next.block_table_stride = 4;
+    next.AddSequence({77}, start + 4, blocks, 16, true);
+    ASSERT_TRUE((*tree)->Forward(next, &logits).ok());
+    std::vector<int32_t> seq = prompt;
+    seq.insert(seq.end(), {42, 42, 63, 77});
+    ExpectCloseRow(logits, ChainLastLogits(**chain, seq, blocks), "decode after CopyKvSlots");
+  }
+}
+
+// Trees the CUDA runner cannot mask, and bad slot copies, are refused.
+TEST(CudaModelRunnerTest, OversizedTreesAndBadSlotCopiesAreRejected) {
+  REQUIRE_GPU(device);
+  auto model = model::LoadModel(SourcePath("models/draft"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  CudaRunnerOptions options;
+  options.num_kv_blocks = 16;
+  options.max_num_tokens = 256;
+  options.max_num_seqs = 4;
+  auto gpu = CudaModelRunner::Create(model->get(), device, options);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  std::vector<float> logits;
+  const std::vector<int32_t> blocks = {0, 1, 2, 3, 4, 5, 6, 7};
+  // 65 nodes on the context (a star): more than one 64-bit mask covers.
+  ForwardBatch star;
+  star.block_table_stride = 8;
+  star.AddSequence(std::vector<int32_t>(65, 3), 0, blocks, 16, true);
+  star.tree_parents.assign(65, -1);
+  star.positions.assign(65, 0);
+  absl::Status s = (*gpu)->Forward(star, &logits);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("at most 64"), std::string::npos) << s;
+  // A 100-token chain given as tree_parents is plain causal: accepted.
+  ForwardBatch chain;
+  chain.block_table_stride = 8;
+  chain.AddSequence(std::vector<int32_t>(100, 3), 0, blocks, 16, true);
+  for (int j = 0; j < 100; ++j) chain.tree_parents.push_back(j - 1);
+  EXPECT_TRUE((*gpu)->Forward(chain, &logits).ok());
+  // Slot copies: lengths must match, slots must be inside the cache.
+  const int64_t slots = 16 * 16;
+  EXPECT_EQ((*gpu)->CopyKvSlots({1, 2}, {3}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*gpu)->CopyKvSlots({slots}, {0}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*gpu)->CopyKvSlots({0}, {-1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*gpu)->CopyKvSlots({}, {}).ok());
+  EXPECT_TRUE((*gpu)->CopyKvSlots({5, 6}, {slots - 1, 5}).ok());
+  EXPECT_TRUE((*gpu)->Forward(chain, &logits).ok());  // still healthy
 }
 
 // The engine samples on the GPU when it can; the tokens are those host
