@@ -2,7 +2,8 @@
 // NCCL, and over the peer-to-peer all-reduce where the GPUs have peer
 // access, reproduces TP=1's logits within the bf16 tolerance and transformers'
 // greedy continuations of the trained model pair, eager and with CUDA
-// graphs; and a rank per GPU is enforced.
+// graphs; token trees (a tree step, CopyKvSlots, a decode step) match TP=1;
+// and a rank per GPU is enforced.
 //
 // Tolerance: as worker/runner/cuda_model_runner_test.cc — logits max error
 // <= 0.04 x max(1, max |reference|) against TP=1; greedy tokens compared up
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <numeric>
 #include <sstream>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -98,6 +100,69 @@ TEST(CudaTensorParallelTest, TwoRanksMatchOneRankAndTransformers) {
       EXPECT_GE(compared, 3u);
     }
   }
+}
+
+// Token trees on two ranks: a tree batch, CopyKvSlots of one path and a
+// decode step give TP=1's logits within the tolerance (each rank masks its
+// own heads and copies its own cache slots).
+TEST(CudaTensorParallelTest, TwoRanksVerifyTreesLikeOneRank) {
+  kernels::DetectedCudaDevices found = kernels::DetectCudaDevices();
+  if (found.devices.size() < 2) GTEST_SKIP() << "needs two CUDA devices; " << found.devices.size();
+  auto model = model::LoadModel(SourcePath("models/target"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto one = CudaTensorParallelRunner::Create(model->get(), (*model)->config, {found.devices[0]},
+                                              Options(true));
+  ASSERT_TRUE(one.ok()) << one.status();
+  auto two = CudaTensorParallelRunner::Create(model->get(), (*model)->config,
+                                              {found.devices[0], found.devices[1]}, Options(true));
+  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_TRUE((*two)->SupportsTreeAttention());
+  const std::vector<int32_t> blocks = {5, 2, 7, 1};
+  auto expect_close = [](const std::vector<float>& a, const std::vector<float>& b,
+                         const std::string& what) {
+    ASSERT_EQ(a.size(), b.size()) << what;
+    float scale = 1, err = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      scale = std::max(scale, std::abs(a[i]));
+      err = std::max(err, std::abs(a[i] - b[i]));
+    }
+    EXPECT_LE(err, 0.04f * scale) << what << ": TP=2 vs TP=1 max abs error " << err;
+  };
+  std::vector<int32_t> prompt(30);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(7 + 13 * i) % 4000;
+  runner::ForwardBatch pre;
+  pre.block_table_stride = 4;
+  pre.AddSequence(prompt, 0, blocks, 16, false);
+  // Chunk: a root token and 6 nodes; parents give depths 0 1 1 2 2 3 3.
+  const std::vector<int32_t> chunk = {11, 42, 99, 5, 42, 7, 63};
+  const std::vector<int32_t> parents = {-1, 0, 0, 1, 2, 4, 3};
+  const std::vector<int32_t> depth = {0, 1, 1, 2, 2, 3, 3};
+  runner::ForwardBatch tree;
+  tree.block_table_stride = 4;
+  tree.AddSequence(chunk, 30, blocks, 16, false);
+  tree.tree_parents = parents;
+  for (size_t j = 0; j < chunk.size(); ++j) {
+    tree.positions[j] = 30 + depth[j];
+    tree.logits_indices.push_back(static_cast<int32_t>(j));
+  }
+  // Keep the path 0 -> 2 -> 4 -> 5: chunk 2 to index 31, 4 to 32, 5 to 33.
+  auto slot = [&](int index) { return int64_t{blocks[index / 16]} * 16 + index % 16; };
+  runner::ForwardBatch next;
+  next.block_table_stride = 4;
+  next.AddSequence({77}, 34, blocks, 16, true);
+  std::vector<float> a, b;
+  for (auto* r : {&*one, &*two}) ASSERT_TRUE((*r)->Forward(pre, &a).ok());
+  ASSERT_TRUE((*one)->Forward(tree, &a).ok());
+  ASSERT_TRUE((*two)->Forward(tree, &b).ok());
+  expect_close(a, b, "tree logits");
+  for (auto* r : {&*one, &*two}) {
+    ASSERT_TRUE((*r)->CopyKvSlots({slot(32), slot(34), slot(35)}, {slot(31), slot(32), slot(33)})
+                    .ok());
+  }
+  EXPECT_EQ((*two)->CopyKvSlots({slot(32)}, {64 * 16}).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*one)->Forward(next, &a).ok());
+  ASSERT_TRUE((*two)->Forward(next, &b).ok());
+  expect_close(a, b, "decode after CopyKvSlots");
 }
 
 TEST(CudaTensorParallelTest, UnknownAllReduceBackendIsAnError) {
