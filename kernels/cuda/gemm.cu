@@ -321,6 +321,22 @@ void GemmContext::SetGemvMaxWeightElems(int64_t elems) {
   impl_->gemv_max_weight_elems = elems;
 }
 
+bool GemmContext::GemvTakes(int64_t m, int64_t k) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->use_gemv && m >= 1 && m <= kGemvMaxRows && k > 0 && k % 8 == 0;
+}
+
+absl::Status GemmContext::QkvRope(const Bf16* x, int64_t m, int64_t k, const Bf16* w_qkv,
+                                  const float* bias, Bf16* qkv, const GemvQkvRope& rope,
+                                  CudaStream stream) {
+  if (!GemvTakes(m, k)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("QkvRope: the GEMV path is off or does not take m=", m, " k=", k));
+  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return GemvQkvRopeBf16(x, m, k, w_qkv, bias, qkv, rope, impl_->gemv, stream);
+}
+
 absl::Status GemmContext::Gemm(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
                                const float* bias, Bf16* y, CudaStream stream) {
   return impl_->Run(x, m, k, w, n, bias, y, /*f32_out=*/false, stream);

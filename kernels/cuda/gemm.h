@@ -59,6 +59,13 @@ class GemmContext {
   // The largest weight (n * k elements) Gemm() sends to the GEMV; default
   // kGemvDefaultMaxWeightElems. Benchmarks move it to compare the paths.
   void SetGemvMaxWeightElems(int64_t elems);
+  // Whether Gemm() would send m rows with k inputs to the GEMV (SetUseGemv,
+  // m <= 8, k % 8 == 0; the weight size is not checked).
+  bool GemvTakes(int64_t m, int64_t k) const;
+  // gemv.h GemvQkvRopeBf16 on the context's workspace; FAILED_PRECONDITION
+  // when !GemvTakes(m, k).
+  absl::Status QkvRope(const Bf16* x, int64_t m, int64_t k, const Bf16* w_qkv, const float* bias,
+                       Bf16* qkv, const GemvQkvRope& rope, CudaStream stream);
   struct Impl;
 
  private:

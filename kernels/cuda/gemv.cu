@@ -40,6 +40,8 @@ constexpr int kStepK = 32;
 constexpr int kUnroll = 4;
 constexpr int kStepsPerIter = kWarps * kUnroll;
 
+__device__ __forceinline__ float RoundBf16(float v) { return Bf16BitsToFloat(FloatToBf16Bits(v)); }
+
 // Predicated 16-byte loads (zeros when !pred). Volatile so that ptxas
 // keeps every load of an iteration ahead of its MMAs. W is read exactly
 // once: bypass L1 and ask L2 for 256-byte fetches; x is shared by all CTAs
@@ -87,20 +89,26 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-template <bool kF32Out>
-__device__ __forceinline__ void StoreOut(void* y, int64_t i, float v) {
-  if constexpr (kF32Out) {
-    static_cast<float*>(y)[i] = v;
-  } else {
-    static_cast<uint16_t*>(y)[i] = FloatToBf16Bits(v);
-  }
-}
+// What the kernel does with a tile's sums.
+enum class Out { kBf16, kF32, kQkvRope };
 
-template <bool kF32Out>
+// kQkvRope: RoPE and the KV-cache write on the tile (see GemvQkvRope).
+struct RopeArgs {
+  int head_dim, q_rows, k_rows;
+  const int32_t* positions;
+  const float* inv_freq;
+  const int64_t* slots;
+  int64_t num_slots;
+  uint16_t* k_cache;
+  uint16_t* v_cache;
+};
+
+template <Out kOut>
 __global__ void __launch_bounds__(kThreads)
     GemvKernel(const uint16_t* __restrict__ x, int m, int k, const uint16_t* __restrict__ w, int n,
                const float* __restrict__ bias, void* __restrict__ y, int steps_per_split,
-               int splits, float* __restrict__ partials, uint32_t* __restrict__ counters) {
+               int splits, float* __restrict__ partials, uint32_t* __restrict__ counters,
+               const RopeArgs rope) {
   __shared__ float red[kWarps][kTileRows][8];
   __shared__ uint32_t is_last;
   const int lane = threadIdx.x & 31;
@@ -171,27 +179,68 @@ __global__ void __launch_bounds__(kThreads)
   const int out_n = n0 + row;
   const bool valid = col < m && out_n < n;
   const int64_t out_i = static_cast<int64_t>(col) * n + out_n;
-  if (splits == 1) {
-    if (valid) StoreOut<kF32Out>(y, out_i, bias != nullptr ? v + bias[out_n] : v);
-    return;
+  if (splits > 1) {
+    if (valid) partials[static_cast<int64_t>(split) * m * n + out_i] = v;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const uint32_t prev = atomicAdd(&counters[tile], 1u);
+      is_last = prev == static_cast<uint32_t>(splits - 1) ? 1u : 0u;
+    }
+    __syncthreads();
+    if (is_last == 0) return;  // uniform over the CTA
+    __threadfence();
+    if (valid) {
+      v = __ldcg(&partials[out_i]);
+      for (int s = 1; s < splits; ++s)
+        v += __ldcg(&partials[static_cast<int64_t>(s) * m * n + out_i]);
+    }
+    if (threadIdx.x == 0) counters[tile] = 0;
   }
-  if (valid) partials[static_cast<int64_t>(split) * m * n + out_i] = v;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint32_t prev = atomicAdd(&counters[tile], 1u);
-    is_last = prev == static_cast<uint32_t>(splits - 1) ? 1u : 0u;
+  if (valid && bias != nullptr) v += bias[out_n];
+
+  if constexpr (kOut == Out::kF32) {
+    if (valid) static_cast<float*>(y)[out_i] = v;
+  } else if constexpr (kOut == Out::kBf16) {
+    if (valid) static_cast<uint16_t*>(y)[out_i] = FloatToBf16Bits(v);
+  } else {
+    // The q/k rows of a head are in RoPE order (GemvRopeRow): a tile holds
+    // features i .. i + 7 and their partners i + half .. i + half + 7, so
+    // the rotation pairs meet here. Both values are rounded to bf16 first,
+    // as the unfused GEMV stores them, then rotated as RopeKernel does.
+    __shared__ float fin[kTileRows][8];
+    fin[row][col] = v;
+    __syncthreads();
+    if (col >= m) return;
+    uint16_t* out = static_cast<uint16_t*>(y) + static_cast<int64_t>(col) * n;
+    const int64_t slot = rope.slots != nullptr ? rope.slots[col] : -1;
+    const bool store = slot >= 0 && slot < rope.num_slots;
+    const int64_t kv_row = slot * rope.k_rows;
+    const int rotated = rope.q_rows + rope.k_rows;
+    if (n0 < rotated) {
+      if (row >= 8) return;
+      const int head_base = n0 / rope.head_dim * rope.head_dim;
+      const int half = rope.head_dim / 2;
+      const int i = (n0 - head_base) / 2 + row;
+      const float a = RoundBf16(fin[row][col]);
+      const float b2 = RoundBf16(fin[row + 8][col]);
+      float sn, cs;
+      sincosf(static_cast<float>(rope.positions[col]) * rope.inv_freq[i], &sn, &cs);
+      const uint16_t lo = FloatToBf16Bits(a * cs - b2 * sn);
+      const uint16_t hi = FloatToBf16Bits(b2 * cs + a * sn);
+      out[head_base + i] = lo;
+      out[head_base + i + half] = hi;
+      if (head_base >= rope.q_rows && store) {
+        uint16_t* d = rope.k_cache + kv_row + (head_base - rope.q_rows);
+        d[i] = lo;
+        d[i + half] = hi;
+      }
+    } else if (out_n < n) {
+      const uint16_t val = FloatToBf16Bits(fin[row][col]);
+      out[out_n] = val;
+      if (store) rope.v_cache[kv_row + (out_n - rotated)] = val;
+    }
   }
-  __syncthreads();
-  if (is_last == 0) return;
-  __threadfence();
-  if (valid) {
-    float sum = __ldcg(&partials[out_i]);
-    for (int s = 1; s < splits; ++s)
-      sum += __ldcg(&partials[static_cast<int64_t>(s) * m * n + out_i]);
-    StoreOut<kF32Out>(y, out_i, bias != nullptr ? sum + bias[out_n] : sum);
-  }
-  if (threadIdx.x == 0) counters[tile] = 0;
 }
 
 struct SplitPlan {
@@ -239,8 +288,8 @@ SplitPlan PlanSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, i
 }
 
 absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
-                    const float* bias, void* y, bool f32_out, const GemvWorkspace& ws,
-                    CudaStream stream, int force_splits) {
+                    const float* bias, void* y, Out out, const RopeArgs& rope,
+                    const GemvWorkspace& ws, CudaStream stream, int force_splits) {
   if (!GemvApplicable(x, m, k, w)) {
     return absl::InvalidArgumentError(
         absl::StrCat("GemvBf16: needs 1 <= m <= ", kGemvMaxRows,
@@ -254,12 +303,23 @@ absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t 
   const dim3 grid(static_cast<unsigned>((n + kTileRows - 1) / kTileRows),
                   static_cast<unsigned>(plan.splits));
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
-  if (f32_out) {
-    GemvKernel<true><<<grid, kThreads, 0, AsCuda(stream)>>>(
-        x, mi, ki, w, ni, bias, y, plan.steps_per_split, plan.splits, ws.partials, ws.counters);
-  } else {
-    GemvKernel<false><<<grid, kThreads, 0, AsCuda(stream)>>>(
-        x, mi, ki, w, ni, bias, y, plan.steps_per_split, plan.splits, ws.partials, ws.counters);
+  const cudaStream_t s = AsCuda(stream);
+  switch (out) {
+    case Out::kF32:
+      GemvKernel<Out::kF32><<<grid, kThreads, 0, s>>>(x, mi, ki, w, ni, bias, y,
+                                                      plan.steps_per_split, plan.splits,
+                                                      ws.partials, ws.counters, rope);
+      break;
+    case Out::kBf16:
+      GemvKernel<Out::kBf16><<<grid, kThreads, 0, s>>>(x, mi, ki, w, ni, bias, y,
+                                                       plan.steps_per_split, plan.splits,
+                                                       ws.partials, ws.counters, rope);
+      break;
+    case Out::kQkvRope:
+      GemvKernel<Out::kQkvRope><<<grid, kThreads, 0, s>>>(x, mi, ki, w, ni, bias, y,
+                                                          plan.steps_per_split, plan.splits,
+                                                          ws.partials, ws.counters, rope);
+      break;
   }
   return CheckLastLaunch("GemvBf16");
 }
@@ -268,7 +328,7 @@ absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t 
 
 absl::Status GemvResidentCtasPerSm(int* ctas) {
   TESSERA_CUDA_RETURN_IF_ERROR(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, GemvKernel<false>, kThreads, 0));
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, GemvKernel<Out::kBf16>, kThreads, 0));
   return absl::OkStatus();
 }
 
@@ -285,13 +345,46 @@ int GemvSplits(int64_t m, int64_t n, int64_t k, const GemvWorkspace& ws, int for
 absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
                       const float* bias, Bf16* y, const GemvWorkspace& ws, CudaStream stream,
                       int force_splits) {
-  return Launch(x, m, k, w, n, bias, y, /*f32_out=*/false, ws, stream, force_splits);
+  return Launch(x, m, k, w, n, bias, y, Out::kBf16, RopeArgs{}, ws, stream, force_splits);
 }
 
 absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
                       const float* bias, float* y, const GemvWorkspace& ws, CudaStream stream,
                       int force_splits) {
-  return Launch(x, m, k, w, n, bias, y, /*f32_out=*/true, ws, stream, force_splits);
+  return Launch(x, m, k, w, n, bias, y, Out::kF32, RopeArgs{}, ws, stream, force_splits);
+}
+
+int64_t GemvRopeRow(int64_t f, int64_t head_dim) {
+  const int64_t half = head_dim / 2;
+  return f < half ? (f / 8) * 16 + f % 8 : ((f - half) / 8) * 16 + 8 + (f - half) % 8;
+}
+
+absl::Status GemvQkvRopeBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w_qkv,
+                             const float* bias, Bf16* qkv, const GemvQkvRope& rope,
+                             const GemvWorkspace& ws, CudaStream stream, int force_splits) {
+  const int64_t d = rope.head_dim;
+  if (d <= 0 || d % 16 != 0 || rope.q_rows <= 0 || rope.k_rows <= 0 || rope.q_rows % d != 0 ||
+      rope.k_rows % d != 0 || rope.q_rows + 2 * rope.k_rows > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GemvQkvRopeBf16: needs head_dim % 16 == 0 and whole heads (head_dim=", d,
+                     " q_rows=", rope.q_rows, " k_rows=", rope.k_rows, ")"));
+  }
+  if (rope.positions == nullptr || rope.inv_freq == nullptr ||
+      (rope.slots != nullptr && (rope.k_cache == nullptr || rope.v_cache == nullptr))) {
+    return absl::InvalidArgumentError(
+        "GemvQkvRopeBf16: null positions or inv_freq, or slots without both caches");
+  }
+  RopeArgs a{static_cast<int>(d),
+             static_cast<int>(rope.q_rows),
+             static_cast<int>(rope.k_rows),
+             rope.positions,
+             rope.inv_freq,
+             rope.slots,
+             rope.slots != nullptr ? rope.num_slots : 0,
+             reinterpret_cast<uint16_t*>(rope.k_cache),
+             reinterpret_cast<uint16_t*>(rope.v_cache)};
+  return Launch(x, m, k, w_qkv, rope.q_rows + 2 * rope.k_rows, bias, qkv, Out::kQkvRope, a, ws,
+                stream, force_splits);
 }
 
 }  // namespace tessera::kernels::cuda

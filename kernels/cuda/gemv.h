@@ -69,4 +69,37 @@ absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_
                       const float* bias, float* y, const GemvWorkspace& ws, CudaStream stream,
                       int force_splits = 0);
 
+// The fused q/k/v projection of a decode step with RoPE and the KV-cache
+// write in the GEMV's epilogue (what the Rope kernel with a RopeKvWrite does
+// after a plain GEMV, kernels/cuda/rope.h), for models without q/k norms.
+// w_qkv and bias hold the q heads, the k heads, then the v heads, with the
+// rows of every q and k head in RoPE order: the head's feature f at row
+// GemvRopeRow(f, head_dim), so that a 16-row tile holds 8 features and
+// their rotation partners (f + head_dim / 2). qkv is written in the normal
+// order ([m, q_rows + 2 k_rows], q and k rotated), and when slots is set,
+// row r's k (rotated) and v go to the caches at slot slots[r] (a slot < 0
+// or >= num_slots is skipped). Rounding as the unfused pair: the projection
+// rounded to bf16, then rotated in fp32 and rounded again.
+struct GemvQkvRope {
+  int head_dim = 0;                    // a multiple of 16
+  int64_t q_rows = 0;                  // num_heads * head_dim
+  int64_t k_rows = 0;                  // num_kv_heads * head_dim (also the v rows)
+  const int32_t* positions = nullptr;  // device [m]
+  const float* inv_freq = nullptr;     // device [head_dim / 2]
+  const int64_t* slots = nullptr;      // device [m], or null: no cache write
+  int64_t num_slots = 0;
+  Bf16* k_cache = nullptr;  // [num_slots, k_rows]
+  Bf16* v_cache = nullptr;
+};
+
+// Where a q or k head's feature f sits in the RoPE row order (0 <= f <
+// head_dim): features f and f + head_dim / 2 share a 16-row tile.
+int64_t GemvRopeRow(int64_t f, int64_t head_dim);
+
+// INVALID_ARGUMENT also when head_dim is not a multiple of 16, the heads do
+// not fill q_rows / k_rows, or positions / inv_freq / a cache is missing.
+absl::Status GemvQkvRopeBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w_qkv,
+                             const float* bias, Bf16* qkv, const GemvQkvRope& rope,
+                             const GemvWorkspace& ws, CudaStream stream, int force_splits = 0);
+
 }  // namespace tessera::kernels::cuda

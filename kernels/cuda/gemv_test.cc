@@ -20,6 +20,7 @@
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/rope.h"
 
 namespace tessera::kernels::cuda {
 namespace {
@@ -246,6 +247,137 @@ TEST(CudaGemvTest, RepeatableAndGraphReplayGivesTheSameBytes) {
   ASSERT_TRUE(RunContext(p, **ctx, s).ok());
   ASSERT_TRUE(Synchronize(s).ok());
   CheckAgainstReference(p);
+}
+
+// The qkv GEMV with RoPE and the KV-cache write in its epilogue, on
+// RoPE-ordered weights, against the plain GEMV on the normal weights
+// followed by the Rope kernel (with its KV write); and the Rope kernel on
+// RoPE-ordered input (what steps of more than 8 tokens do after cuBLASLt)
+// against the same. head_dim 16, 64 and 128, GQA, a bias, m in {1, 3, 8},
+// unsplit and split, one row without a slot (no cache write). The
+// projections are the same sums, so the outputs must agree to the bit in
+// at least 99% of the values and within one bf16 step everywhere.
+TEST(CudaGemvTest, QkvRopeEpilogueEqualsGemvThenRope) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  TestWorkspace tw;
+  struct Shape {
+    int d, heads, kv_heads;
+  };
+  for (const Shape sh : {Shape{16, 4, 2}, Shape{64, 8, 2}, Shape{128, 8, 4}}) {
+    const int64_t d = sh.d, q_rows = sh.heads * d, k_rows = sh.kv_heads * d;
+    const int64_t n = q_rows + 2 * k_rows, hidden = 256, num_slots = 32;
+    const std::vector<Bf16> w = FastRandomBf16(n * hidden, 21 + d);
+    const std::vector<float> bias = RandomFloats(n, 22, -0.5f, 0.5f);
+    // RoPE-ordered copies of the weights and the bias.
+    std::vector<Bf16> w_ord(w.size());
+    std::vector<float> bias_ord(n);
+    for (int64_t r = 0; r < n; ++r) {
+      int64_t dst = r;
+      if (r < q_rows + k_rows) dst = r / d * d + GemvRopeRow(r % d, d);
+      std::copy_n(w.begin() + r * hidden, hidden, w_ord.begin() + dst * hidden);
+      bias_ord[dst] = bias[r];
+    }
+    std::vector<float> inv_freq(d / 2);
+    for (int64_t i = 0; i < d / 2; ++i) inv_freq[i] = std::pow(10000.f, -2.f * i / d);
+    DeviceBuffer d_w = Upload(w), d_w_ord = Upload(w_ord), d_b = Upload(bias),
+                 d_b_ord = Upload(bias_ord), d_freq = Upload(inv_freq);
+    for (const int64_t m : {1, 3, 8}) {
+      for (const int splits : {0, 2}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "head_dim " << d << " m " << m << " forced splits " << splits);
+        DeviceBuffer x = Upload(FastRandomBf16(m * hidden, 30 + m));
+        std::vector<int32_t> pos(m);
+        std::vector<int64_t> slot(m);
+        for (int64_t r = 0; r < m; ++r) {
+          pos[r] = static_cast<int32_t>(100 + 37 * r);
+          slot[r] = r == 1 ? -1 : 3 * r + 1;  // row 1 writes no K/V
+        }
+        DeviceBuffer d_pos = Upload(pos), d_slot = Upload(slot);
+        const size_t cache_bytes = num_slots * k_rows * 2;
+        // Reference: GEMV on the normal rows, then Rope with the KV write.
+        DeviceBuffer ref_qkv = Zeros(m * n * 2), ref_k = Zeros(cache_bytes),
+                     ref_v = Zeros(cache_bytes);
+        ASSERT_TRUE(GemvBf16(x.as<Bf16>(), m, hidden, d_w.as<Bf16>(), n, d_b.as<float>(),
+                             ref_qkv.as<Bf16>(), tw.ws, nullptr, splits)
+                        .ok());
+        RopeKvWrite kv;
+        kv.v = ref_qkv.as<Bf16>() + q_rows + k_rows;
+        kv.v_token_stride = n;
+        kv.slots = d_slot.as<int64_t>();
+        kv.k_cache = ref_k.as<Bf16>();
+        kv.v_cache = ref_v.as<Bf16>();
+        kv.num_slots = num_slots;
+        ASSERT_TRUE(Rope(ref_qkv.as<Bf16>(), n, sh.heads, ref_qkv.as<Bf16>() + q_rows, n,
+                         sh.kv_heads, sh.d, d_pos.as<int32_t>(), m, d_freq.as<float>(), nullptr,
+                         nullptr, 0.f, nullptr, &kv)
+                        .ok());
+        // Fused: the epilogue rotates and writes the caches.
+        DeviceBuffer got_qkv = Zeros(m * n * 2), got_k = Zeros(cache_bytes),
+                     got_v = Zeros(cache_bytes);
+        GemvQkvRope rope;
+        rope.head_dim = sh.d;
+        rope.q_rows = q_rows;
+        rope.k_rows = k_rows;
+        rope.positions = d_pos.as<int32_t>();
+        rope.inv_freq = d_freq.as<float>();
+        rope.slots = d_slot.as<int64_t>();
+        rope.num_slots = num_slots;
+        rope.k_cache = got_k.as<Bf16>();
+        rope.v_cache = got_v.as<Bf16>();
+        ASSERT_TRUE(GemvQkvRopeBf16(x.as<Bf16>(), m, hidden, d_w_ord.as<Bf16>(),
+                                    d_b_ord.as<float>(), got_qkv.as<Bf16>(), rope, tw.ws, nullptr,
+                                    splits)
+                        .ok());
+        // RoPE-ordered input to the Rope kernel (the path of longer steps).
+        DeviceBuffer ord_qkv = Zeros(m * n * 2), ord_k = Zeros(cache_bytes),
+                     ord_v = Zeros(cache_bytes);
+        ASSERT_TRUE(GemvBf16(x.as<Bf16>(), m, hidden, d_w_ord.as<Bf16>(), n, d_b_ord.as<float>(),
+                             ord_qkv.as<Bf16>(), tw.ws, nullptr, splits)
+                        .ok());
+        kv.v = ord_qkv.as<Bf16>() + q_rows + k_rows;
+        kv.k_cache = ord_k.as<Bf16>();
+        kv.v_cache = ord_v.as<Bf16>();
+        ASSERT_TRUE(Rope(ord_qkv.as<Bf16>(), n, sh.heads, ord_qkv.as<Bf16>() + q_rows, n,
+                         sh.kv_heads, sh.d, d_pos.as<int32_t>(), m, d_freq.as<float>(), nullptr,
+                         nullptr, 0.f, nullptr, &kv, /*rope_order=*/true)
+                        .ok());
+        ASSERT_TRUE(Synchronize(nullptr).ok());
+        EXPECT_TRUE(tw.CountersZero());
+        auto same = [](const DeviceBuffer& a, const DeviceBuffer& b, int64_t count,
+                       const char* what) {
+          const std::vector<float> x = FromBf16(Download<Bf16>(a, count));
+          const std::vector<float> y = FromBf16(Download<Bf16>(b, count));
+          int64_t exact = 0, off = 0;
+          for (int64_t i = 0; i < count; ++i) {
+            exact += x[i] == y[i];
+            if (std::fabs(x[i] - y[i]) > 2 * kBf16Eps * std::fabs(y[i]) + 1e-6 && ++off <= 3) {
+              ADD_FAILURE() << what << " element " << i << ": " << x[i] << " vs " << y[i];
+            }
+          }
+          EXPECT_EQ(off, 0) << what;
+          EXPECT_GE(exact, count * 99 / 100) << what << ": bitwise equal values";
+        };
+        same(got_qkv, ref_qkv, m * n, "fused qkv");
+        same(got_k, ref_k, num_slots * k_rows, "fused k cache");
+        same(got_v, ref_v, num_slots * k_rows, "fused v cache");
+        same(ord_qkv, ref_qkv, m * n, "rope-ordered qkv");
+        same(ord_k, ref_k, num_slots * k_rows, "rope-ordered k cache");
+        // The row without a slot wrote nothing: its slot 4 stays zero.
+        const std::vector<float> k_cache = FromBf16(Download<Bf16>(got_k, num_slots * k_rows));
+        for (int64_t j = 0; j < k_rows; ++j) ASSERT_EQ(k_cache[4 * k_rows + j], 0.f);
+      }
+    }
+  }
+  GemvQkvRope bad;
+  bad.head_dim = 24;  // not a multiple of 16
+  bad.q_rows = 48;
+  bad.k_rows = 24;
+  DeviceBuffer x = Upload(FastRandomBf16(64, 1)), w = Upload(FastRandomBf16(96 * 64, 2));
+  DeviceBuffer y = Zeros(96 * 2);
+  EXPECT_EQ(
+      GemvQkvRopeBf16(x.as<Bf16>(), 1, 64, w.as<Bf16>(), nullptr, y.as<Bf16>(), bad, tw.ws, nullptr)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaGemvTest, RefusesWhatItCannotTakeAndContextFallsBack) {

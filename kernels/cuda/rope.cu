@@ -20,7 +20,8 @@ __global__ void RopeKernel(uint16_t* __restrict__ q, int64_t q_stride, int num_h
                            uint16_t* __restrict__ k, int64_t k_stride, int num_kv_heads,
                            int head_dim, const int32_t* __restrict__ positions,
                            const float* __restrict__ inv_freq, const float* __restrict__ q_norm,
-                           const float* __restrict__ k_norm, float eps, RopeKvWrite kv) {
+                           const float* __restrict__ k_norm, float eps, RopeKvWrite kv,
+                           bool rope_order) {
   const int64_t t = blockIdx.x;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -57,11 +58,16 @@ __global__ void RopeKernel(uint16_t* __restrict__ q, int64_t q_stride, int num_h
       x1[j] = 0.f;
       x2[j] = 0.f;
       if (i < half) {
-        x1[j] = Bf16BitsToFloat(head[i]);
-        x2[j] = Bf16BitsToFloat(head[i + half]);
+        // In RoPE row order, feature i sits in 16-row group i / 8 at i % 8
+        // and its partner i + half 8 rows after it (gemv.h GemvRopeRow).
+        const int i1 = rope_order ? (i / 8) * 16 + i % 8 : i;
+        const int i2 = rope_order ? i1 + 8 : i + half;
+        x1[j] = Bf16BitsToFloat(head[i1]);
+        x2[j] = Bf16BitsToFloat(head[i2]);
         ss += x1[j] * x1[j] + x2[j] * x2[j];
       }
     }
+    __syncwarp();  // every lane's reads of the head before any lane writes it
     float inv = 1.f;
     if (norm != nullptr) {
       ss = WarpSum(ss);
@@ -97,7 +103,7 @@ __global__ void RopeKernel(uint16_t* __restrict__ q, int64_t q_stride, int num_h
 absl::Status Rope(Bf16* q, int64_t q_token_stride, int num_heads, Bf16* k, int64_t k_token_stride,
                   int num_kv_heads, int head_dim, const int32_t* positions, int64_t tokens,
                   const float* inv_freq, const float* q_norm, const float* k_norm, float norm_eps,
-                  CudaStream stream, const RopeKvWrite* kv) {
+                  CudaStream stream, const RopeKvWrite* kv, bool rope_order) {
   if (head_dim < 2 || head_dim % 2 != 0 || head_dim > kMaxHeadDim) {
     return absl::InvalidArgumentError(
         absl::StrCat("Rope: head_dim must be even and in [2, 512], got ", head_dim));
@@ -114,6 +120,10 @@ absl::Status Rope(Bf16* q, int64_t q_token_stride, int num_heads, Bf16* k, int64
     return absl::InvalidArgumentError("Rope: null positions or inv_freq");
   }
   if (tokens > 2147483647) return absl::InvalidArgumentError("Rope: too many tokens");
+  if (rope_order && (head_dim % 16 != 0 || q_norm != nullptr || k_norm != nullptr)) {
+    return absl::InvalidArgumentError(
+        "Rope: RoPE-ordered input needs head_dim % 16 == 0 and no q/k norms");
+  }
   RopeKvWrite store;
   if (kv != nullptr && kv->num_slots > 0) {
     if (k == nullptr || kv->v == nullptr || kv->slots == nullptr || kv->k_cache == nullptr ||
@@ -130,7 +140,7 @@ absl::Status Rope(Bf16* q, int64_t q_token_stride, int num_heads, Bf16* k, int64
                   static_cast<unsigned>((tasks + kWarpsPerBlock - 1) / kWarpsPerBlock));
   RopeKernel<<<grid, kWarpsPerBlock * 32, 0, AsCuda(stream)>>>(
       q, q_token_stride, num_heads, k, k_token_stride, num_kv_heads, head_dim, positions, inv_freq,
-      q_norm, k_norm, norm_eps, store);
+      q_norm, k_norm, norm_eps, store, rope_order);
   return CheckLastLaunch("Rope");
 }
 

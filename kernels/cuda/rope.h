@@ -18,6 +18,12 @@
 // num_kv_heads * head_dim elements, tokens with a slot outside
 // [0, num_slots) skipped. Saves one launch per layer and step.
 //
+// With `rope_order` the q and k heads come in the row order of the fused
+// GEMV (gemv.h GemvRopeRow: feature f of a head at GemvRopeRow(f,
+// head_dim)), as a projection with RoPE-ordered weights leaves them; the
+// rotated heads are written back in the normal order. Needs head_dim % 16
+// == 0 and no q/k norms.
+//
 // Thread-safety: enqueues on `stream`; concurrent calls must not write
 // overlapping outputs.
 #pragma once
@@ -41,6 +47,6 @@ struct RopeKvWrite {
 absl::Status Rope(Bf16* q, int64_t q_token_stride, int num_heads, Bf16* k, int64_t k_token_stride,
                   int num_kv_heads, int head_dim, const int32_t* positions, int64_t tokens,
                   const float* inv_freq, const float* q_norm, const float* k_norm, float norm_eps,
-                  CudaStream stream, const RopeKvWrite* kv = nullptr);
+                  CudaStream stream, const RopeKvWrite* kv = nullptr, bool rope_order = false);
 
 }  // namespace tessera::kernels::cuda

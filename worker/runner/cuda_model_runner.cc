@@ -48,6 +48,30 @@ int64_t RoundUpPow2(int64_t n) {
   return p;
 }
 
+// Row i of the result is row order[i] of `rows` (rows.size() / order.size()
+// values each).
+template <class T>
+std::vector<T> PermuteRows(const std::vector<T>& rows, const std::vector<int64_t>& order) {
+  const size_t len = rows.size() / order.size();
+  std::vector<T> out(rows.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    std::copy_n(rows.begin() + order[i] * len, len, out.begin() + i * len);
+  }
+  return out;
+}
+
+// The fused q/k/v rows (q_rows + k_rows + k_rows, heads of head_dim rows)
+// with every q and k head's rows in RoPE order (kernels/cuda/gemv.h
+// GemvRopeRow) and the v rows as they are: entry i is the source row.
+std::vector<int64_t> RopeRowOrder(int64_t q_rows, int64_t k_rows, int64_t head_dim) {
+  std::vector<int64_t> order(q_rows + 2 * k_rows);
+  for (int64_t r = 0; r < static_cast<int64_t>(order.size()); ++r) order[r] = r;
+  for (int64_t base = 0; base < q_rows + k_rows; base += head_dim) {
+    for (int64_t f = 0; f < head_dim; ++f) order[base + kcu::GemvRopeRow(f, head_dim)] = base + f;
+  }
+  return order;
+}
+
 absl::StatusOr<DeviceBuffer> Alloc(size_t bytes, std::string_view what) {
   absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(bytes);
   if (!b.ok()) {
@@ -122,6 +146,10 @@ struct CudaModelRunner::Impl {
   // This rank's sizes (the whole model without a shard).
   int64_t heads = 0, kv_heads = 0, inter = 0, vocab = 0, vocab_start = 0;
   bool add_row_bias = true;
+  // The q and k heads' rows of qkv_w (and qkv_b) in RoPE order (gemv.h
+  // GemvRopeRow), so that steps of <= 8 tokens rotate in the qkv GEMV's
+  // epilogue; models with q/k norms keep the normal order.
+  bool qkv_rope_order = false;
   int rank = 0;
   kcu::NcclGroup* nccl = nullptr;  // null: one rank
   kcu::Stream stream;
@@ -223,14 +251,17 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   const model::ModelWeights& w = model->weights;
 
   // One upload per (possibly fused) tensor list.
+  // With `order`, row i of the upload is row (*order)[i] of the parts.
   auto upload_bf16 = [&](std::initializer_list<const model::TensorView*> parts, DeviceBuffer* out,
-                         std::string_view what) -> absl::Status {
+                         std::string_view what,
+                         const std::vector<int64_t>* order = nullptr) -> absl::Status {
     std::vector<Bf16> host;
     for (const model::TensorView* p : parts) {
       absl::StatusOr<std::vector<Bf16>> b = ToBf16(*p);
       if (!b.ok()) return b.status();
       host.insert(host.end(), b->begin(), b->end());
     }
+    if (order != nullptr) host = PermuteRows(host, *order);
     absl::StatusOr<DeviceBuffer> buf = Alloc(host.size() * sizeof(Bf16), what);
     if (!buf.ok()) return buf.status();
     RETURN_IF_ERROR(kcu::CopyToDevice(buf->data(), host.data(), host.size() * sizeof(Bf16)));
@@ -239,13 +270,15 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     return absl::OkStatus();
   };
   auto upload_f32 = [&](std::vector<const model::TensorView*> parts, DeviceBuffer* out,
-                        std::string_view what) -> absl::Status {
+                        std::string_view what,
+                        const std::vector<int64_t>* order = nullptr) -> absl::Status {
     std::vector<float> host;
     for (const model::TensorView* p : parts) {
       absl::StatusOr<std::vector<float>> f = model::ToFloat32(*p);
       if (!f.ok()) return f.status();
       host.insert(host.end(), f->begin(), f->end());
     }
+    if (order != nullptr) host = PermuteRows(host, *order);
     absl::StatusOr<DeviceBuffer> buf = Alloc(host.size() * sizeof(float), what);
     if (!buf.ok()) return buf.status();
     RETURN_IF_ERROR(kcu::CopyToDevice(buf->data(), host.data(), host.size() * sizeof(float)));
@@ -288,6 +321,10 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   };
   const parallel::Range q_rows{plan.q_heads.start * D, plan.q_heads.size * D};
   const parallel::Range kv_rows{plan.kv_heads.start * D, plan.kv_heads.size * D};
+  m.qkv_rope_order = !r->config_.qk_norm && D % 16 == 0;
+  const std::vector<int64_t> qkv_order =
+      m.qkv_rope_order ? RopeRowOrder(q_rows.size, kv_rows.size, D) : std::vector<int64_t>{};
+  const std::vector<int64_t>* qkv_rows = m.qkv_rope_order ? &qkv_order : nullptr;
   for (int64_t i = 0; i < r->config_.num_hidden_layers; ++i) {
     const model::LayerWeights& lw = w.layers[i];
     Impl::Layer& l = m.layers[i];
@@ -295,7 +332,11 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     const model::TensorView q = RowSlice(lw.q_proj, q_rows.start, q_rows.size);
     const model::TensorView k = RowSlice(lw.k_proj, kv_rows.start, kv_rows.size);
     const model::TensorView v = RowSlice(lw.v_proj, kv_rows.start, kv_rows.size);
-    RETURN_IF_ERROR(upload_bf16({&q, &k, &v}, &l.qkv_w, name));
+    if (m.qkv_rope_order && (lw.q_norm || lw.k_norm)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " has q/k norms, but the config does not say qk_norm"));
+    }
+    RETURN_IF_ERROR(upload_bf16({&q, &k, &v}, &l.qkv_w, name, qkv_rows));
     if (plan.sharded()) {
       RETURN_IF_ERROR(upload_columns(lw.o_proj, q_rows, &l.o_w, name));
     } else {
@@ -319,7 +360,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
       const model::TensorView qb = VectorSlice(*lw.q_bias, q_rows.start, q_rows.size);
       const model::TensorView kb = VectorSlice(*lw.k_bias, kv_rows.start, kv_rows.size);
       const model::TensorView vb = VectorSlice(*lw.v_bias, kv_rows.start, kv_rows.size);
-      RETURN_IF_ERROR(upload_f32({&qb, &kb, &vb}, &l.qkv_b, name));
+      RETURN_IF_ERROR(upload_f32({&qb, &kb, &vb}, &l.qkv_b, name, qkv_rows));
     }
     if (lw.o_bias && plan.add_row_bias) RETURN_IF_ERROR(upload_f32({&*lw.o_bias}, &l.o_b, name));
     if (lw.gate_bias) {
@@ -378,6 +419,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::CreateWithRand
   RETURN_IF_ERROR(
       kcu::CopyToDevice(freq->data(), inv_freq->data(), inv_freq->size() * sizeof(float)));
   m.inv_freq = std::move(*freq);
+  m.qkv_rope_order = !c.qk_norm && c.head_dim % 16 == 0;  // random rows: any order
   for (Impl::Layer& l : m.layers) {
     RETURN_IF_ERROR(random((Q + 2 * K) * H, &l.qkv_w, "qkv"));
     RETURN_IF_ERROR(random(H * Q, &l.o_w, "o_proj"));
@@ -509,9 +551,9 @@ absl::Status CudaModelRunner::ValidateBatch(const ForwardBatch& b) const {
           absl::StrCat("sequence ", i, " has no new tokens; the CUDA kernels need at least one"));
     }
   }
-  RETURN_IF_ERROR(ValidateForwardBatch(b, {config_.vocab_size, config_.max_position_embeddings,
-                                            options_.block_size, num_kv_blocks_,
-                                            /*tree_attention=*/true}));
+  RETURN_IF_ERROR(ValidateForwardBatch(
+      b, {config_.vocab_size, config_.max_position_embeddings, options_.block_size, num_kv_blocks_,
+          /*tree_attention=*/true}));
   if (b.tree_parents.empty()) return absl::OkStatus();
   // Ancestor masks are 64 bits: a branching chunk holds at most 64 tokens
   // (a chain of any length is plain causal).
@@ -640,6 +682,9 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
   RETURN_IF_ERROR(
       kcu::Embedding(m.embed.as<Bf16>(), V, H, m.MetaPtr<int32_t>(m.off_tokens), T, residual, st));
   RETURN_IF_ERROR(all_reduce(residual, T * H, kcu::NcclGroup::DType::kF32));
+  // RoPE-ordered q/k rows (Impl::qkv_rope_order) and a step the GEMV takes:
+  // the qkv GEMV rotates and writes the KV cache itself.
+  const bool fuse_rope = m.qkv_rope_order && m.gemm->GemvTakes(T, H);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const Impl::Layer& l = m.layers[i];
     if (i == 0) {
@@ -648,21 +693,37 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
       RETURN_IF_ERROR(
           kcu::FusedAddRmsNorm(delta, residual, T, H, l.input_norm.as<float>(), eps, xb, st));
     }
-    RETURN_IF_ERROR(m.gemm->Gemm(xb, T, H, l.qkv_w.as<Bf16>(), QKV, f32(l.qkv_b), qkv, st));
     Bf16* k_cache = m.k_cache.as<Bf16>() + i * layer_elems;
     Bf16* v_cache = m.v_cache.as<Bf16>() + i * layer_elems;
-    // RoPE (and Qwen3's q/k norm) in place, and K/V into the paged cache, in
-    // one kernel.
-    kcu::RopeKvWrite kv_write;
-    kv_write.v = qkv + Q + K;
-    kv_write.v_token_stride = QKV;
-    kv_write.slots = m.MetaPtr<int64_t>(m.off_slots);
-    kv_write.k_cache = k_cache;
-    kv_write.v_cache = v_cache;
-    kv_write.num_slots = slots;
-    RETURN_IF_ERROR(kcu::Rope(qkv, QKV, heads, qkv + Q, QKV, kv_heads, static_cast<int>(D),
-                              m.MetaPtr<int32_t>(m.off_positions), T, m.inv_freq.as<float>(),
-                              f32(l.q_norm), f32(l.k_norm), eps, st, &kv_write));
+    if (fuse_rope) {
+      // Steps of <= 8 tokens: RoPE and the K/V write in the qkv GEMV.
+      kcu::GemvQkvRope rope;
+      rope.head_dim = static_cast<int>(D);
+      rope.q_rows = Q;
+      rope.k_rows = K;
+      rope.positions = m.MetaPtr<int32_t>(m.off_positions);
+      rope.inv_freq = m.inv_freq.as<float>();
+      rope.slots = m.MetaPtr<int64_t>(m.off_slots);
+      rope.num_slots = slots;
+      rope.k_cache = k_cache;
+      rope.v_cache = v_cache;
+      RETURN_IF_ERROR(m.gemm->QkvRope(xb, T, H, l.qkv_w.as<Bf16>(), f32(l.qkv_b), qkv, rope, st));
+    } else {
+      RETURN_IF_ERROR(m.gemm->Gemm(xb, T, H, l.qkv_w.as<Bf16>(), QKV, f32(l.qkv_b), qkv, st));
+      // RoPE (and Qwen3's q/k norm) in place, and K/V into the paged cache,
+      // in one kernel.
+      kcu::RopeKvWrite kv_write;
+      kv_write.v = qkv + Q + K;
+      kv_write.v_token_stride = QKV;
+      kv_write.slots = m.MetaPtr<int64_t>(m.off_slots);
+      kv_write.k_cache = k_cache;
+      kv_write.v_cache = v_cache;
+      kv_write.num_slots = slots;
+      RETURN_IF_ERROR(kcu::Rope(qkv, QKV, heads, qkv + Q, QKV, kv_heads, static_cast<int>(D),
+                                m.MetaPtr<int32_t>(m.off_positions), T, m.inv_freq.as<float>(),
+                                f32(l.q_norm), f32(l.k_norm), eps, st, &kv_write,
+                                m.qkv_rope_order));
+    }
     kcu::PagedAttentionParams p;
     p.q = qkv;
     p.q_token_stride = QKV;
@@ -903,12 +964,13 @@ absl::Status CudaModelRunner::CopyKvSlots(absl::Span<const int64_t> from,
   // One staging copy: the sources, then the destinations.
   m.host_kv_copy_pairs.assign(from.begin(), from.end());
   m.host_kv_copy_pairs.insert(m.host_kv_copy_pairs.end(), to.begin(), to.end());
-  RETURN_IF_ERROR(kcu::CopyToDevice(m.kv_copy_pairs.data(), m.host_kv_copy_pairs.data(), bytes, st));
+  RETURN_IF_ERROR(
+      kcu::CopyToDevice(m.kv_copy_pairs.data(), m.host_kv_copy_pairs.data(), bytes, st));
   const int64_t* dev = m.kv_copy_pairs.as<int64_t>();
   const int64_t row = m.kv_heads * config_.head_dim;
   return kcu::CopyKvCacheSlots(m.k_cache.as<Bf16>(), m.v_cache.as<Bf16>(),
-                               config_.num_hidden_layers, num_slots * row, row, dev,
-                               dev + pairs, static_cast<int64_t>(pairs), st);
+                               config_.num_hidden_layers, num_slots * row, row, dev, dev + pairs,
+                               static_cast<int64_t>(pairs), st);
 }
 
 bool CudaModelRunner::SupportsDeviceSampling() const { return impl_->nccl == nullptr; }
