@@ -5,8 +5,13 @@
 // fp32 norm/softmax/accumulation, fp32 logits. Per layer (as the CPU
 // runner, kernels/README.md "A decoder layer, in calls"):
 //   xb = RMSNorm(residual) | FusedAddRmsNorm(delta, residual)      bf16
-//   qkv = xb · W_qkv^T (+b)       cuBLASLt, one GEMM over fused q/k/v
+//   qkv = xb · W_qkv^T (+b)       one GEMM over fused q/k/v (cuBLASLt, or
+//                                 the GEMV for steps of <= 8 tokens)
 //   rope(q, k) with Qwen3's per-head q/k RMSNorm fused; cache[slots] = k, v
+//          (models without q/k norms keep each q/k head's weight rows in
+//          RoPE order, kernels/cuda/gemv.h GemvRopeRow, so that the GEMV
+//          does both in its epilogue; longer steps run the Rope kernel on
+//          that order)
 //   attn = paged decode (split-K) when every sequence has one new token,
 //          else paged prefill (flash attention on tensor cores; a batch
 //          whose chunks branch as token trees takes the portable kernel
