@@ -14,8 +14,8 @@
 // rows sharing each K/V tile. Key tiles past the tile's last query
 // position are never loaded; tiles entirely below a warp's first position
 // skip the mask; a warp skips tiles entirely above its last position. With
-// token-tree masks, tiles that reach into the chunk are masked per row by
-// the ancestor bits (tiles of context only still skip the mask).
+// token-tree masks, tiles that reach past the chunk's trunk are masked per
+// row by the ancestor bits (tiles below it still skip the mask).
 //
 // Thread-safety: see the header.
 #include "kernels/cuda/paged_attention.h"
@@ -146,21 +146,22 @@ __global__ void __launch_bounds__(kPrefillThreads)
   float m[2] = {kNegInf, kNegInf};
   float l[2] = {0.f, 0.f};
   // Token trees: this thread's two rows' ancestor masks (rows past q_len
-  // get none; their output is not written). Keys below the chunk are
-  // always kept; chunk key j of row i needs j <= i and, unless the mask is
-  // all ones (causal), bit j.
+  // get none; their output is not written). Keys below the chunk and its
+  // trunk (tree_base) are kept causally; key tree_base + j of a row needs,
+  // unless the mask is all ones (causal), bit j.
   const bool tree = p.tree_ancestors != nullptr;
+  const int tree_base = ctx_start + (tree && p.tree_prefix != nullptr ? p.tree_prefix[seq] : 0);
   uint64_t mask_lo = ~uint64_t{0}, mask_hi = ~uint64_t{0};  // rows g and g + 8
   if (tree) {
     const int row = row0 + warp * 16 + g;
     mask_lo = row < q_len ? p.tree_ancestors[q_begin + row] : 0;
     mask_hi = row + 8 < q_len ? p.tree_ancestors[q_begin + row + 8] : 0;
   }
-  auto keep = [warp_first_pos, ctx_start, tree, mask_lo, mask_hi](int row, int key) {
+  auto keep = [warp_first_pos, tree_base, tree, mask_lo, mask_hi](int row, int key) {
     if (key > warp_first_pos + row) return false;  // causal bound, trees included
-    if (!tree || key < ctx_start) return true;
+    if (!tree || key < tree_base) return true;
     const uint64_t mask = row < 8 ? mask_lo : mask_hi;
-    const int j = key - ctx_start;
+    const int j = key - tree_base;
     return mask == ~uint64_t{0} || (j < 64 && ((mask >> j) & 1u) != 0);
   };
 
@@ -176,9 +177,9 @@ __global__ void __launch_bounds__(kPrefillThreads)
     const int key0 = kt * TK;
     if (warp_active && key0 <= warp_last_pos) {
       // Tiles entirely below the warp's first position (and, with a tree,
-      // below the chunk) keep every score.
+      // below the chunk's branching part) keep every score.
       const bool need_mask =
-          key0 + TK - 1 > warp_first_pos || (tree && key0 + TK - 1 >= ctx_start);
+          key0 + TK - 1 > warp_first_pos || (tree && key0 + TK - 1 >= tree_base);
       WarpAttendTile<D, TK>(sq, warp * 16, KTile<D, TK>(stage_base, kt),
                             VTile<D, TK>(stage_base, kt), 0, key0, scale_log2, need_mask, keep, o,
                             m, l);

@@ -10,15 +10,19 @@
 //
 // Token trees (prefill only; speculative decoding, worker/runner/
 // forward_batch.h): with tree_ancestors set, each new token carries a 64-bit
-// mask. New token i of sequence s (chunk start c = seq_lens[s] - q_len)
-// attends to every key at a position < c, and to key c + j (the K/V the
-// chunk's token j wrote: chunk tokens sit in the cache by index, whatever
-// their RoPE positions) iff bit j of its mask is set (its ancestors and
-// itself). An all-ones mask means plain causal (key c + j iff j <= i):
-// that is what the 64th token of a 64-token chain has anyway, and it lets
-// chunks without a tree (of any length) share the batch. A token with any
-// other mask sees no chunk key j >= 64: trees have at most 64 nodes per
-// chunk. Decode ignores the masks (one new token per
+// mask, and each sequence a trunk length P = tree_prefix[s] (0 when
+// tree_prefix is null): the chunk's first P tokens form a chain that every
+// token of the chunk descends from (a tree's root, the token that follows
+// the context). New token i of sequence s (chunk start c = seq_lens[s] -
+// q_len) attends causally (keys <= c + i) to the keys at positions
+// < c + P, and to key c + P + j (the K/V the chunk's token P + j wrote:
+// chunk tokens sit in the cache by index, whatever their RoPE positions)
+// iff bit j of its mask is set (its ancestors and itself past the trunk).
+// An all-ones mask means plain causal (key c + P + j iff P + j <= i): what
+// the 64th token of a 64-token chain has anyway, so chunks without a tree,
+// of any length, share the batch with P = 0 and all-ones masks. A token
+// with any other mask sees no key past c + P + 63: a tree has at most 64
+// tokens after its trunk. Decode ignores the masks (one new token per
 // sequence attends to its context and itself under either rule).
 //
 // Data types: q, the cache and out are bf16 (stored as uint16_t bit
@@ -71,8 +75,10 @@ struct PagedAttentionParams {
   void* workspace = nullptr;  // device scratch for decode split-K partials
   size_t workspace_bytes = 0;
   // Prefill only: null = causal; else device [tokens], one mask per new
-  // token (bit j: chunk token j is an ancestor of it or itself; ~0 = causal).
+  // token (bit j: chunk token P + j is an ancestor of it or itself; ~0 =
+  // causal), and device [num_seqs] trunk lengths P (null = all 0).
   const uint64_t* tree_ancestors = nullptr;
+  const int32_t* tree_prefix = nullptr;
 };
 
 // Device scratch PagedAttentionDecode needs for these sizes (0 when one

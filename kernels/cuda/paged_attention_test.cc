@@ -112,13 +112,20 @@ struct Case {
   // Token trees (prefill): per sequence, empty = plain causal, else each
   // chunk token's parent (-1 = the cached context). Any tree sets the masks.
   std::vector<std::vector<int>> parents;
+  // Per sequence (missing = 0): the trunk P passed as tree_prefix, a chain
+  // prefix of the chunk that every token descends from.
+  std::vector<int> trunks;
 };
 
-// The 64-bit ancestor-or-self masks of a tree (parents[j] < j).
-std::vector<uint64_t> AncestorMasks(const std::vector<int>& parents) {
+// The 64-bit masks of a tree with trunk P: all ones for trunk tokens, else
+// bit j set when chunk token P + j is the token or one of its ancestors.
+std::vector<uint64_t> AncestorMasks(const std::vector<int>& parents, int trunk) {
   std::vector<uint64_t> masks(parents.size());
   for (size_t j = 0; j < parents.size(); ++j) {
-    masks[j] = (parents[j] < 0 ? 0 : masks[parents[j]]) | (uint64_t{1} << j);
+    const int p = parents[j];
+    masks[j] = static_cast<int>(j) < trunk
+                   ? ~uint64_t{0}
+                   : (p < trunk ? 0 : masks[p]) | (uint64_t{1} << (static_cast<int>(j) - trunk));
   }
   return masks;
 }
@@ -210,12 +217,19 @@ void RunCase(const Case& c, uint32_t seed) {
   // a tree), and each tree token's reference over its context + path.
   bool tree = false;
   std::vector<uint64_t> masks(static_cast<size_t>(tokens), ~uint64_t{0});
+  std::vector<int32_t> trunks(num_seqs, 0);
   for (int s = 0; s < static_cast<int>(c.parents.size()); ++s) {
     const std::vector<int>& par = c.parents[s];
     if (par.empty()) continue;
     ASSERT_EQ(static_cast<int>(par.size()), c.q_lens[s]) << "test setup";
     tree = true;
-    const std::vector<uint64_t> m = AncestorMasks(par);
+    trunks[s] = s < static_cast<int>(c.trunks.size()) ? c.trunks[s] : 0;
+    for (int j = 0; j < c.q_lens[s]; ++j) {  // the trunk: a chain every token descends from
+      int a = j;
+      while (a >= trunks[s]) a = par[a];
+      ASSERT_TRUE(j < trunks[s] ? par[j] == j - 1 : a == trunks[s] - 1) << "test setup: trunk";
+    }
+    const std::vector<uint64_t> m = AncestorMasks(par, trunks[s]);
     std::copy(m.begin(), m.end(), masks.begin() + qsl[s]);
     const int ctx = c.seq_lens[s] - c.q_lens[s];
     const int64_t row = int64_t{c.num_kv_heads} * d;
@@ -255,6 +269,7 @@ void RunCase(const Case& c, uint32_t seed) {
   DeviceArray<uint16_t> dq(q_bf), dk(k_bf), dv(v_bf);
   DeviceArray<int32_t> dtable(table_gpu), dseq(seq_lens), dqsl(qsl);
   DeviceArray<uint64_t> dmasks(masks);
+  DeviceArray<int32_t> dtrunks(trunks);
   DeviceArray<uint16_t> dout(
       std::vector<uint16_t>(static_cast<size_t>(tokens) * out_stride, kSentinel));
   PagedAttentionParams p;
@@ -277,6 +292,7 @@ void RunCase(const Case& c, uint32_t seed) {
   p.out = dout.get();
   p.out_token_stride = out_stride;
   p.tree_ancestors = tree ? dmasks.get() : nullptr;
+  p.tree_prefix = tree && !c.trunks.empty() ? dtrunks.get() : nullptr;
   // Bucketing may round max_seq_len up past the table; keep the table wide enough.
   ASSERT_GE(table_stride, (p.max_seq_len + c.block_size - 1) / c.block_size) << "test setup";
 
@@ -557,6 +573,29 @@ TEST(PagedAttentionPrefillTree, TreesWithContextGqaAndPlainSequences) {
     c.via_graph = sh.head_dim == 128;  // the mask pointer is a plain kernel argument
     RunCase(c, seed++);
   }
+}
+
+// A root and 64 nodes below it (trunk 1: 65 chunk tokens, as a speculative
+// step with 64 draft nodes sends), a 3-token trunk above a 40-node tree,
+// and a tree without trunk in the same batch.
+TEST(PagedAttentionPrefillTree, TreesBelowATrunk) {
+  SKIP_WITHOUT_DEVICE();
+  std::vector<int> rooted = {-1}, trunk3 = Chain(3);
+  for (int p : RandomTree(64, 700)) rooted.push_back(p + 1);
+  for (int p : RandomTree(40, 701)) trunk3.push_back(p < 0 ? 2 : p + 3);
+  Case c;
+  c.parents = {rooted, trunk3, Star(5), {}};
+  c.trunks = {1, 3, 0, 0};
+  c.q_lens = {65, 43, 5, 70};
+  c.seq_lens = {65 + 200, 43 + 17, 5 + 64, 70 + 3};
+  c.name = "trees below a trunk";
+  RunCase(c, 702);
+  Case d64 = c;
+  d64.head_dim = 64;
+  d64.num_heads = 16;
+  d64.num_kv_heads = 4;
+  d64.name = "trees below a trunk d64";
+  RunCase(d64, 703);
 }
 
 TEST(PagedAttentionPrefillTree, ChainMasksEqualCausalAndSingleTree) {

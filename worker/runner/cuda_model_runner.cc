@@ -38,8 +38,27 @@ using kcu::DeviceBuffer;
     if (absl::Status s_ = (expr); !s_.ok()) return s_; \
   } while (0)
 
-// Largest token tree per sequence chunk (one 64-bit ancestor mask per token).
+// Largest token tree per sequence chunk past its trunk (one 64-bit ancestor
+// mask per token).
 constexpr int kMaxTreeTokens = 64;
+
+// The trunk of a chunk with these tree parents: the longest chain prefix
+// that every token of the chunk descends from (the root that follows the
+// context, and any single-child run below it); q_len for a chain.
+int TreeTrunk(const int32_t* parents, int q_len) {
+  int chain = 0;
+  while (chain < q_len && parents[chain] == chain - 1) ++chain;
+  if (chain == q_len) return q_len;
+  // attach[t]: t's first ancestor inside the chain prefix (-1: the context).
+  std::vector<int> attach(static_cast<size_t>(q_len));
+  int trunk = chain;
+  for (int t = chain; t < q_len; ++t) {
+    const int parent = parents[t];
+    attach[t] = parent < chain ? parent : attach[parent];
+    trunk = std::min(trunk, attach[t] + 1);
+  }
+  return trunk;
+}
 
 // Smallest power of two >= n (n >= 1).
 int64_t RoundUpPow2(int64_t n) {
@@ -160,12 +179,13 @@ struct CudaModelRunner::Impl {
   DeviceBuffer k_cache, v_cache;  // [layers][blocks, block_size, kv_heads, head_dim]
 
   // Batch inputs, one packed buffer at fixed offsets (one copy per step).
-  // Token-tree ancestor masks (uint64 per token) follow the used part of
-  // the block tables, at off_tree, so the same copy carries them.
+  // Token-tree ancestor masks (uint64 per token) and trunk lengths (int32
+  // per sequence) follow the used part of the block tables, at off_tree and
+  // off_tree_prefix, so the same copy carries them.
   DeviceBuffer meta;
   std::vector<std::byte> host_meta;
   size_t off_tokens = 0, off_positions = 0, off_slots = 0, off_qsl = 0, off_seq_lens = 0,
-         off_logits_idx = 0, off_block_tables = 0, off_tree = 0;
+         off_logits_idx = 0, off_block_tables = 0, off_tree = 0, off_tree_prefix = 0;
   // CopyKvSlots: the (from, to) slot pairs, staged in one copy.
   DeviceBuffer kv_copy_pairs;
   std::vector<int64_t> host_kv_copy_pairs;
@@ -465,7 +485,7 @@ absl::Status CudaModelRunner::AllocateCacheAndWorkspace() {
   off = align8(off + m.max_logits_rows * sizeof(int32_t));
   m.off_block_tables = off;
   off = align8(off + S * m.max_blocks_per_seq * sizeof(int32_t));
-  off += T * sizeof(uint64_t);  // tree masks, after the block tables in use
+  off += T * sizeof(uint64_t) + align8(S * sizeof(int32_t)) + 8;  // tree masks and trunks
   m.host_meta.assign(off, std::byte{0});
 
   struct Want {
@@ -555,16 +575,16 @@ absl::Status CudaModelRunner::ValidateBatch(const ForwardBatch& b) const {
       b, {config_.vocab_size, config_.max_position_embeddings, options_.block_size, num_kv_blocks_,
           /*tree_attention=*/true}));
   if (b.tree_parents.empty()) return absl::OkStatus();
-  // Ancestor masks are 64 bits: a branching chunk holds at most 64 tokens
-  // (a chain of any length is plain causal).
+  // Ancestor masks are 64 bits: a chunk holds at most 64 tokens past its
+  // trunk (a chain of any length is plain causal).
   for (int i = 0; i < b.num_seqs(); ++i) {
     const int begin = b.query_start_loc[i], q_len = b.query_start_loc[i + 1] - begin;
-    bool chain = true;
-    for (int j = 0; j < q_len; ++j) chain &= b.tree_parents[begin + j] == j - 1;
-    if (!chain && q_len > kMaxTreeTokens) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sequence ", i, ": a token tree of ", q_len,
-                       " tokens; the CUDA runner verifies trees of at most ", kMaxTreeTokens));
+    const int branching = q_len - TreeTrunk(b.tree_parents.data() + begin, q_len);
+    if (branching > kMaxTreeTokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", i, ": a token tree of ", branching,
+          " tokens below its trunk; the CUDA runner verifies trees of at most ", kMaxTreeTokens,
+          " (plus the chain every token descends from)"));
     }
   }
   return absl::OkStatus();
@@ -632,22 +652,26 @@ absl::Status CudaModelRunner::Stage(const ForwardBatch& b, int64_t padded_tokens
     }
   }
   if (*tree) {
-    // Ancestor masks: bit j = chunk token j is the token or one of its
-    // ancestors; chunks that do not branch are causal (all ones).
+    // Per chunk its trunk P, and per token past the trunk its ancestor
+    // mask: bit j = chunk token P + j is the token or one of its ancestors.
+    // Trunk tokens, and chunks that do not branch (P = q_len), are causal
+    // (all ones).
     m.off_tree = (bytes + 7) & ~size_t{7};
+    m.off_tree_prefix = m.off_tree + static_cast<size_t>(n) * sizeof(uint64_t);
     uint64_t* masks = reinterpret_cast<uint64_t*>(base + m.off_tree);
+    int32_t* trunks = reinterpret_cast<int32_t*>(base + m.off_tree_prefix);
     for (int i = 0; i < s; ++i) {
       const int begin = b.query_start_loc[i], q_len = b.query_start_loc[i + 1] - begin;
-      bool chain = true;
-      for (int j = 0; j < q_len; ++j) chain &= b.tree_parents[begin + j] == j - 1;
+      const int trunk = TreeTrunk(b.tree_parents.data() + begin, q_len);
+      trunks[i] = trunk;
       for (int j = 0; j < q_len; ++j) {
         const int32_t parent = b.tree_parents[begin + j];
-        masks[begin + j] =
-            chain ? ~uint64_t{0}
-                  : (parent < 0 ? uint64_t{0} : masks[begin + parent]) | (uint64_t{1} << j);
+        masks[begin + j] = j < trunk ? ~uint64_t{0}
+                                     : (parent < trunk ? uint64_t{0} : masks[begin + parent]) |
+                                           (uint64_t{1} << (j - trunk));
       }
     }
-    bytes = m.off_tree + static_cast<size_t>(n) * sizeof(uint64_t);
+    bytes = m.off_tree_prefix + static_cast<size_t>(s) * sizeof(int32_t);
   }
   return kcu::CopyToDevice(m.meta.data(), base, bytes, m.stream.get());
 }
@@ -749,6 +773,7 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
     // (PrefillAttentionSm90Supports is false with them); a decode step has
     // no branching chunk.
     p.tree_ancestors = tree && !decode ? m.MetaPtr<uint64_t>(m.off_tree) : nullptr;
+    p.tree_prefix = tree && !decode ? m.MetaPtr<int32_t>(m.off_tree_prefix) : nullptr;
     RETURN_IF_ERROR(decode ? kcu::PagedAttentionDecode(p, st)
                     : options_.prefill_attention_backend == kernels::kCudaSm90aBackend &&
                             kcu::PrefillAttentionSm90Supports(p)

@@ -118,9 +118,10 @@ class CudaModelRunner final : public ModelRunner {
 
   bool SupportsDeviceSampling() const override;
   // Token trees: Forward accepts ForwardBatch::tree_parents (a branching
-  // chunk has at most 64 tokens; its tokens attend through the portable
-  // prefill kernel's ancestor masks) and CopyKvSlots compacts the accepted
-  // path's K/V.
+  // chunk has at most 64 tokens below its trunk, the chain every token
+  // descends from, e.g. the root after the context; its tokens attend
+  // through the portable prefill kernel's ancestor masks, INVALID_ARGUMENT
+  // for larger trees) and CopyKvSlots compacts the accepted path's K/V.
   bool SupportsTreeAttention() const override { return true; }
   absl::Status CopyKvSlots(absl::Span<const int64_t> from, absl::Span<const int64_t> to) override;
   absl::Status ForwardSample(const ForwardBatch& batch, absl::Span<const DeviceSamplingRow> rows,

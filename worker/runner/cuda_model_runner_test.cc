@@ -411,7 +411,8 @@ TEST(CudaModelRunnerTest, OversizedTreesAndBadSlotCopiesAreRejected) {
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   std::vector<float> logits;
   const std::vector<int32_t> blocks = {0, 1, 2, 3, 4, 5, 6, 7};
-  // 65 nodes on the context (a star): more than one 64-bit mask covers.
+  // 65 nodes on the context (a star, no trunk): more than one 64-bit mask
+  // covers.
   ForwardBatch star;
   star.block_table_stride = 8;
   star.AddSequence(std::vector<int32_t>(65, 3), 0, blocks, 16, true);
@@ -420,6 +421,23 @@ TEST(CudaModelRunnerTest, OversizedTreesAndBadSlotCopiesAreRejected) {
   absl::Status s = (*gpu)->Forward(star, &logits);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(std::string(s.message()).find("at most 64"), std::string::npos) << s;
+  // A root after 10 context tokens and n nodes below it: 64 fit (the root
+  // is the trunk), 65 do not.
+  for (int nodes : {64, 65}) {
+    ForwardBatch rooted;
+    rooted.block_table_stride = 8;
+    rooted.AddSequence(std::vector<int32_t>(1 + nodes, 5), 10, blocks, 16, true);
+    rooted.tree_parents.assign(1 + nodes, 0);
+    rooted.tree_parents[0] = -1;
+    rooted.positions.assign(1 + nodes, 11);
+    rooted.positions[0] = 10;
+    s = (*gpu)->Forward(rooted, &logits);
+    if (nodes == 64) {
+      EXPECT_TRUE(s.ok()) << s;
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    }
+  }
   // A 100-token chain given as tree_parents is plain causal: accepted.
   ForwardBatch chain;
   chain.block_table_stride = 8;
