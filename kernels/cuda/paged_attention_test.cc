@@ -115,6 +115,7 @@ struct Case {
   // Per sequence (missing = 0): the trunk P passed as tree_prefix, a chain
   // prefix of the chunk that every token descends from.
   std::vector<int> trunks;
+  bool reference_only = false;  // stop after the CPU references (no device)
 };
 
 // The 64-bit masks of a tree with trunk P: all ones for trunk tokens, else
@@ -260,10 +261,20 @@ void RunCase(const Case& c, uint32_t seed) {
       a.seq_lens = one_len;
       a.block_tables = one_table;
       a.block_table_stride = nb;
-      a.out = ref.data() + int64_t{qsl[s] + j} * c.num_heads * d;
+      float* row_out = ref.data() + int64_t{qsl[s] + j} * c.num_heads * d;
+      std::vector<float> causal(row_out, row_out + int64_t{c.num_heads} * d);
+      a.out = row_out;
       ASSERT_TRUE(cpu::reference::PagedAttention(a).ok());
+      // A token whose ancestors are all the chunk tokens before it sees
+      // what the causal reference gave it.
+      bool chain = true;
+      for (int k = 0; k <= j; ++k) chain &= par[k] == k - 1;
+      for (int64_t i = 0; chain && i < int64_t{c.num_heads} * d; ++i) {
+        ASSERT_NEAR(row_out[i], causal[i], 1e-5f) << "tree reference, token " << j;
+      }
     }
   }
+  if (c.reference_only) return;
 
   // GPU.
   DeviceArray<uint16_t> dq(q_bf), dk(k_bf), dv(v_bf);
@@ -615,6 +626,21 @@ TEST(PagedAttentionPrefillTree, ChainMasksEqualCausalAndSingleTree) {
   star.seq_lens = {33};
   star.name = "tree: star without context";
   RunCase(star, 601);
+}
+
+// The tree references and test trees themselves (no device needed): a
+// chain's tree reference is the causal one, and the trunks are valid.
+TEST(PagedAttentionPrefillTree, ReferencesOfChainsAreCausal) {
+  std::vector<int> rooted = {-1};
+  for (int p : RandomTree(64, 700)) rooted.push_back(p + 1);
+  Case c;
+  c.parents = {Chain(12), DeepBranch(), rooted, Star(4)};
+  c.trunks = {0, 3, 1, 0};  // DeepBranch: a side branch hangs off chunk token 2
+  c.q_lens = {12, 40, 65, 4};
+  c.seq_lens = {12 + 30, 40 + 5, 65 + 100, 4};
+  c.reference_only = true;
+  c.name = "tree references";
+  RunCase(c, 800);
 }
 
 // --- Validation (no device needed) --------------------------------------------

@@ -35,6 +35,7 @@
 #include "worker/runner/cpu_model_runner.h"
 #include "worker/runner/cuda_model_runner.h"
 #include "worker/runner/cuda_preflight.h"
+#include "worker/runner/test_model.h"
 #include "worker/spec/draft_provider.h"
 #include "worker/spec/draft_source.h"
 #include "worker/spec/model_source.h"
@@ -275,7 +276,7 @@ TEST(CudaModelRunnerTest, BadBatchesAreRejectedBeforeAnyKernelRuns) {
 
 // The logits of the last token of `seq` prefilled from position 0 as a
 // plain chain (rewrites the slots it reads, so a runner can be reused).
-std::vector<float> ChainLastLogits(CudaModelRunner& runner, const std::vector<int32_t>& seq,
+std::vector<float> ChainLastLogits(ModelRunner& runner, const std::vector<int32_t>& seq,
                                    const std::vector<int32_t>& blocks) {
   ForwardBatch b;
   b.block_table_stride = static_cast<int64_t>(blocks.size());
@@ -303,99 +304,169 @@ void ExpectCloseRow(const std::vector<float>& got, const std::vector<float>& wan
   }
 }
 
+// One tree step: `context` cached on `tree`, then `chunk` (tree parents
+// `parents`, chunk token 0 at position context.size()) with every node's
+// logits, batched with the plain prompt `other` on other_blocks; each node's
+// logits must equal its root-to-node path prefilled as a chain on `chain`,
+// and other's last logits its own prefill.
+void ExpectTreeStepEqualsChains(ModelRunner& tree, ModelRunner& chain,
+                                const std::vector<int32_t>& context,
+                                const std::vector<int32_t>& chunk,
+                                const std::vector<int32_t>& parents,
+                                const std::vector<int32_t>& blocks,
+                                const std::vector<int32_t>& other,
+                                const std::vector<int32_t>& other_blocks) {
+  const int64_t vocab = tree.config().vocab_size;
+  const int64_t stride = static_cast<int64_t>(std::max(blocks.size(), other_blocks.size()));
+  std::vector<float> logits;
+  ForwardBatch pre;
+  pre.block_table_stride = stride;
+  pre.AddSequence(context, 0, blocks, tree.block_size(), false);
+  ASSERT_TRUE(tree.Forward(pre, &logits).ok());
+  const int32_t start = static_cast<int32_t>(context.size());
+  ForwardBatch b;
+  b.block_table_stride = stride;
+  b.AddSequence(chunk, start, blocks, tree.block_size(), false);
+  b.tree_parents = parents;
+  std::vector<int> depth;
+  for (size_t j = 0; j < chunk.size(); ++j) {
+    depth.push_back(parents[j] < 0 ? 0 : depth[parents[j]] + 1);
+    b.positions[j] = start + depth[j];
+    b.logits_indices.push_back(static_cast<int32_t>(j));
+  }
+  if (!other.empty()) {
+    b.AddSequence(other, 0, other_blocks, tree.block_size(), true);
+    for (size_t j = 0; j < other.size(); ++j) b.tree_parents.push_back(static_cast<int32_t>(j) - 1);
+  }
+  const absl::Status s = tree.Forward(b, &logits);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(logits.size(), (chunk.size() + (other.empty() ? 0 : 1)) * vocab);
+  for (size_t j = 0; j < chunk.size(); ++j) {
+    std::vector<int32_t> seq(context);
+    const size_t at = seq.size();
+    for (int32_t k = static_cast<int32_t>(j); k >= 0; k = parents[k]) {
+      seq.insert(seq.begin() + at, chunk[k]);
+    }
+    const std::vector<float> got(logits.begin() + j * vocab, logits.begin() + (j + 1) * vocab);
+    ExpectCloseRow(got, ChainLastLogits(chain, seq, blocks), absl::StrCat("node ", j));
+  }
+  if (!other.empty()) {
+    const std::vector<float> got(logits.end() - vocab, logits.end());
+    ExpectCloseRow(got, ChainLastLogits(chain, other, other_blocks), "plain prompt");
+  }
+}
+
 // Token trees (as the CPU runner's TreeForwardEqualsEachPathAsAChain): one
-// forward pass over a 9-node tree after a 39-token context, batched with a
+// forward pass over a 9-token tree after a 39-token context, batched with a
 // plain 20-token prompt, gives every node the logits of its root-to-node
-// path prefilled as a chain; then CopyKvSlots moves one path's K/V to
+// path prefilled as a chain; so does a 6-token tree alone (a step short
+// enough for the GEMV paths); then CopyKvSlots moves one path's K/V to
 // consecutive slots (pairs that overlap: a later pair reads a slot an
-// earlier one wrote) and a decode step equals the chain. With both prefill
+// earlier one wrote) and a decode step equals the chain. On the trained
+// target (Qwen3, q/k norms) and a random Llama (q/k rows in RoPE order,
+// rotated in the qkv GEMV's epilogue for short steps), with both prefill
 // attention backends where the device has them (the wgmma one must hand
 // masked batches to the portable kernel).
 TEST(CudaModelRunnerTest, TreeForwardEqualsEachPathAsAChain) {
   REQUIRE_GPU(device);
-  auto model = model::LoadModel(SourcePath("models/target"));
-  ASSERT_TRUE(model.ok()) << model.status();
-  const int64_t vocab = (*model)->config.vocab_size;
-  for (const std::string& backend :
-       {std::string("cuda"), std::string(kernels::kCudaSm90aBackend)}) {
-    SCOPED_TRACE(backend);
-    CudaRunnerOptions options;
-    options.num_kv_blocks = 64;
-    options.max_num_tokens = 256;
-    options.max_num_seqs = 4;
-    options.prefill_attention_backend = backend;
-    auto tree = CudaModelRunner::Create(model->get(), device, options);
-    if (!tree.ok() && backend != "cuda") {
-      std::cerr << "skipping " << backend << ": " << tree.status() << "\n";
-      continue;
-    }
-    ASSERT_TRUE(tree.ok()) << tree.status();
-    auto chain = CudaModelRunner::Create(model->get(), device, options);
-    ASSERT_TRUE(chain.ok()) << chain.status();
-    ASSERT_TRUE((*tree)->SupportsTreeAttention());
-    std::mt19937 rng(11);
-    std::vector<int32_t> prompt(40), other(20);
-    for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % vocab);
-    for (int32_t& t : other) t = static_cast<int32_t>(rng() % vocab);
-    const std::vector<int32_t> blocks = {3, 9, 4, 12}, other_blocks = {20, 21};
-    std::vector<float> logits;
-    ForwardBatch pre;  // the prompt but its last token, cached
-    pre.block_table_stride = 4;
-    pre.AddSequence(std::vector<int32_t>(prompt.begin(), prompt.end() - 1), 0, blocks, 16, false);
-    ASSERT_TRUE((*tree)->Forward(pre, &logits).ok());
-
-    // The last prompt token, then 8 draft nodes (node i hangs off chunk
-    // token 1 + parents[i]); a plain prompt in the same batch.
-    const std::vector<int32_t> nodes = {17, 42, 99, 5, 42, 7, 63, 8};
-    const std::vector<int32_t> parents = {-1, -1, 0, 0, 1, 2, 4, 6};
-    std::vector<int32_t> chunk = {prompt.back()};
-    chunk.insert(chunk.end(), nodes.begin(), nodes.end());
-    const int32_t start = static_cast<int32_t>(prompt.size()) - 1;
-    ForwardBatch b;
-    b.block_table_stride = 4;
-    b.AddSequence(chunk, start, blocks, 16, false);
-    b.tree_parents = {-1};
-    std::vector<int> depth = {0};
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      b.tree_parents.push_back(parents[i] + 1);
-      depth.push_back(depth[parents[i] + 1] + 1);
-    }
-    for (size_t j = 0; j < chunk.size(); ++j) {
-      b.positions[j] = start + depth[j];
-      b.logits_indices.push_back(static_cast<int32_t>(j));
-    }
-    b.AddSequence(other, 0, other_blocks, 16, true);
-    for (size_t j = 0; j < other.size(); ++j) b.tree_parents.push_back(static_cast<int32_t>(j) - 1);
-    ASSERT_TRUE((*tree)->Forward(b, &logits).ok());
-    ASSERT_EQ(logits.size(), (chunk.size() + 1) * vocab);
-    for (size_t j = 0; j < chunk.size(); ++j) {
-      std::vector<int32_t> path;
-      for (int32_t k = static_cast<int32_t>(j); k >= 0; k = b.tree_parents[k]) {
-        path.insert(path.begin(), chunk[k]);
+  char llama_dir[] = "/tmp/tessera-cuda-tree-XXXXXX";
+  ASSERT_NE(mkdtemp(llama_dir), nullptr);
+  TestModelSpec llama;
+  llama.architecture = "LlamaForCausalLM";
+  llama.head_dim = 64;
+  llama.heads = 4;
+  llama.kv_heads = 2;
+  llama.hidden = 128;
+  llama.intermediate = 256;
+  ASSERT_TRUE(WriteTestModel(llama_dir, llama).ok());
+  for (const std::string& path : {SourcePath("models/target"), std::string(llama_dir)}) {
+    auto model = model::LoadModel(path);
+    ASSERT_TRUE(model.ok()) << model.status();
+    const int64_t vocab = (*model)->config.vocab_size;
+    for (const std::string& backend :
+         {std::string("cuda"), std::string(kernels::kCudaSm90aBackend)}) {
+      SCOPED_TRACE(absl::StrCat(path, " ", backend));
+      CudaRunnerOptions options;
+      options.num_kv_blocks = 64;
+      options.max_num_tokens = 256;
+      options.max_num_seqs = 4;
+      options.prefill_attention_backend = backend;
+      auto tree = CudaModelRunner::Create(model->get(), device, options);
+      if (!tree.ok() && backend != "cuda") {
+        std::cerr << "skipping " << backend << ": " << tree.status() << "\n";
+        continue;
       }
-      std::vector<int32_t> seq(prompt.begin(), prompt.end() - 1);
-      seq.insert(seq.end(), path.begin(), path.end());
-      const std::vector<float> got(logits.begin() + j * vocab, logits.begin() + (j + 1) * vocab);
-      ExpectCloseRow(got, ChainLastLogits(**chain, seq, blocks), absl::StrCat("node ", j));
-    }
-    const std::vector<float> got_other(logits.end() - vocab, logits.end());
-    ExpectCloseRow(got_other, ChainLastLogits(**chain, other, other_blocks), "plain prompt");
+      ASSERT_TRUE(tree.ok()) << tree.status();
+      auto chain = CudaModelRunner::Create(model->get(), device, options);
+      ASSERT_TRUE(chain.ok()) << chain.status();
+      ASSERT_TRUE((*tree)->SupportsTreeAttention());
+      std::mt19937 rng(11);
+      std::vector<int32_t> prompt(40), other(20);
+      for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % vocab);
+      for (int32_t& t : other) t = static_cast<int32_t>(rng() % vocab);
+      const std::vector<int32_t> blocks = {3, 9, 4, 12}, other_blocks = {20, 21};
+      const std::vector<int32_t> context(prompt.begin(), prompt.end() - 1);
 
-    // Keep the path 42 (chunk 2), 42 (chunk 5), 63 (chunk 7): move their
-    // K/V to chunk indices 1, 2, 3 (logical indices start + 1 ...).
-    auto slot = [&](int index) { return int64_t{blocks[index / 16]} * 16 + index % 16; };
-    ASSERT_TRUE((*tree)
-                    ->CopyKvSlots({slot(start + 2), slot(start + 5), slot(start + 7)},
-                                  {slot(start + 1), slot(start + 2), slot(start + 3)})
-                    .ok());
-    ForwardBatch next;
-    next.block_table_stride = 4;
-    next.AddSequence({77}, start + 4, blocks, 16, true);
-    ASSERT_TRUE((*tree)->Forward(next, &logits).ok());
-    std::vector<int32_t> seq = prompt;
-    seq.insert(seq.end(), {42, 42, 63, 77});
-    ExpectCloseRow(logits, ChainLastLogits(**chain, seq, blocks), "decode after CopyKvSlots");
+      // Small: the last prompt token and 5 nodes, alone in the step.
+      ExpectTreeStepEqualsChains(**tree, **chain, context, {prompt.back(), 17, 42, 99, 5, 42},
+                                 {-1, 0, 0, 1, 1}, blocks, {}, {});
+      // The last prompt token, then 8 draft nodes (chunk parents below),
+      // next to a plain prompt.
+      const std::vector<int32_t> chunk = {prompt.back(), 17, 42, 99, 5, 42, 7, 63, 8};
+      ExpectTreeStepEqualsChains(**tree, **chain, context, chunk, {-1, 0, 0, 1, 1, 2, 3, 5, 7},
+                                 blocks, other, other_blocks);
+
+      // Keep the path 42 (chunk 2), 42 (chunk 5), 63 (chunk 7): move their
+      // K/V to chunk indices 1, 2, 3 (logical indices start + 1 ...).
+      const int start = static_cast<int>(context.size());
+      auto slot = [&](int index) { return int64_t{blocks[index / 16]} * 16 + index % 16; };
+      ASSERT_TRUE((*tree)
+                      ->CopyKvSlots({slot(start + 2), slot(start + 5), slot(start + 7)},
+                                    {slot(start + 1), slot(start + 2), slot(start + 3)})
+                      .ok());
+      ForwardBatch next;
+      next.block_table_stride = 4;
+      next.AddSequence({77}, start + 4, blocks, 16, true);
+      std::vector<float> logits;
+      ASSERT_TRUE((*tree)->Forward(next, &logits).ok());
+      std::vector<int32_t> seq = prompt;
+      seq.insert(seq.end(), {42, 42, 63, 77});
+      ExpectCloseRow(logits, ChainLastLogits(**chain, seq, blocks), "decode after CopyKvSlots");
+    }
   }
+}
+
+// The harness above on the CPU runner (no GPU needed): its tree attention
+// is exact, so this checks the test's own batches and paths.
+TEST(CudaModelRunnerTest, TreeHarnessHoldsOnTheCpuRunner) {
+  auto model = model::LoadModel(SourcePath("models/draft"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  CpuRunnerOptions options;
+  options.num_kv_blocks = 32;
+  options.block_size = 16;
+  auto tree = CpuModelRunner::Create(model->get(), options);
+  auto chain = CpuModelRunner::Create(model->get(), options);
+  ASSERT_TRUE(tree.ok() && chain.ok());
+  std::vector<int32_t> context(23);
+  for (size_t i = 0; i < context.size(); ++i) context[i] = static_cast<int32_t>(3 + 29 * i) % 4000;
+  const std::vector<int32_t> blocks = {3, 9};
+  ExpectTreeStepEqualsChains(**tree, **chain, context, {9, 17, 42, 99, 5, 42, 7, 63, 8},
+                             {-1, 0, 0, 1, 1, 2, 3, 5, 7}, blocks, {11, 12, 13}, {20});
+  // The path 42 (chunk 2), 42 (chunk 5), 63 (chunk 7) compacted, then decoded.
+  const int start = static_cast<int>(context.size());
+  auto slot = [&](int index) { return int64_t{blocks[index / 16]} * 16 + index % 16; };
+  ASSERT_TRUE((*tree)
+                  ->CopyKvSlots({slot(start + 2), slot(start + 5), slot(start + 7)},
+                                {slot(start + 1), slot(start + 2), slot(start + 3)})
+                  .ok());
+  ForwardBatch next;
+  next.block_table_stride = 2;
+  next.AddSequence({77}, start + 4, blocks, 16, true);
+  std::vector<float> logits;
+  ASSERT_TRUE((*tree)->Forward(next, &logits).ok());
+  std::vector<int32_t> seq = context;
+  seq.insert(seq.end(), {9, 42, 42, 63, 77});
+  ExpectCloseRow(logits, ChainLastLogits(**chain, seq, blocks), "decode after CopyKvSlots");
 }
 
 // Trees the CUDA runner cannot mask, and bad slot copies, are refused.
