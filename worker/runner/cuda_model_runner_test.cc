@@ -14,6 +14,7 @@
 //           bf16 rounding may legitimately flip); at least 3 tokens over the
 //           model's prompts are compared.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -467,6 +468,120 @@ TEST(CudaModelRunnerTest, TreeHarnessHoldsOnTheCpuRunner) {
   std::vector<int32_t> seq = context;
   seq.insert(seq.end(), {9, 42, 42, 63, 77});
   ExpectCloseRow(logits, ChainLastLogits(**chain, seq, blocks), "decode after CopyKvSlots");
+}
+
+// Counts the drafts that are token trees (and passes everything through).
+class TreeCountingProvider final : public spec::DraftProvider {
+ public:
+  explicit TreeCountingProvider(std::shared_ptr<spec::DraftProvider> inner)
+      : inner_(std::move(inner)) {}
+  void Open(spec::SeqKey s, absl::Span<const spec::TokenId> t, const sampling::SamplingParams& p,
+            int k) override {
+    inner_->Open(s, t, p, k);
+  }
+  void Commit(spec::SeqKey s, int64_t b, absl::Span<const spec::TokenId> t, int k) override {
+    inner_->Commit(s, b, t, k);
+  }
+  void Close(spec::SeqKey s) override { inner_->Close(s); }
+  std::vector<std::optional<spec::Draft>> GetDrafts(
+      absl::Span<const spec::ProposalRequest> r) override {
+    auto d = inner_->GetDrafts(r);
+    for (const auto& x : d) trees += x && !spec::IsChain(*x);
+    return d;
+  }
+  std::atomic<int> trees{0};
+
+ private:
+  std::shared_ptr<spec::DraftProvider> inner_;
+};
+
+// The engine on the CUDA runner verifies token trees (the draft model's
+// chain plus runner-up siblings) in one pass and compacts the accepted
+// path's K/V: every greedy token it emits is the argmax of a one-pass
+// prefill of prompt + output at that position (rows whose top two logits
+// are within kNearTie are skipped: bf16 batches of other shapes may flip
+// them).
+TEST(CudaModelRunnerTest, EngineVerifiesTokenTreesGreedily) {
+  REQUIRE_GPU(device);
+  auto model = model::LoadModel(SourcePath("models/target"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  CudaRunnerOptions options;
+  options.num_kv_blocks = 128;
+  options.max_num_tokens = 1024;
+  options.max_num_seqs = 8;
+  auto runner = CudaModelRunner::Create(model->get(), device, options);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  spec::ModelSourceFromDirOptions mo;
+  mo.source.tree.max_branching = 3;
+  mo.source.tree.branch_depth = 2;
+  mo.num_kv_blocks = 256;
+  auto source = spec::MakeModelSourceFromDir(SourcePath("models/draft"), mo);
+  ASSERT_TRUE(source.ok()) << source.status();
+  auto counter = std::make_shared<TreeCountingProvider>(
+      std::make_shared<spec::LocalDraftProvider>(std::move(*source)));
+  engine::EngineOptions eo;
+  eo.scheduler.max_num_seqs = 8;
+  eo.scheduler.max_num_batched_tokens = 1024;
+  eo.scheduler.max_model_len = 2048;
+  eo.speculation.num_speculative_tokens = 6;
+  eo.draft_provider = counter;
+  auto engine = engine::Engine::Create(std::move(*runner), eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  (*engine)->Start();
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<engine::RequestStream>> streams;
+  for (int i = 0; i < 4; ++i) {
+    engine::EngineRequest r;
+    r.request_id = absl::StrCat("t", i);
+    for (int j = 0; j < 16 + 5 * i; ++j) r.prompt.push_back((41 * i + 7 * j) % 4000 + 3);
+    r.max_tokens = 32;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0.0f;
+    prompts.push_back(r.prompt);
+    auto stream = (*engine)->Submit(r);
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    streams.push_back(*stream);
+  }
+  std::vector<std::vector<int32_t>> out(streams.size());
+  for (size_t i = 0; i < streams.size(); ++i) {
+    engine::StreamEvent e;
+    while (streams[i]->Next(&e, absl::Seconds(60))) {
+      EXPECT_TRUE(e.error.ok()) << e.error;
+      for (const engine::TokenReport& t : e.tokens) out[i].push_back(t.token);
+      if (e.finished) break;
+    }
+  }
+  (*engine)->Stop();
+  EXPECT_GT(counter->trees.load(), 0) << "no token tree was proposed";
+
+  auto check = CudaModelRunner::Create(model->get(), device, options);
+  ASSERT_TRUE(check.ok()) << check.status();
+  const int64_t vocab = (*model)->config.vocab_size;
+  std::vector<int32_t> blocks(8);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  int compared = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    ASSERT_EQ(out[i].size(), 32u) << "request " << i;
+    std::vector<int32_t> seq = prompts[i];
+    seq.insert(seq.end(), out[i].begin(), out[i].end() - 1);
+    ForwardBatch b;
+    b.block_table_stride = 8;
+    b.AddSequence(seq, 0, blocks, 16, false);
+    for (size_t j = 0; j < out[i].size(); ++j) {
+      b.logits_indices.push_back(static_cast<int32_t>(prompts[i].size() - 1 + j));
+    }
+    std::vector<float> logits;
+    ASSERT_TRUE((*check)->Forward(b, &logits).ok());
+    for (size_t j = 0; j < out[i].size(); ++j) {
+      const float* row = logits.data() + j * vocab;
+      std::vector<float> sorted(row, row + vocab);
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+      if (sorted[0] - sorted[1] < kNearTie) continue;
+      EXPECT_EQ(out[i][j], Argmax(row, vocab)) << "request " << i << " token " << j;
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 16);
 }
 
 // Trees the CUDA runner cannot mask, and bad slot copies, are refused.

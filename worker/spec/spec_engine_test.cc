@@ -104,8 +104,8 @@ std::vector<Result> RunAll(Engine& engine, const std::vector<EngineRequest>& req
   return results;
 }
 
-// A runner without tree attention (as the CUDA and tensor-parallel runners
-// are): the CPU runner behind the default capability.
+// A runner without tree attention (as the simulated and CPU tensor-parallel
+// runners are): the CPU runner behind the default capability.
 class ChainOnlyRunner final : public runner::ModelRunner {
  public:
   explicit ChainOnlyRunner(std::unique_ptr<runner::ModelRunner> inner) : inner_(std::move(inner)) {}
