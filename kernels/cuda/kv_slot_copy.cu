@@ -35,17 +35,17 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-absl::Status CopyKvCacheSlots(Bf16* k_cache, Bf16* v_cache, int64_t num_layers,
-                              int64_t layer_elems, int64_t row_elems, const int64_t* from,
-                              const int64_t* to, int64_t pairs, CudaStream stream) {
+absl::Status CopyKvCacheSlots(Bf16* k_cache, Bf16* v_cache, int64_t num_layers, int64_t layer_elems,
+                              int64_t row_elems, const int64_t* from, const int64_t* to,
+                              int64_t pairs, CudaStream stream) {
   if (num_layers < 0 || layer_elems < 0 || row_elems <= 0 || pairs < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("CopyKvCacheSlots: bad shape layers=",
-                                                   num_layers, " layer_elems=", layer_elems,
-                                                   " row_elems=", row_elems, " pairs=", pairs));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyKvCacheSlots: bad shape layers=", num_layers,
+                     " layer_elems=", layer_elems, " row_elems=", row_elems, " pairs=", pairs));
   }
   if (row_elems % 8 != 0 || layer_elems % 8 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CopyKvCacheSlots: row_elems ", row_elems, " and layer_elems must be multiples of 8"));
+    return absl::InvalidArgumentError(absl::StrCat("CopyKvCacheSlots: row_elems ", row_elems,
+                                                   " and layer_elems must be multiples of 8"));
   }
   if (num_layers > 65535) {
     return absl::InvalidArgumentError("CopyKvCacheSlots: more than 65535 layers");

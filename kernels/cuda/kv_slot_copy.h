@@ -22,8 +22,8 @@
 
 namespace tessera::kernels::cuda {
 
-absl::Status CopyKvCacheSlots(Bf16* k_cache, Bf16* v_cache, int64_t num_layers,
-                              int64_t layer_elems, int64_t row_elems, const int64_t* from,
-                              const int64_t* to, int64_t pairs, CudaStream stream);
+absl::Status CopyKvCacheSlots(Bf16* k_cache, Bf16* v_cache, int64_t num_layers, int64_t layer_elems,
+                              int64_t row_elems, const int64_t* from, const int64_t* to,
+                              int64_t pairs, CudaStream stream);
 
 }  // namespace tessera::kernels::cuda

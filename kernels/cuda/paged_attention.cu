@@ -178,8 +178,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
     if (warp_active && key0 <= warp_last_pos) {
       // Tiles entirely below the warp's first position (and, with a tree,
       // below the chunk's branching part) keep every score.
-      const bool need_mask =
-          key0 + TK - 1 > warp_first_pos || (tree && key0 + TK - 1 >= tree_base);
+      const bool need_mask = key0 + TK - 1 > warp_first_pos || (tree && key0 + TK - 1 >= tree_base);
       WarpAttendTile<D, TK>(sq, warp * 16, KTile<D, TK>(stage_base, kt),
                             VTile<D, TK>(stage_base, kt), 0, key0, scale_log2, need_mask, keep, o,
                             m, l);

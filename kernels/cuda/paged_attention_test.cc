@@ -573,8 +573,8 @@ TEST(PagedAttentionPrefillTree, TreesWithContextGqaAndPlainSequences) {
     c.block_size = sh.block_size;
     // chain, star, deep branch, 64-node tree, a plain 130-token chunk (no
     // tree, longer than 64), a tree on an empty context, a decode-like token.
-    c.parents = {Chain(9), Star(7), DeepBranch(), RandomTree(64, seed), {}, RandomTree(20, seed + 1),
-                 {}};
+    c.parents = {
+        Chain(9), Star(7), DeepBranch(), RandomTree(64, seed), {}, RandomTree(20, seed + 1), {}};
     c.q_lens = {9, 7, 40, 64, 130, 20, 1};
     c.seq_lens = {100 + 9, 37 + 7, 300 + 40, 1000 + 64, 200 + 130, 20, 77};
     c.q_stride_pad = sh.head_dim == 128 ? 2 * 2 * 128 : 0;

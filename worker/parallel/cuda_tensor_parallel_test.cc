@@ -156,8 +156,8 @@ TEST(CudaTensorParallelTest, TwoRanksVerifyTreesLikeOneRank) {
   ASSERT_TRUE((*two)->Forward(tree, &b).ok());
   expect_close(a, b, "tree logits");
   for (auto* r : {&*one, &*two}) {
-    ASSERT_TRUE((*r)->CopyKvSlots({slot(32), slot(34), slot(35)}, {slot(31), slot(32), slot(33)})
-                    .ok());
+    ASSERT_TRUE(
+        (*r)->CopyKvSlots({slot(32), slot(34), slot(35)}, {slot(31), slot(32), slot(33)}).ok());
   }
   EXPECT_EQ((*two)->CopyKvSlots({slot(32)}, {64 * 16}).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE((*one)->Forward(next, &a).ok());

@@ -581,10 +581,10 @@ absl::Status CudaModelRunner::ValidateBatch(const ForwardBatch& b) const {
     const int begin = b.query_start_loc[i], q_len = b.query_start_loc[i + 1] - begin;
     const int branching = q_len - TreeTrunk(b.tree_parents.data() + begin, q_len);
     if (branching > kMaxTreeTokens) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sequence ", i, ": a token tree of ", branching,
-          " tokens below its trunk; the CUDA runner verifies trees of at most ", kMaxTreeTokens,
-          " (plus the chain every token descends from)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", i, ": a token tree of ", branching,
+                       " tokens below its trunk; the CUDA runner verifies trees of at most ",
+                       kMaxTreeTokens, " (plus the chain every token descends from)"));
     }
   }
   return absl::OkStatus();

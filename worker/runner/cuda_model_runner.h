@@ -168,8 +168,8 @@ class CudaModelRunner final : public ModelRunner {
                         int max_seq_len, int max_query_len, bool tree = false);
   // Stages the batch; *tree is set when a chunk branches (its ancestor
   // masks are staged too).
-  absl::Status Stage(const ForwardBatch& batch, int64_t padded_tokens, int padded_seqs,
-                     int context, bool* tree);
+  absl::Status Stage(const ForwardBatch& batch, int64_t padded_tokens, int padded_seqs, int context,
+                     bool* tree);
   absl::Status Execute(const ForwardBatch& batch, int64_t* num_logits);
 
   model::ModelConfig config_;
