@@ -8,6 +8,10 @@
 //           the portable kernel and, on SM 9.0 with sm_90a code, the wgmma
 //           kernel (prefill_attention_sm90.h; "sm90a_*" fields, with its
 //           largest difference from the portable kernel's output).
+//   tree_verify: speculative verification, 32 sequences x 4096 tokens whose
+//           last 65 are new (a root and a random 64-node tree below it,
+//           tree_ancestors + tree_prefix), against the same chunks causal:
+//           the cost of the masks in the portable prefill kernel.
 // Each figure is the median of several cudaEvent-timed repetitions after a
 // warm-up. Runs in well under a minute on an H200.
 //
@@ -186,6 +190,35 @@ int Main(int argc, char** argv) {
         "\"bytes_per_s\": %.4g, \"fraction_of_peak\": %.3f, \"peak_bytes_per_s\": %.4g},\n",
         batch, context, heads, kv_heads, d, bs, sec * 1e6, bytes, bytes / sec, bytes / sec / peak,
         peak);
+    json += line;
+  }
+  {  // Tree verification: masked vs causal chunks of 65 tokens after context.
+    const int batch = 32, context = 4096, q_len = 65, heads = 32, kv_heads = 8, d = 128, bs = 16;
+    Setup st;
+    Build(st, batch, context, q_len, heads, kv_heads, d, bs);
+    const double causal = MedianSeconds([&] { Must(PagedAttentionPrefill(st.p, nullptr)); }, 3, 20);
+    std::mt19937 rng(5);
+    std::vector<uint64_t> masks(size_t(batch) * q_len);
+    for (int s = 0; s < batch; ++s) {
+      uint64_t* m = masks.data() + size_t(s) * q_len;
+      m[0] = ~uint64_t{0};  // the root: the trunk
+      for (int j = 1; j < q_len; ++j) {
+        const int parent = static_cast<int>(rng() % j);  // 0 = the root
+        m[j] = (parent == 0 ? 0 : m[parent]) | (uint64_t{1} << (j - 1));
+      }
+    }
+    std::vector<int32_t> trunks(batch, 1);
+    st.p.tree_ancestors = ToDevice(masks);
+    st.p.tree_prefix = ToDevice(trunks);
+    st.allocations.push_back(const_cast<uint64_t*>(st.p.tree_ancestors));
+    st.allocations.push_back(const_cast<int32_t*>(st.p.tree_prefix));
+    const double tree = MedianSeconds([&] { Must(PagedAttentionPrefill(st.p, nullptr)); }, 3, 20);
+    BENCH_CHECK(cudaDeviceSynchronize());
+    std::snprintf(line, sizeof(line),
+                  "  \"tree_verify\": {\"batch\": %d, \"context\": %d, \"q_len\": %d, "
+                  "\"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"causal_us\": %.1f, "
+                  "\"tree_us\": %.1f},\n",
+                  batch, context, q_len, heads, kv_heads, d, causal * 1e6, tree * 1e6);
     json += line;
   }
   json += "  \"prefill\": [\n";
