@@ -63,8 +63,8 @@ ABSL_FLAG(int, spec_disable_batch_size, 32,
           "With --spec_adaptive, no speculation at this many decoding sequences");
 ABSL_FLAG(int, spec_tree_branching, 1,
           "With --draft_source: token trees with at most this many candidates per position "
-          "(1 = chains); verified in one pass with a tree attention mask on the CPU runner, "
-          "first-child chains elsewhere");
+          "(1 = chains); verified in one pass with a tree attention mask on the CPU and CUDA "
+          "runners (first-child chains on the simulated and CPU tensor-parallel runners)");
 
 namespace ts = tessera::services;
 
