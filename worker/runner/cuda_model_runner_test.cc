@@ -409,9 +409,9 @@ TEST(CudaModelRunnerTest, TreeForwardEqualsEachPathAsAChain) {
       const std::vector<int32_t> blocks = {3, 9, 4, 12}, other_blocks = {20, 21};
       const std::vector<int32_t> context(prompt.begin(), prompt.end() - 1);
 
-      // Small: the last prompt token and 5 nodes, alone in the step.
+      // Small: the last prompt token and 5 draft nodes, alone in the step.
       ExpectTreeStepEqualsChains(**tree, **chain, context, {prompt.back(), 17, 42, 99, 5, 42},
-                                 {-1, 0, 0, 1, 1}, blocks, {}, {});
+                                 {-1, 0, 0, 1, 1, 2}, blocks, {}, {});
       // The last prompt token, then 8 draft nodes (chunk parents below),
       // next to a plain prompt.
       const std::vector<int32_t> chunk = {prompt.back(), 17, 42, 99, 5, 42, 7, 63, 8};
