@@ -418,15 +418,6 @@ __global__ void __launch_bounds__(D / 2) DecodeReduceKernel(PagedAttentionParams
 // ---------------------------------------------------------------------------
 // Host side.
 
-bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
-int Log2IfPowerOfTwo(int x) {
-  if (x <= 0 || (x & (x - 1)) != 0) return -1;
-  int s = 0;
-  while ((1 << s) < x) ++s;
-  return s;
-}
-
 absl::Status ValidateCommon(const PagedAttentionParams& p, const char* what) {
   auto bad = [what](auto&&... parts) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", parts...));
@@ -511,6 +502,25 @@ absl::Status LaunchDecode(const PagedAttentionParams& p, const DecodeExtra& x,
 
 }  // namespace
 
+namespace attention_detail {
+
+absl::Status ValidateAttentionParams(const PagedAttentionParams& p, const char* what,
+                                     bool prefill) {
+  if (absl::Status s = ValidateCommon(p, what); !s.ok()) return s;
+  if (!prefill) return absl::OkStatus();
+  if (p.query_start_loc == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": query_start_loc must be non-null"));
+  }
+  if (p.max_query_len < 0 || p.max_query_len > p.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": max_query_len ", p.max_query_len,
+                                                   " must be in [0, max_seq_len = ", p.max_seq_len,
+                                                   "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attention_detail
+
 size_t PagedAttentionDecodeWorkspaceBytes(int num_seqs, int num_heads, int head_dim,
                                           int max_seq_len) {
   if (num_seqs <= 0 || num_heads <= 0 || head_dim <= 0) return 0;
@@ -563,14 +573,9 @@ absl::Status PagedAttentionDecode(const PagedAttentionParams& p, CUstream_st* st
 }
 
 absl::Status PagedAttentionPrefill(const PagedAttentionParams& p, CUstream_st* stream) {
-  if (absl::Status s = ValidateCommon(p, "PagedAttentionPrefill"); !s.ok()) return s;
-  if (p.query_start_loc == nullptr) {
-    return absl::InvalidArgumentError("PagedAttentionPrefill: query_start_loc must be non-null");
-  }
-  if (p.max_query_len < 0 || p.max_query_len > p.max_seq_len) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("PagedAttentionPrefill: max_query_len ", p.max_query_len,
-                     " must be in [0, max_seq_len = ", p.max_seq_len, "]"));
+  if (absl::Status s = ValidateAttentionParams(p, "PagedAttentionPrefill", /*prefill=*/true);
+      !s.ok()) {
+    return s;
   }
   if (p.num_seqs == 0 || p.max_query_len == 0) return absl::OkStatus();
   switch (p.head_dim) {

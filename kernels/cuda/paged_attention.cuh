@@ -1,7 +1,8 @@
 // Device building blocks of the paged attention kernels: PTX wrappers
 // (cp.async, ldmatrix, bf16 mma.sync m16n8k16, ex2), the swizzled shared
 // memory tile layout, the paged K/V tile loader and the per-warp
-// flash-attention step. Included only by paged_attention.cu.
+// flash-attention step, and the host-side parameter checks; included by
+// the attention .cu files (paged_attention.cu, prefill_attention_sm90.cu).
 //
 // Shared-memory tiles hold rows of D bf16 values (D/8 chunks of 16 bytes);
 // chunk c of row r is stored at chunk position c ^ (r & 7), so the eight
@@ -16,6 +17,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/paged_attention.h"
 
 namespace tessera::kernels::cuda::attention_detail {
 
@@ -227,5 +231,22 @@ __device__ __forceinline__ float QuadSum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 2);
   return x;
 }
+
+// ---- host side, shared by the attention entry points ----
+
+inline bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// log2(x) for a power of two, else -1.
+inline int Log2IfPowerOfTwo(int x) {
+  if (x <= 0 || (x & (x - 1)) != 0) return -1;
+  int s = 0;
+  while ((1 << s) < x) ++s;
+  return s;
+}
+
+// The host-side checks of a paged attention call (shapes, strides, pointers,
+// alignment, block table stride); INVALID_ARGUMENT messages start with
+// `what`. `prefill` adds query_start_loc and max_query_len.
+absl::Status ValidateAttentionParams(const PagedAttentionParams& p, const char* what, bool prefill);
 
 }  // namespace tessera::kernels::cuda::attention_detail

@@ -971,63 +971,13 @@ __global__ void Sm90aProbeKernel(int* out) {
 #endif
 }
 
-bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
-int Log2IfPowerOfTwo(int x) {
-  if (x <= 0 || (x & (x - 1)) != 0) return -1;
-  int s = 0;
-  while ((1 << s) < x) ++s;
-  return s;
-}
-
 absl::Status Validate(const PagedAttentionParams& p) {
-  auto bad = [](auto&&... parts) {
-    return absl::InvalidArgumentError(absl::StrCat("PrefillAttentionSm90: ", parts...));
-  };
   if (p.head_dim != 64 && p.head_dim != 128) {
-    return bad("head_dim ", p.head_dim,
-               " is not supported (64 or 128; use PagedAttentionPrefill for others)");
+    return absl::InvalidArgumentError(
+        absl::StrCat("PrefillAttentionSm90: head_dim ", p.head_dim,
+                     " is not supported (64 or 128; use PagedAttentionPrefill for others)"));
   }
-  if (p.num_seqs < 0 || p.num_seqs > 65535) {
-    return bad("num_seqs ", p.num_seqs, " is outside [0, 65535]");
-  }
-  if (p.num_heads <= 0 || p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0) {
-    return bad("num_heads ", p.num_heads, " must be a positive multiple of num_kv_heads ",
-               p.num_kv_heads);
-  }
-  if (p.num_heads > 65535) return bad("num_heads ", p.num_heads, " exceeds 65535");
-  if (Log2IfPowerOfTwo(p.block_size) < 0 || p.block_size > (1 << 20)) {
-    return bad("block_size ", p.block_size, " must be a power of two <= 2^20");
-  }
-  if (!std::isfinite(p.scale)) return bad("scale is not finite");
-  if (p.max_seq_len < 0) return bad("max_seq_len ", p.max_seq_len, " is negative");
-  if (p.max_query_len < 0 || p.max_query_len > p.max_seq_len) {
-    return bad("max_query_len ", p.max_query_len, " must be in [0, max_seq_len = ", p.max_seq_len,
-               "]");
-  }
-  if (p.q == nullptr || p.k_cache == nullptr || p.v_cache == nullptr || p.out == nullptr ||
-      p.block_tables == nullptr || p.seq_lens == nullptr || p.query_start_loc == nullptr) {
-    return bad(
-        "q, k_cache, v_cache, out, block_tables, seq_lens and query_start_loc must be non-null");
-  }
-  if (!Aligned16(p.q) || !Aligned16(p.k_cache) || !Aligned16(p.v_cache) || !Aligned16(p.out)) {
-    return bad("q, k_cache, v_cache and out must be 16-byte aligned");
-  }
-  const int64_t row = int64_t{p.num_heads} * p.head_dim;
-  if (p.q_token_stride < row || p.q_token_stride % 8 != 0) {
-    return bad("q_token_stride ", p.q_token_stride, " must be >= num_heads * head_dim (", row,
-               ") and a multiple of 8");
-  }
-  if (p.out_token_stride < row || p.out_token_stride % 8 != 0) {
-    return bad("out_token_stride ", p.out_token_stride, " must be >= num_heads * head_dim (", row,
-               ") and a multiple of 8");
-  }
-  const int64_t blocks_needed = (int64_t{p.max_seq_len} + p.block_size - 1) / p.block_size;
-  if (p.block_table_stride < blocks_needed) {
-    return bad("block_table_stride ", p.block_table_stride, " is below the ", blocks_needed,
-               " blocks max_seq_len ", p.max_seq_len, " needs");
-  }
-  return absl::OkStatus();
+  return ValidateAttentionParams(p, "PrefillAttentionSm90", /*prefill=*/true);
 }
 
 absl::Status LaunchStatus(const char* what) {
