@@ -306,6 +306,21 @@ void ExpectCloseRow(const std::vector<float>& got, const std::vector<float>& wan
   }
 }
 
+// Every token of each stream, to its end (each event error-free).
+std::vector<std::vector<int32_t>> DrainStreams(
+    const std::vector<std::shared_ptr<engine::RequestStream>>& streams) {
+  std::vector<std::vector<int32_t>> out(streams.size());
+  for (size_t i = 0; i < streams.size(); ++i) {
+    engine::StreamEvent e;
+    while (streams[i]->Next(&e, absl::Seconds(60))) {
+      EXPECT_TRUE(e.error.ok()) << e.error;
+      for (const engine::TokenReport& t : e.tokens) out[i].push_back(t.token);
+      if (e.finished) break;
+    }
+  }
+  return out;
+}
+
 // One tree step: `context` cached on `tree`, then `chunk` (tree parents
 // `parents`, chunk token 0 at position context.size()) with every node's
 // logits, batched with the plain prompt `other` on other_blocks; each node's
@@ -543,15 +558,7 @@ TEST(CudaModelRunnerTest, EngineVerifiesTokenTreesGreedily) {
     ASSERT_TRUE(stream.ok()) << stream.status();
     streams.push_back(*stream);
   }
-  std::vector<std::vector<int32_t>> out(streams.size());
-  for (size_t i = 0; i < streams.size(); ++i) {
-    engine::StreamEvent e;
-    while (streams[i]->Next(&e, absl::Seconds(60))) {
-      EXPECT_TRUE(e.error.ok()) << e.error;
-      for (const engine::TokenReport& t : e.tokens) out[i].push_back(t.token);
-      if (e.finished) break;
-    }
-  }
+  const std::vector<std::vector<int32_t>> out = DrainStreams(streams);
   (*engine)->Stop();
   EXPECT_GT(counter->trees.load(), 0) << "no token tree was proposed";
 
@@ -687,15 +694,7 @@ TEST(CudaModelRunnerTest, DeviceSamplingInTheEngineMatchesHostSampling) {
       EXPECT_TRUE(stream.ok()) << stream.status();
       streams.push_back(*stream);
     }
-    std::vector<std::vector<int32_t>> out(streams.size());
-    for (size_t i = 0; i < streams.size(); ++i) {
-      engine::StreamEvent e;
-      while (streams[i]->Next(&e, absl::Seconds(60))) {
-        EXPECT_TRUE(e.error.ok()) << e.error;
-        for (const engine::TokenReport& t : e.tokens) out[i].push_back(t.token);
-        if (e.finished) break;
-      }
-    }
+    const std::vector<std::vector<int32_t>> out = DrainStreams(streams);
     (*engine)->Stop();
     return out;
   };
