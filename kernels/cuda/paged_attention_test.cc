@@ -30,23 +30,16 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/op_args.h"
 #include "kernels/cpu/reference_ops.h"
+#include "kernels/cuda/attention_test_util.h"
 
 namespace tessera::kernels::cuda {
 namespace {
 
-uint16_t FloatToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even (inputs are finite)
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-float Bf16ToFloat(uint16_t h) {
-  const uint32_t bits = uint32_t{h} << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+using attention_testing::DeviceArray;
+using attention_testing::kSentinel;
+using attention_testing::MakeProblem;
+using attention_testing::Problem;
+using attention_testing::ProblemShape;
 
 std::string NoDeviceReason() {
   int count = 0;
@@ -64,51 +57,12 @@ std::string NoDeviceReason() {
     if (!reason.empty()) GTEST_SKIP() << reason; \
   } while (0)
 
-// Device copy of a host vector, freed on destruction.
-template <typename T>
-class DeviceArray {
- public:
-  explicit DeviceArray(const std::vector<T>& host) : size_(host.size()) {
-    EXPECT_EQ(cudaMalloc(&ptr_, std::max<size_t>(1, size_) * sizeof(T)), cudaSuccess);
-    if (size_ > 0) {
-      EXPECT_EQ(cudaMemcpy(ptr_, host.data(), size_ * sizeof(T), cudaMemcpyHostToDevice),
-                cudaSuccess);
-    }
-  }
-  ~DeviceArray() { cudaFree(ptr_); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-
-  T* get() const { return static_cast<T*>(ptr_); }
-  std::vector<T> ToHost() const {
-    std::vector<T> host(size_);
-    if (size_ > 0) {
-      EXPECT_EQ(cudaMemcpy(host.data(), ptr_, size_ * sizeof(T), cudaMemcpyDeviceToHost),
-                cudaSuccess);
-    }
-    return host;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t size_;
-};
-
-struct Case {
+struct Case : ProblemShape {
   std::string name;
-  int num_heads = 8;
-  int num_kv_heads = 2;
-  int head_dim = 128;
-  int block_size = 16;
-  std::vector<int> q_lens;    // per sequence
-  std::vector<int> seq_lens;  // per sequence, >= q_len
   bool decode = false;
   bool decode_with_query_start_loc = false;
-  int q_stride_pad = 0;       // extra elements per q token (a fused qkv buffer)
-  int out_stride_pad = 0;     // extra elements per out token
   int max_seq_len_extra = 0;  // host bound above the true maximum (graph buckets)
-  float q_range = 2.0f;
-  bool via_graph = false;  // also replay the call from a captured CUDA graph
+  bool via_graph = false;     // also replay the call from a captured CUDA graph
   // Token trees (prefill): per sequence, empty = plain causal, else each
   // chunk token's parent (-1 = the cached context). Any tree sets the masks.
   std::vector<std::vector<int>> parents;
@@ -131,93 +85,22 @@ std::vector<uint64_t> AncestorMasks(const std::vector<int>& parents, int trunk) 
   return masks;
 }
 
-constexpr uint16_t kSentinel = 0x7fc1;  // a NaN pattern the kernels never write
-
 void RunCase(const Case& c, uint32_t seed) {
   SCOPED_TRACE(c.name);
   std::mt19937 rng(seed);
+  ProblemShape shape = c;
+  int longest = 0;
+  for (int len : c.seq_lens) longest = std::max(longest, len);
+  shape.min_table_blocks = (longest + c.max_seq_len_extra + c.block_size - 1) / c.block_size;
+  Problem pr;
+  ASSERT_NO_FATAL_FAILURE(MakeProblem(shape, rng, &pr));
   const int num_seqs = static_cast<int>(c.seq_lens.size());
   const int d = c.head_dim;
-  std::vector<int32_t> qsl(num_seqs + 1, 0);
-  for (int s = 0; s < num_seqs; ++s) qsl[s + 1] = qsl[s] + c.q_lens[s];
-  const int tokens = qsl.back();
-  const int64_t q_stride = int64_t{c.num_heads} * d + c.q_stride_pad;
-  const int64_t out_stride = int64_t{c.num_heads} * d + c.out_stride_pad;
-
-  // Block tables: a shuffled permutation of all blocks, plus spare blocks.
-  int max_blocks = 1;
-  int total_blocks = 0;
-  for (int len : c.seq_lens) {
-    const int nb = (len + c.block_size - 1) / c.block_size;
-    max_blocks = std::max(max_blocks, nb);
-    total_blocks += nb;
-  }
-  const int num_blocks = total_blocks + 3;
-  std::vector<int32_t> perm(num_blocks);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  int max_len = 0;
-  for (int len : c.seq_lens) max_len = std::max(max_len, len);
-  const int64_t table_stride =
-      std::max(max_blocks + 2, (max_len + c.max_seq_len_extra + c.block_size - 1) / c.block_size);
-  std::vector<int32_t> table_ref(num_seqs * table_stride, 0);
-  std::vector<int32_t> table_gpu(num_seqs * table_stride, 1 << 30);  // unused: out of range
-  int next = 0;
-  for (int s = 0; s < num_seqs; ++s) {
-    const int nb = (c.seq_lens[s] + c.block_size - 1) / c.block_size;
-    for (int b = 0; b < nb; ++b) {
-      table_ref[s * table_stride + b] = table_gpu[s * table_stride + b] = perm[next++];
-    }
-  }
-
-  std::uniform_real_distribution<float> qdist(-c.q_range, c.q_range);
-  std::uniform_real_distribution<float> kvdist(-1.f, 1.f);
-  std::vector<uint16_t> q_bf(static_cast<size_t>(tokens) * q_stride, kSentinel);
-  std::vector<float> q_f(q_bf.size(), 0.f);
-  for (int t = 0; t < tokens; ++t) {
-    for (int64_t i = 0; i < int64_t{c.num_heads} * d; ++i) {
-      const uint16_t h = FloatToBf16(qdist(rng));
-      q_bf[t * q_stride + i] = h;
-      q_f[t * q_stride + i] = Bf16ToFloat(h);
-    }
-  }
-  const size_t cache_elems = static_cast<size_t>(num_blocks) * c.block_size * c.num_kv_heads * d;
-  std::vector<uint16_t> k_bf(cache_elems), v_bf(cache_elems);
-  std::vector<float> k_f(cache_elems), v_f(cache_elems);
-  float max_abs_v = 0.f;
-  for (size_t i = 0; i < cache_elems; ++i) {
-    k_bf[i] = FloatToBf16(kvdist(rng));
-    v_bf[i] = FloatToBf16(kvdist(rng));
-    k_f[i] = Bf16ToFloat(k_bf[i]);
-    v_f[i] = Bf16ToFloat(v_bf[i]);
-    max_abs_v = std::max(max_abs_v, std::fabs(v_f[i]));
-  }
-
-  // Reference.
-  std::vector<float> ref(static_cast<size_t>(tokens) * c.num_heads * d, 0.f);
-  cpu::PagedAttentionArgs args;
-  args.q = q_f.data();
-  args.q_token_stride = q_stride;
-  args.num_heads = c.num_heads;
-  args.cache.k = k_f.data();
-  args.cache.v = v_f.data();
-  args.cache.num_blocks = num_blocks;
-  args.cache.block_size = c.block_size;
-  args.cache.num_kv_heads = c.num_kv_heads;
-  args.cache.head_dim = d;
-  args.query_start_loc = qsl;
-  std::vector<int32_t> seq_lens(c.seq_lens.begin(), c.seq_lens.end());
-  args.seq_lens = seq_lens;
-  args.block_tables = table_ref;
-  args.block_table_stride = table_stride;
-  args.scale = 1.0f / std::sqrt(static_cast<float>(d));
-  args.out = ref.data();
-  ASSERT_TRUE(cpu::reference::PagedAttention(args).ok());
 
   // Token trees: masks for the GPU (all ones = causal for sequences without
   // a tree), and each tree token's reference over its context + path.
   bool tree = false;
-  std::vector<uint64_t> masks(static_cast<size_t>(tokens), ~uint64_t{0});
+  std::vector<uint64_t> masks(static_cast<size_t>(pr.tokens), ~uint64_t{0});
   std::vector<int32_t> trunks(num_seqs, 0);
   for (int s = 0; s < static_cast<int>(c.parents.size()); ++s) {
     const std::vector<int>& par = c.parents[s];
@@ -231,7 +114,7 @@ void RunCase(const Case& c, uint32_t seed) {
       ASSERT_TRUE(j < trunks[s] ? par[j] == j - 1 : a == trunks[s] - 1) << "test setup: trunk";
     }
     const std::vector<uint64_t> m = AncestorMasks(par, trunks[s]);
-    std::copy(m.begin(), m.end(), masks.begin() + qsl[s]);
+    std::copy(m.begin(), m.end(), masks.begin() + pr.qsl[s]);
     const int ctx = c.seq_lens[s] - c.q_lens[s];
     const int64_t row = int64_t{c.num_kv_heads} * d;
     for (int j = 0; j < c.q_lens[s]; ++j) {
@@ -245,15 +128,15 @@ void RunCase(const Case& c, uint32_t seed) {
       for (int r = 0; r < len; ++r) {
         const int idx = path[r];
         const int64_t slot =
-            int64_t{table_ref[s * table_stride + idx / c.block_size]} * c.block_size +
+            int64_t{pr.table_ref[s * pr.table_stride + idx / c.block_size]} * c.block_size +
             idx % c.block_size;
-        std::copy_n(k_f.begin() + slot * row, row, pk.begin() + int64_t{r} * row);
-        std::copy_n(v_f.begin() + slot * row, row, pv.begin() + int64_t{r} * row);
+        std::copy_n(pr.k_f.begin() + slot * row, row, pk.begin() + int64_t{r} * row);
+        std::copy_n(pr.v_f.begin() + slot * row, row, pv.begin() + int64_t{r} * row);
       }
       std::vector<int32_t> one_qsl = {0, 1}, one_len = {len}, one_table(nb);
       std::iota(one_table.begin(), one_table.end(), 0);
-      cpu::PagedAttentionArgs a = args;
-      a.q = q_f.data() + int64_t{qsl[s] + j} * q_stride;
+      cpu::PagedAttentionArgs a = pr.args;
+      a.q = pr.q_f.data() + int64_t{pr.qsl[s] + j} * pr.q_stride;
       a.cache.k = pk.data();
       a.cache.v = pv.data();
       a.cache.num_blocks = nb;
@@ -261,11 +144,11 @@ void RunCase(const Case& c, uint32_t seed) {
       a.seq_lens = one_len;
       a.block_tables = one_table;
       a.block_table_stride = nb;
-      float* row_out = ref.data() + int64_t{qsl[s] + j} * c.num_heads * d;
+      float* row_out = pr.ref.data() + int64_t{pr.qsl[s] + j} * c.num_heads * d;
       std::vector<float> causal(row_out, row_out + int64_t{c.num_heads} * d);
       a.out = row_out;
       ASSERT_TRUE(cpu::reference::PagedAttention(a).ok());
-      // A token whose ancestors are all the chunk tokens before it sees
+      // A token whose ancestors are all the chunk pr.tokens before it sees
       // what the causal reference gave it.
       bool chain = true;
       for (int k = 0; k <= j; ++k) chain &= par[k] == k - 1;
@@ -277,19 +160,19 @@ void RunCase(const Case& c, uint32_t seed) {
   if (c.reference_only) return;
 
   // GPU.
-  DeviceArray<uint16_t> dq(q_bf), dk(k_bf), dv(v_bf);
-  DeviceArray<int32_t> dtable(table_gpu), dseq(seq_lens), dqsl(qsl);
+  DeviceArray<uint16_t> dq(pr.q_bf), dk(pr.k_bf), dv(pr.v_bf);
+  DeviceArray<int32_t> dtable(pr.table_gpu), dseq(pr.seq_lens), dqsl(pr.qsl);
   DeviceArray<uint64_t> dmasks(masks);
   DeviceArray<int32_t> dtrunks(trunks);
   DeviceArray<uint16_t> dout(
-      std::vector<uint16_t>(static_cast<size_t>(tokens) * out_stride, kSentinel));
+      std::vector<uint16_t>(static_cast<size_t>(pr.tokens) * pr.out_stride, kSentinel));
   PagedAttentionParams p;
   p.q = dq.get();
-  p.q_token_stride = q_stride;
+  p.q_token_stride = pr.q_stride;
   p.k_cache = dk.get();
   p.v_cache = dv.get();
   p.block_tables = dtable.get();
-  p.block_table_stride = table_stride;
+  p.block_table_stride = pr.table_stride;
   p.seq_lens = dseq.get();
   p.query_start_loc = (!c.decode || c.decode_with_query_start_loc) ? dqsl.get() : nullptr;
   p.num_seqs = num_seqs;
@@ -297,15 +180,15 @@ void RunCase(const Case& c, uint32_t seed) {
   p.num_kv_heads = c.num_kv_heads;
   p.head_dim = d;
   p.block_size = c.block_size;
-  p.scale = args.scale;
+  p.scale = pr.args.scale;
   p.max_seq_len = *std::max_element(c.seq_lens.begin(), c.seq_lens.end()) + c.max_seq_len_extra;
   p.max_query_len = *std::max_element(c.q_lens.begin(), c.q_lens.end());
   p.out = dout.get();
-  p.out_token_stride = out_stride;
+  p.out_token_stride = pr.out_stride;
   p.tree_ancestors = tree ? dmasks.get() : nullptr;
   p.tree_prefix = tree && !c.trunks.empty() ? dtrunks.get() : nullptr;
   // Bucketing may round max_seq_len up past the table; keep the table wide enough.
-  ASSERT_GE(table_stride, (p.max_seq_len + c.block_size - 1) / c.block_size) << "test setup";
+  ASSERT_GE(pr.table_stride, (p.max_seq_len + c.block_size - 1) / c.block_size) << "test setup";
 
   const size_t ws_bytes =
       c.decode ? PagedAttentionDecodeWorkspaceBytes(num_seqs, c.num_heads, d, p.max_seq_len) : 0;
@@ -319,20 +202,20 @@ void RunCase(const Case& c, uint32_t seed) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
   const std::vector<uint16_t> out = dout.ToHost();
 
-  const float tol = std::ldexp(max_abs_v, -7) + 1e-3f;
+  const float tol = std::ldexp(pr.max_abs_v, -7) + 1e-3f;
   int bad = 0;
   float worst = 0.f;
-  for (int t = 0; t < tokens; ++t) {
-    for (int64_t i = 0; i < out_stride; ++i) {
-      const uint16_t got_bits = out[t * out_stride + i];
+  for (int t = 0; t < pr.tokens; ++t) {
+    for (int64_t i = 0; i < pr.out_stride; ++i) {
+      const uint16_t got_bits = out[t * pr.out_stride + i];
       if (i >= int64_t{c.num_heads} * d) {
         if (got_bits != kSentinel && ++bad <= 5) {
           ADD_FAILURE() << "token " << t << " padding element " << i << " was overwritten";
         }
         continue;
       }
-      const float got = Bf16ToFloat(got_bits);
-      const float want = ref[t * int64_t{c.num_heads} * d + i];
+      const float got = attention_testing::FromBf16(got_bits);
+      const float want = pr.ref[t * int64_t{c.num_heads} * d + i];
       const float err = std::fabs(got - want);
       if (!(err <= tol)) {
         if (++bad <= 5) {
@@ -349,7 +232,7 @@ void RunCase(const Case& c, uint32_t seed) {
   if (c.via_graph) {
     // The same call captured in a CUDA graph on a non-blocking stream and
     // replayed twice gives bitwise the same output.
-    const std::vector<uint16_t> fresh(static_cast<size_t>(tokens) * out_stride, kSentinel);
+    const std::vector<uint16_t> fresh(static_cast<size_t>(pr.tokens) * pr.out_stride, kSentinel);
     ASSERT_EQ(cudaMemcpy(dout.get(), fresh.data(), fresh.size() * sizeof(uint16_t),
                          cudaMemcpyHostToDevice),
               cudaSuccess);

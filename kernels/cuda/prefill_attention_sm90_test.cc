@@ -44,24 +44,19 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/op_args.h"
 #include "kernels/cpu/reference_ops.h"
+#include "kernels/cuda/attention_test_util.h"
 #include "kernels/cuda/paged_attention.h"
 
 namespace tessera::kernels::cuda {
 namespace {
 
-uint16_t ToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even (inputs are finite)
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-float FromBf16(uint16_t h) {
-  const uint32_t bits = uint32_t{h} << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+using attention_testing::DeviceArray;
+using attention_testing::FromBf16;
+using attention_testing::kSentinel;
+using attention_testing::MakeProblem;
+using attention_testing::Problem;
+using attention_testing::ProblemShape;
+using attention_testing::ToBf16;
 
 // Empty when the wgmma kernel can run here, else why not.
 std::string SkipReason() {
@@ -86,53 +81,11 @@ bool Verbose() {
   return v != nullptr && v[0] != '\0' && v[0] != '0';
 }
 
-template <typename T>
-class DeviceArray {
- public:
-  explicit DeviceArray(const std::vector<T>& host) : size_(host.size()) {
-    EXPECT_EQ(cudaMalloc(&ptr_, std::max<size_t>(1, size_) * sizeof(T)), cudaSuccess);
-    Upload(host);
-  }
-  ~DeviceArray() { cudaFree(ptr_); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-
-  void Upload(const std::vector<T>& host) {
-    if (size_ > 0) {
-      EXPECT_EQ(cudaMemcpy(ptr_, host.data(), size_ * sizeof(T), cudaMemcpyHostToDevice),
-                cudaSuccess);
-    }
-  }
-  T* get() const { return static_cast<T*>(ptr_); }
-  std::vector<T> ToHost() const {
-    std::vector<T> host(size_);
-    if (size_ > 0) {
-      EXPECT_EQ(cudaMemcpy(host.data(), ptr_, size_ * sizeof(T), cudaMemcpyDeviceToHost),
-                cudaSuccess);
-    }
-    return host;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t size_;
-};
-
-struct Case {
+struct Case : ProblemShape {
   std::string name;
-  int num_heads = 8;
-  int num_kv_heads = 2;
-  int head_dim = 128;
-  int block_size = 16;
-  std::vector<int> q_lens;    // per sequence
-  std::vector<int> seq_lens;  // per sequence, >= q_len
-  int q_stride_pad = 0;       // extra elements per q token (a fused qkv buffer)
-  int out_stride_pad = 0;     // extra elements per out token
-  float q_range = 2.0f;       // 0: every score equal (isolates P.V and the masking)
-  bool via_graph = false;     // also replay the call from a captured CUDA graph
+  bool via_graph = false;  // also replay the call from a captured CUDA graph
 };
-
-constexpr uint16_t kSentinel = 0x7fc1;  // a NaN pattern the kernels never write
+// q_range (ProblemShape) 0: every score equal (isolates P.V and the masking).
 
 // Compares `out` with `ref`; returns the number of bad elements and prints
 // diagnostics for the first ones.
@@ -202,93 +155,22 @@ int Compare(const Case& c, const std::vector<int32_t>& qsl, const std::vector<ui
 void RunCase(const Case& c, uint32_t seed, sm90_detail::Schedule schedule) {
   SCOPED_TRACE(c.name);
   std::mt19937 rng(seed);
+  Problem pr;
+  ASSERT_NO_FATAL_FAILURE(MakeProblem(c, rng, &pr));
   const int num_seqs = static_cast<int>(c.seq_lens.size());
   const int d = c.head_dim;
-  std::vector<int32_t> qsl(num_seqs + 1, 0);
-  for (int s = 0; s < num_seqs; ++s) qsl[s + 1] = qsl[s] + c.q_lens[s];
-  const int tokens = qsl.back();
-  const int64_t q_stride = int64_t{c.num_heads} * d + c.q_stride_pad;
-  const int64_t out_stride = int64_t{c.num_heads} * d + c.out_stride_pad;
 
-  // Block tables: a shuffled permutation of all blocks, plus spare blocks.
-  int max_blocks = 1;
-  int total_blocks = 0;
-  int max_len = 0;
-  for (int len : c.seq_lens) {
-    const int nb = (len + c.block_size - 1) / c.block_size;
-    max_blocks = std::max(max_blocks, nb);
-    total_blocks += nb;
-    max_len = std::max(max_len, len);
-  }
-  const int num_blocks = total_blocks + 3;
-  std::vector<int32_t> perm(num_blocks);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  const int64_t table_stride = max_blocks + 2;
-  std::vector<int32_t> table_ref(num_seqs * table_stride, 0);
-  std::vector<int32_t> table_gpu(num_seqs * table_stride, 1 << 30);  // unused: out of range
-  int next = 0;
-  for (int s = 0; s < num_seqs; ++s) {
-    const int nb = (c.seq_lens[s] + c.block_size - 1) / c.block_size;
-    for (int b = 0; b < nb; ++b) {
-      table_ref[s * table_stride + b] = table_gpu[s * table_stride + b] = perm[next++];
-    }
-  }
-
-  std::uniform_real_distribution<float> qdist(-c.q_range, c.q_range);
-  std::uniform_real_distribution<float> kvdist(-1.f, 1.f);
-  std::vector<uint16_t> q_bf(static_cast<size_t>(tokens) * q_stride, kSentinel);
-  std::vector<float> q_f(q_bf.size(), 0.f);
-  for (int t = 0; t < tokens; ++t) {
-    for (int64_t i = 0; i < int64_t{c.num_heads} * d; ++i) {
-      const uint16_t h = ToBf16(c.q_range == 0.f ? 0.f : qdist(rng));
-      q_bf[t * q_stride + i] = h;
-      q_f[t * q_stride + i] = FromBf16(h);
-    }
-  }
-  const size_t cache_elems = static_cast<size_t>(num_blocks) * c.block_size * c.num_kv_heads * d;
-  std::vector<uint16_t> k_bf(cache_elems), v_bf(cache_elems);
-  std::vector<float> k_f(cache_elems), v_f(cache_elems);
-  float max_abs_v = 0.f;
-  for (size_t i = 0; i < cache_elems; ++i) {
-    k_bf[i] = ToBf16(kvdist(rng));
-    v_bf[i] = ToBf16(kvdist(rng));
-    k_f[i] = FromBf16(k_bf[i]);
-    v_f[i] = FromBf16(v_bf[i]);
-    max_abs_v = std::max(max_abs_v, std::fabs(v_f[i]));
-  }
-
-  std::vector<float> ref(static_cast<size_t>(tokens) * c.num_heads * d, 0.f);
-  cpu::PagedAttentionArgs args;
-  args.q = q_f.data();
-  args.q_token_stride = q_stride;
-  args.num_heads = c.num_heads;
-  args.cache.k = k_f.data();
-  args.cache.v = v_f.data();
-  args.cache.num_blocks = num_blocks;
-  args.cache.block_size = c.block_size;
-  args.cache.num_kv_heads = c.num_kv_heads;
-  args.cache.head_dim = d;
-  args.query_start_loc = qsl;
-  std::vector<int32_t> seq_lens(c.seq_lens.begin(), c.seq_lens.end());
-  args.seq_lens = seq_lens;
-  args.block_tables = table_ref;
-  args.block_table_stride = table_stride;
-  args.scale = 1.0f / std::sqrt(static_cast<float>(d));
-  args.out = ref.data();
-  ASSERT_TRUE(cpu::reference::PagedAttention(args).ok());
-
-  DeviceArray<uint16_t> dq(q_bf), dk(k_bf), dv(v_bf);
-  DeviceArray<int32_t> dtable(table_gpu), dseq(seq_lens), dqsl(qsl);
-  const std::vector<uint16_t> fresh(static_cast<size_t>(tokens) * out_stride, kSentinel);
+  DeviceArray<uint16_t> dq(pr.q_bf), dk(pr.k_bf), dv(pr.v_bf);
+  DeviceArray<int32_t> dtable(pr.table_gpu), dseq(pr.seq_lens), dqsl(pr.qsl);
+  const std::vector<uint16_t> fresh(static_cast<size_t>(pr.tokens) * pr.out_stride, kSentinel);
   DeviceArray<uint16_t> dout(fresh);
   PagedAttentionParams p;
   p.q = dq.get();
-  p.q_token_stride = q_stride;
+  p.q_token_stride = pr.q_stride;
   p.k_cache = dk.get();
   p.v_cache = dv.get();
   p.block_tables = dtable.get();
-  p.block_table_stride = table_stride;
+  p.block_table_stride = pr.table_stride;
   p.seq_lens = dseq.get();
   p.query_start_loc = dqsl.get();
   p.num_seqs = num_seqs;
@@ -296,20 +178,20 @@ void RunCase(const Case& c, uint32_t seed, sm90_detail::Schedule schedule) {
   p.num_kv_heads = c.num_kv_heads;
   p.head_dim = d;
   p.block_size = c.block_size;
-  p.scale = args.scale;
-  p.max_seq_len = max_len;
+  p.scale = pr.args.scale;
+  p.max_seq_len = pr.max_len;
   p.max_query_len = *std::max_element(c.q_lens.begin(), c.q_lens.end());
   p.out = dout.get();
-  p.out_token_stride = out_stride;
+  p.out_token_stride = pr.out_stride;
 
-  const float tol = std::ldexp(max_abs_v, -7) + 1e-3f;
+  const float tol = std::ldexp(pr.max_abs_v, -7) + 1e-3f;
 
   // Control: the portable kernel on the same inputs.
   ASSERT_TRUE(PagedAttentionPrefill(p, nullptr).ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
   float worst_portable = 0.f;
   const int bad_portable =
-      Compare(c, qsl, dout.ToHost(), ref, out_stride, tol, "portable", &worst_portable);
+      Compare(c, pr.qsl, dout.ToHost(), pr.ref, pr.out_stride, tol, "portable", &worst_portable);
   EXPECT_EQ(bad_portable, 0) << "the portable control kernel disagrees with the reference";
 
   dout.Upload(fresh);
@@ -319,7 +201,7 @@ void RunCase(const Case& c, uint32_t seed, sm90_detail::Schedule schedule) {
   ASSERT_EQ(sync, cudaSuccess) << "kernel fault: " << cudaGetErrorString(sync);
   const std::vector<uint16_t> out = dout.ToHost();
   float worst = 0.f;
-  const int bad = Compare(c, qsl, out, ref, out_stride, tol, "sm90", &worst);
+  const int bad = Compare(c, pr.qsl, out, pr.ref, pr.out_stride, tol, "sm90", &worst);
   EXPECT_EQ(bad, 0) << "mismatches (worst passing error " << worst << ", portable "
                     << worst_portable << ")";
   if (Verbose()) {
