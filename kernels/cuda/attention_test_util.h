@@ -1,8 +1,9 @@
 // Test support for the CUDA paged attention tests (paged_attention_test,
 // prefill_attention_sm90_test): host bf16 conversion, a device copy of a
-// host vector, and a random paged problem with its CPU reference. Plain
-// C++ and the CUDA runtime (the attention library's tests do not link the
-// rest of the CUDA kernels).
+// host vector, a random paged problem with its CPU reference, and
+// parameters that pass the host-side checks. Plain C++ and the CUDA
+// runtime: the attention library's tests do not link the other CUDA
+// kernels.
 //
 // A problem has random bf16 q/K/V (the reference sees the same bf16 values
 // widened to fp32), a shuffled block table whose unused entries hold
@@ -26,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/op_args.h"
 #include "kernels/cpu/reference_ops.h"
+#include "kernels/cuda/paged_attention.h"
 
 namespace tessera::kernels::cuda::attention_testing {
 
@@ -189,6 +191,33 @@ inline void MakeProblem(const ProblemShape& s, std::mt19937& rng, Problem* pr) {
   args.scale = 1.0f / std::sqrt(static_cast<float>(d));
   args.out = pr->ref.data();
   ASSERT_TRUE(cpu::reference::PagedAttention(args).ok());
+}
+
+// Parameters that pass every host-side check (pointers to static dummies,
+// never dereferenced by a validation test): tests change one field.
+inline PagedAttentionParams ValidLookingParams() {
+  alignas(16) static uint16_t dummy16[64];
+  alignas(16) static int32_t dummy32[64];
+  PagedAttentionParams p;
+  p.q = dummy16;
+  p.k_cache = dummy16;
+  p.v_cache = dummy16;
+  p.out = dummy16;
+  p.block_tables = dummy32;
+  p.seq_lens = dummy32;
+  p.query_start_loc = dummy32;
+  p.num_seqs = 1;
+  p.num_heads = 8;
+  p.num_kv_heads = 2;
+  p.head_dim = 128;
+  p.block_size = 16;
+  p.q_token_stride = 8 * 128;
+  p.out_token_stride = 8 * 128;
+  p.block_table_stride = 8;
+  p.max_seq_len = 128;
+  p.max_query_len = 128;
+  p.scale = 0.088f;
+  return p;
 }
 
 }  // namespace tessera::kernels::cuda::attention_testing

@@ -528,30 +528,7 @@ TEST(PagedAttentionPrefillTree, ReferencesOfChainsAreCausal) {
 
 // --- Validation (no device needed) --------------------------------------------
 
-PagedAttentionParams ValidLooking() {
-  alignas(16) static uint16_t dummy16[64];
-  alignas(16) static int32_t dummy32[64];
-  PagedAttentionParams p;
-  p.q = dummy16;
-  p.k_cache = dummy16;
-  p.v_cache = dummy16;
-  p.out = dummy16;
-  p.block_tables = dummy32;
-  p.seq_lens = dummy32;
-  p.query_start_loc = dummy32;
-  p.num_seqs = 1;
-  p.num_heads = 8;
-  p.num_kv_heads = 2;
-  p.head_dim = 128;
-  p.block_size = 16;
-  p.q_token_stride = 8 * 128;
-  p.out_token_stride = 8 * 128;
-  p.block_table_stride = 8;
-  p.max_seq_len = 128;
-  p.max_query_len = 128;
-  p.scale = 0.088f;
-  return p;
-}
+PagedAttentionParams ValidLooking() { return attention_testing::ValidLookingParams(); }
 
 void ExpectInvalid(const PagedAttentionParams& p, const std::string& needle) {
   for (bool decode : {true, false}) {

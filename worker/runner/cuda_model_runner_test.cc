@@ -373,6 +373,29 @@ void ExpectTreeStepEqualsChains(ModelRunner& tree, ModelRunner& chain,
   }
 }
 
+// After the 9-token tree step of the tests below (chunk root at cache
+// index start = through_root.size() - 1), keeps the path 42 (chunk 2), 42
+// (chunk 5), 63 (chunk 7): moves their K/V to chunk indices 1, 2, 3 with
+// CopyKvSlots, then one decode step must equal the chain through_root + 42
+// 42 63 77 prefilled on `chain`.
+void ExpectCompactedPathDecodes(ModelRunner& tree, ModelRunner& chain,
+                                const std::vector<int32_t>& through_root,
+                                const std::vector<int32_t>& blocks) {
+  const int start = static_cast<int>(through_root.size()) - 1;
+  auto slot = [&](int index) { return int64_t{blocks[index / 16]} * 16 + index % 16; };
+  ASSERT_TRUE(tree.CopyKvSlots({slot(start + 2), slot(start + 5), slot(start + 7)},
+                               {slot(start + 1), slot(start + 2), slot(start + 3)})
+                  .ok());
+  ForwardBatch next;
+  next.block_table_stride = static_cast<int64_t>(blocks.size());
+  next.AddSequence({77}, start + 4, blocks, 16, true);
+  std::vector<float> logits;
+  ASSERT_TRUE(tree.Forward(next, &logits).ok());
+  std::vector<int32_t> seq = through_root;
+  seq.insert(seq.end(), {42, 42, 63, 77});
+  ExpectCloseRow(logits, ChainLastLogits(chain, seq, blocks), "decode after CopyKvSlots");
+}
+
 // Token trees (as the CPU runner's TreeForwardEqualsEachPathAsAChain): one
 // forward pass over a 9-token tree after a 39-token context, batched with a
 // plain 20-token prompt, gives every node the logits of its root-to-node
@@ -433,22 +456,7 @@ TEST(CudaModelRunnerTest, TreeForwardEqualsEachPathAsAChain) {
       ExpectTreeStepEqualsChains(**tree, **chain, context, chunk, {-1, 0, 0, 1, 1, 2, 3, 5, 7},
                                  blocks, other, other_blocks);
 
-      // Keep the path 42 (chunk 2), 42 (chunk 5), 63 (chunk 7): move their
-      // K/V to chunk indices 1, 2, 3 (logical indices start + 1 ...).
-      const int start = static_cast<int>(context.size());
-      auto slot = [&](int index) { return int64_t{blocks[index / 16]} * 16 + index % 16; };
-      ASSERT_TRUE((*tree)
-                      ->CopyKvSlots({slot(start + 2), slot(start + 5), slot(start + 7)},
-                                    {slot(start + 1), slot(start + 2), slot(start + 3)})
-                      .ok());
-      ForwardBatch next;
-      next.block_table_stride = 4;
-      next.AddSequence({77}, start + 4, blocks, 16, true);
-      std::vector<float> logits;
-      ASSERT_TRUE((*tree)->Forward(next, &logits).ok());
-      std::vector<int32_t> seq = prompt;
-      seq.insert(seq.end(), {42, 42, 63, 77});
-      ExpectCloseRow(logits, ChainLastLogits(**chain, seq, blocks), "decode after CopyKvSlots");
+      ExpectCompactedPathDecodes(**tree, **chain, prompt, blocks);
     }
   }
 }
@@ -469,21 +477,9 @@ TEST(CudaModelRunnerTest, TreeHarnessHoldsOnTheCpuRunner) {
   const std::vector<int32_t> blocks = {3, 9};
   ExpectTreeStepEqualsChains(**tree, **chain, context, {9, 17, 42, 99, 5, 42, 7, 63, 8},
                              {-1, 0, 0, 1, 1, 2, 3, 5, 7}, blocks, {11, 12, 13}, {20});
-  // The path 42 (chunk 2), 42 (chunk 5), 63 (chunk 7) compacted, then decoded.
-  const int start = static_cast<int>(context.size());
-  auto slot = [&](int index) { return int64_t{blocks[index / 16]} * 16 + index % 16; };
-  ASSERT_TRUE((*tree)
-                  ->CopyKvSlots({slot(start + 2), slot(start + 5), slot(start + 7)},
-                                {slot(start + 1), slot(start + 2), slot(start + 3)})
-                  .ok());
-  ForwardBatch next;
-  next.block_table_stride = 2;
-  next.AddSequence({77}, start + 4, blocks, 16, true);
-  std::vector<float> logits;
-  ASSERT_TRUE((*tree)->Forward(next, &logits).ok());
-  std::vector<int32_t> seq = context;
-  seq.insert(seq.end(), {9, 42, 42, 63, 77});
-  ExpectCloseRow(logits, ChainLastLogits(**chain, seq, blocks), "decode after CopyKvSlots");
+  std::vector<int32_t> through_root = context;
+  through_root.push_back(9);
+  ExpectCompactedPathDecodes(**tree, **chain, through_root, blocks);
 }
 
 // Counts the drafts that are token trees (and passes everything through).
