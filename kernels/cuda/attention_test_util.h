@@ -1,7 +1,7 @@
 // Test support for the CUDA paged attention tests (paged_attention_test,
 // prefill_attention_sm90_test): host bf16 conversion, a device copy of a
-// host vector, a random paged problem with its CPU reference, and
-// parameters that pass the host-side checks. Plain C++ and the CUDA
+// host vector, a random paged problem with its CPU reference, a CUDA-graph
+// replay check, and parameters that pass the host-side checks. Plain C++ and the CUDA
 // runtime: the attention library's tests do not link the other CUDA
 // kernels.
 //
@@ -20,10 +20,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/op_args.h"
 #include "kernels/cpu/reference_ops.h"
@@ -191,6 +193,30 @@ inline void MakeProblem(const ProblemShape& s, std::mt19937& rng, Problem* pr) {
   args.scale = 1.0f / std::sqrt(static_cast<float>(d));
   args.out = pr->ref.data();
   ASSERT_TRUE(cpu::reference::PagedAttention(args).ok());
+}
+
+// `call` (an attention call that writes dout) captured into a CUDA graph on
+// a fresh stream and replayed twice: dout must end bitwise equal to `want`
+// (what the direct call wrote).
+inline void ExpectGraphReplayMatches(const std::function<absl::Status(cudaStream_t)>& call,
+                                     const DeviceArray<uint16_t>& dout,
+                                     const std::vector<uint16_t>& want) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const absl::Status captured = call(stream);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  ASSERT_TRUE(captured.ok()) << captured;
+  ASSERT_EQ(end, cudaSuccess) << cudaGetErrorString(end);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int rep = 0; rep < 2; ++rep) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_TRUE(dout.ToHost() == want) << "graph replay differs from the direct call";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 // Parameters that pass every host-side check (pointers to static dummies,

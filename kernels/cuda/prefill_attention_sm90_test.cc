@@ -51,6 +51,7 @@ namespace tessera::kernels::cuda {
 namespace {
 
 using attention_testing::DeviceArray;
+using attention_testing::ExpectGraphReplayMatches;
 using attention_testing::FromBf16;
 using attention_testing::kSentinel;
 using attention_testing::MakeProblem;
@@ -212,22 +213,11 @@ void RunCase(const Case& c, uint32_t seed, sm90_detail::Schedule schedule) {
   if (c.via_graph) {
     // The call captured in a CUDA graph and replayed twice: bitwise the same.
     dout.Upload(fresh);
-    cudaStream_t stream = nullptr;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-    const absl::Status captured = sm90_detail::PrefillAttentionSm90Variant(p, stream, schedule);
-    cudaGraph_t graph = nullptr;
-    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-    ASSERT_TRUE(captured.ok()) << captured;
-    ASSERT_EQ(end, cudaSuccess) << cudaGetErrorString(end);
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    for (int rep = 0; rep < 2; ++rep) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    EXPECT_TRUE(dout.ToHost() == out) << "graph replay differs from the direct call";
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
+    ExpectGraphReplayMatches(
+        [&](cudaStream_t stream) {
+          return sm90_detail::PrefillAttentionSm90Variant(p, stream, schedule);
+        },
+        dout, out);
   }
 }
 

@@ -74,6 +74,16 @@ Err Compare(const std::vector<float>& got, const std::vector<float>& want) {
   return e;
 }
 
+// Runner options of the small tests: `blocks` KV blocks, at most `tokens`
+// tokens in at most 4 sequences per step.
+CudaRunnerOptions SmallOptions(int64_t blocks, int tokens) {
+  CudaRunnerOptions options;
+  options.num_kv_blocks = blocks;
+  options.max_num_tokens = tokens;
+  options.max_num_seqs = 4;
+  return options;
+}
+
 int32_t Argmax(const float* row, int64_t vocab) {
   int32_t best = 0;
   kernels::cpu::reference::Argmax(row, 1, vocab, &best);
@@ -219,11 +229,7 @@ TEST(CudaModelRunnerTest, GreedyOnDeviceEqualsHostArgmax) {
   REQUIRE_GPU(device);
   auto model = model::LoadModel(SourcePath("models/draft"));
   ASSERT_TRUE(model.ok()) << model.status();
-  CudaRunnerOptions options;
-  options.num_kv_blocks = 32;
-  options.max_num_tokens = 128;
-  options.max_num_seqs = 4;
-  auto gpu = CudaModelRunner::Create(model->get(), device, options);
+  auto gpu = CudaModelRunner::Create(model->get(), device, SmallOptions(32, 128));
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   ForwardBatch b;
   b.block_table_stride = 4;
@@ -250,11 +256,7 @@ TEST(CudaModelRunnerTest, BadBatchesAreRejectedBeforeAnyKernelRuns) {
   REQUIRE_GPU(device);
   auto model = model::LoadModel(SourcePath("models/draft"));
   ASSERT_TRUE(model.ok()) << model.status();
-  CudaRunnerOptions options;
-  options.num_kv_blocks = 8;
-  options.max_num_tokens = 64;
-  options.max_num_seqs = 4;
-  auto gpu = CudaModelRunner::Create(model->get(), device, options);
+  auto gpu = CudaModelRunner::Create(model->get(), device, SmallOptions(8, 64));
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   std::vector<float> logits;
   ForwardBatch bad_token;
@@ -593,11 +595,7 @@ TEST(CudaModelRunnerTest, OversizedTreesAndBadSlotCopiesAreRejected) {
   REQUIRE_GPU(device);
   auto model = model::LoadModel(SourcePath("models/draft"));
   ASSERT_TRUE(model.ok()) << model.status();
-  CudaRunnerOptions options;
-  options.num_kv_blocks = 16;
-  options.max_num_tokens = 256;
-  options.max_num_seqs = 4;
-  auto gpu = CudaModelRunner::Create(model->get(), device, options);
+  auto gpu = CudaModelRunner::Create(model->get(), device, SmallOptions(16, 256));
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   std::vector<float> logits;
   const std::vector<int32_t> blocks = {0, 1, 2, 3, 4, 5, 6, 7};
