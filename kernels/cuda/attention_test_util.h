@@ -1,7 +1,8 @@
 // Test support for the CUDA paged attention tests (paged_attention_test,
 // prefill_attention_sm90_test): host bf16 conversion, a device copy of a
 // host vector, a random paged problem with its CPU reference, a CUDA-graph
-// replay check, and parameters that pass the host-side checks. Plain C++ and the CUDA
+// replay check, parameters that pass the host-side checks and the errors
+// those checks refuse. Plain C++ and the CUDA
 // runtime: the attention library's tests do not link the other CUDA
 // kernels.
 //
@@ -23,6 +24,7 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -244,6 +246,30 @@ inline PagedAttentionParams ValidLookingParams() {
   p.max_query_len = 128;
   p.scale = 0.088f;
   return p;
+}
+
+// A parameter error and the text its INVALID_ARGUMENT must contain.
+struct BadParams {
+  std::function<void(PagedAttentionParams&)> change;  // applied to ValidLookingParams()
+  std::string needle;
+};
+
+// The errors every attention entry point refuses through the shared host
+// checks (attention_detail::ValidateAttentionParams).
+inline std::vector<BadParams> CommonBadParams() {
+  return {
+      {[](PagedAttentionParams& p) { p.num_kv_heads = 3; }, "num_kv_heads 3"},
+      {[](PagedAttentionParams& p) { p.block_size = 24; }, "block_size 24"},
+      {[](PagedAttentionParams& p) { p.k_cache = nullptr; }, "non-null"},
+      {[](PagedAttentionParams& p) {
+         p.q = reinterpret_cast<const uint16_t*>(reinterpret_cast<uintptr_t>(p.q) + 2);
+       },
+       "16-byte aligned"},
+      {[](PagedAttentionParams& p) { p.q_token_stride = 8 * 128 - 8; }, "q_token_stride"},
+      {[](PagedAttentionParams& p) { p.out_token_stride = 8 * 128 + 4; }, "out_token_stride"},
+      {[](PagedAttentionParams& p) { p.block_table_stride = 7; }, "block_table_stride 7"},
+      {[](PagedAttentionParams& p) { p.scale = std::nanf(""); }, "scale"},
+  };
 }
 
 }  // namespace tessera::kernels::cuda::attention_testing

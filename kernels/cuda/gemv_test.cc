@@ -380,6 +380,24 @@ TEST(CudaGemvTest, QkvRopeEpilogueEqualsGemvThenRope) {
       absl::StatusCode::kInvalidArgument);
 }
 
+// RoPE-ordered input to the Rope kernel is refused (before any launch, so
+// no device is needed) with q/k norms, which need a head in its normal
+// order, and with a head_dim that is not a multiple of 16.
+TEST(CudaGemvTest, RopeOrderRefusesQkNormsAndUnpairedHeads) {
+  alignas(16) static Bf16 qkv[4 * 128];
+  static const int32_t pos[1] = {0};
+  static const float freq[64] = {};
+  static const float norm[128] = {};
+  EXPECT_EQ(Rope(qkv, 256, 1, qkv + 128, 256, 1, 128, pos, 1, freq, norm, norm, 1e-6f, nullptr,
+                 nullptr, /*rope_order=*/true)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Rope(qkv, 48, 1, qkv + 24, 48, 1, 24, pos, 1, freq, nullptr, nullptr, 0.f, nullptr,
+                 nullptr, /*rope_order=*/true)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CudaGemvTest, RefusesWhatItCannotTakeAndContextFallsBack) {
   TESSERA_REQUIRE_CUDA_DEVICE();
   TestWorkspace tw;

@@ -385,24 +385,14 @@ TEST(PrefillAttentionSm90Validation, RejectsBadParameters) {
   EXPECT_TRUE(PrefillAttentionSm90Supports(p));
   p.head_dim = 128;
   EXPECT_TRUE(PrefillAttentionSm90Supports(p));
-  p = ValidLooking();
-  p.num_kv_heads = 3;
-  ExpectInvalid(p, "num_kv_heads 3");
-  p = ValidLooking();
-  p.block_size = 24;
-  ExpectInvalid(p, "block_size 24");
+  for (const attention_testing::BadParams& bad : attention_testing::CommonBadParams()) {
+    p = ValidLooking();
+    bad.change(p);
+    ExpectInvalid(p, bad.needle);
+  }
   p = ValidLooking();
   p.query_start_loc = nullptr;
   ExpectInvalid(p, "non-null");
-  p = ValidLooking();
-  p.q = reinterpret_cast<const uint16_t*>(reinterpret_cast<uintptr_t>(p.q) + 2);
-  ExpectInvalid(p, "16-byte aligned");
-  p = ValidLooking();
-  p.out_token_stride = 8 * 128 + 4;
-  ExpectInvalid(p, "out_token_stride");
-  p = ValidLooking();
-  p.block_table_stride = 7;
-  ExpectInvalid(p, "block_table_stride 7");
   p = ValidLooking();
   p.max_query_len = 129;
   ExpectInvalid(p, "max_query_len 129");

@@ -74,13 +74,13 @@ Err Compare(const std::vector<float>& got, const std::vector<float>& want) {
   return e;
 }
 
-// Runner options of the small tests: `blocks` KV blocks, at most `tokens`
-// tokens in at most 4 sequences per step.
-CudaRunnerOptions SmallOptions(int64_t blocks, int tokens) {
+// Runner options of the tests: `blocks` KV blocks, at most `tokens` tokens
+// in at most `seqs` sequences per step.
+CudaRunnerOptions TestOptions(int64_t blocks, int tokens, int seqs = 4) {
   CudaRunnerOptions options;
   options.num_kv_blocks = blocks;
   options.max_num_tokens = tokens;
-  options.max_num_seqs = 4;
+  options.max_num_seqs = seqs;
   return options;
 }
 
@@ -229,7 +229,7 @@ TEST(CudaModelRunnerTest, GreedyOnDeviceEqualsHostArgmax) {
   REQUIRE_GPU(device);
   auto model = model::LoadModel(SourcePath("models/draft"));
   ASSERT_TRUE(model.ok()) << model.status();
-  auto gpu = CudaModelRunner::Create(model->get(), device, SmallOptions(32, 128));
+  auto gpu = CudaModelRunner::Create(model->get(), device, TestOptions(32, 128));
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   ForwardBatch b;
   b.block_table_stride = 4;
@@ -256,7 +256,7 @@ TEST(CudaModelRunnerTest, BadBatchesAreRejectedBeforeAnyKernelRuns) {
   REQUIRE_GPU(device);
   auto model = model::LoadModel(SourcePath("models/draft"));
   ASSERT_TRUE(model.ok()) << model.status();
-  auto gpu = CudaModelRunner::Create(model->get(), device, SmallOptions(8, 64));
+  auto gpu = CudaModelRunner::Create(model->get(), device, TestOptions(8, 64));
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   std::vector<float> logits;
   ForwardBatch bad_token;
@@ -519,10 +519,7 @@ TEST(CudaModelRunnerTest, EngineVerifiesTokenTreesGreedily) {
   REQUIRE_GPU(device);
   auto model = model::LoadModel(SourcePath("models/target"));
   ASSERT_TRUE(model.ok()) << model.status();
-  CudaRunnerOptions options;
-  options.num_kv_blocks = 128;
-  options.max_num_tokens = 1024;
-  options.max_num_seqs = 8;
+  const CudaRunnerOptions options = TestOptions(128, 1024, 8);
   auto runner = CudaModelRunner::Create(model->get(), device, options);
   ASSERT_TRUE(runner.ok()) << runner.status();
   spec::ModelSourceFromDirOptions mo;
@@ -595,7 +592,7 @@ TEST(CudaModelRunnerTest, OversizedTreesAndBadSlotCopiesAreRejected) {
   REQUIRE_GPU(device);
   auto model = model::LoadModel(SourcePath("models/draft"));
   ASSERT_TRUE(model.ok()) << model.status();
-  auto gpu = CudaModelRunner::Create(model->get(), device, SmallOptions(16, 256));
+  auto gpu = CudaModelRunner::Create(model->get(), device, TestOptions(16, 256));
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   std::vector<float> logits;
   const std::vector<int32_t> blocks = {0, 1, 2, 3, 4, 5, 6, 7};
@@ -733,11 +730,7 @@ TEST(CudaModelRunnerTest, RopeOrderedQkvMatchesTheCpuRunner) {
       cpu_options.num_kv_blocks = 16;
       auto cpu = CpuModelRunner::Create(model->get(), cpu_options);
       ASSERT_TRUE(cpu.ok()) << cpu.status();
-      CudaRunnerOptions options;
-      options.num_kv_blocks = 16;
-      options.max_num_tokens = 64;
-      options.max_num_seqs = 4;
-      auto gpu = CudaModelRunner::Create(model->get(), device, options);
+      auto gpu = CudaModelRunner::Create(model->get(), device, TestOptions(16, 64));
       ASSERT_TRUE(gpu.ok()) << gpu.status();
       const int64_t vocab = (*model)->config.vocab_size;
       std::mt19937 rng(11);
