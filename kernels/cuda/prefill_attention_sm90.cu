@@ -17,21 +17,23 @@
 // mma.m16n8k16 A fragment, built from the S accumulators of column blocks
 // 2kk and 2kk + 1 of the same thread.
 //
-// Pipeline per key tile kt (three stages): wait for tile kt's cp.async
+// PrefillSm90Kernel (kPlain, kPingPong), per key tile kt (three stages):
+// wait for tile kt's cp.async
 // group, fence.proxy.async (cp.async and zero-fill stores are generic-proxy
 // writes that wgmma reads through the async proxy), one __syncthreads, then
 // the prefetch of tile kt + 2 into the stage tile kt - 1 used (every
 // warpgroup waited for its wgmmas on that stage before the barrier), and
-// both warpgroups compute on tile kt. With the ping-pong schedule (the
-// default) warpgroup 1 starts its S product only once warpgroup 0's is
+// both warpgroups compute on tile kt. With the ping-pong schedule
+// warpgroup 1 starts its S product only once warpgroup 0's is
 // done (named barrier 1), so their softmax phases alternate with the other
 // warpgroup's tensor-core work, and warpgroup 0 issues its prefetch while
 // its S product runs.
 //
-// The warp-specialized schedules (PrefillSm90WsKernel, below) keep the
-// same tiles, layouts and descriptors but move the gather to a producer
-// warpgroup synchronised through mbarriers, and pipeline each consumer's
-// softmax against its own P V product; see the comment above that kernel.
+// The warp-specialized schedules (PrefillSm90WsKernel, below; the default
+// is kWarpSpecPingPong) keep the same tiles, layouts and descriptors but
+// move the gather to a producer warpgroup synchronised through mbarriers,
+// and pipeline each consumer's softmax against its own P V product; see
+// the comment above that kernel.
 //
 // Thread-safety: see the header.
 #include "kernels/cuda/prefill_attention_sm90.h"
@@ -58,7 +60,7 @@ constexpr int kKeys = 128;     // keys per K/V tile
 constexpr int kStages = 3;
 using sm90_detail::Schedule;
 // The schedule PrefillAttentionSm90 runs (see sm90_detail::Schedule).
-constexpr Schedule kDefaultSchedule = Schedule::kPingPong;
+constexpr Schedule kDefaultSchedule = Schedule::kWarpSpecPingPong;
 constexpr float kLog2e = 1.4426950408889634f;
 
 template <int D>
@@ -443,12 +445,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // Online softmax in log2 units on the accumulator layout.
     const bool need_mask = key0 + kKeys - 1 > wg_first_pos;
+    // Maxima of the raw scores (scale > 0: see Validate), the scale folded
+    // into the exponent's FMA.
     float mx[2] = {kNegInf, kNegInf};
 #pragma unroll
     for (int j = 0; j < kKeys / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float v = s[4 * j + e] * scale_log2;
+        float v = s[4 * j + e];
         if (need_mask && key0 + 8 * j + 2 * t + (e & 1) > pos0 + 8 * (e >> 1)) v = kNegInf;
         s[4 * j + e] = v;
         mx[e >> 1] = fmaxf(mx[e >> 1], v);
@@ -460,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 2; ++i) {
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      const float m_new = fmaxf(m[i], mx[i]);
+      const float m_new = fmaxf(m[i], mx[i] * scale_log2);
       base[i] = m_new == kNegInf ? 0.f : m_new;  // a fully masked row stays at 0 weight
       alpha[i] = Ex2(m[i] - base[i]);
       m[i] = m_new;
@@ -470,7 +474,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < kKeys / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float pe = Ex2(s[4 * j + e] - base[e >> 1]);
+        const float pe = Ex2(fmaf(s[4 * j + e], scale_log2, -base[e >> 1]));
         s[4 * j + e] = pe;
         row_sum[e >> 1] += pe;
       }
@@ -546,13 +550,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 //
 // The producer gathers the query tile, then K and V of every key tile with
 // cp.async (zero-filling past the sequence) into a ring of three stages,
-// each of K and V with its own "full" and "empty" mbarrier:
-//   commit groups, in order: [Q, K0], [V0], [K1], [V1], ...
-//   after issuing group g it waits for group g - 1 (cp.async.wait_group 1),
-//   makes its writes visible to the async proxy (fence.proxy.async) and
-//   arrives on g - 1's full barrier (count 128, one arrival per producer
-//   thread); before reusing a stage it waits for that stage's empty barrier
-//   (count 256, one arrival per consumer thread when done with the tile).
+// each with a "full" and an "empty" mbarrier:
+//   after issuing a tile's copies (K and V together, one table lookup per
+//   row for both; the query tile with tile 0) each producer thread arrives
+//   on the stage's full barrier with cp.async.mbarrier.arrive.noinc (count
+//   128, one arrival per producer thread), which the hardware completes
+//   once that thread's earlier copies have landed, so the producer never
+//   waits for data and keeps up to three tiles in flight; the consumers
+//   make the copies visible to the async proxy (fence.proxy.async) after
+//   their full wait. Before reusing a stage the producer waits for its
+//   empty barrier (count 256, one arrival per consumer thread once its P V
+//   product of the tile there has completed).
+//   Measured before this form (H200, 8k tokens, Nsight Compute): a producer
+//   that waited for each of its own cp.async groups (one tile in flight)
+//   and recomputed every address for K and V separately, with spinning
+//   barrier waits, issued half of all instructions and left the consumers
+//   waiting for data; 341 TFLOP/s against PingPong's 367.
 // Tile j sits in stage j % 3 and is that stage's (j / 3)-th use, so every
 // wait's parity follows from j alone: full (j / 3) & 1, empty
 // (j / 3 - 1) & 1. No barrier can run a phase ahead of a waiter: the
@@ -564,9 +577,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // barrier sequences are identical and fixed. Each consumer overlaps its own
 // softmax with its own tensor-core work (intra-warpgroup pipelining):
 //   iteration j: issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1} (two commit
-//   groups); wait for S_j only (wait_group 1) and release K_j; the softmax
-//   of S_j runs while P V is on the tensor cores; wait for P V (wait_group
-//   0), release V_{j-1}, rescale O and pack P_j.
+//   groups); wait for S_j only (wait_group 1); the softmax of S_j runs
+//   while P V is on the tensor cores; wait for P V (wait_group 0), release
+//   stage j - 1, rescale O and pack P_j.
 // The key tiles at or past the warpgroup's first query row's diagonal run a
 // masked copy of the loop body (branch-free masking: a select per element);
 // the others run without mask code. All mbarrier waits sit where no wgmma is
@@ -595,8 +608,8 @@ static_assert(128 * (168 - kWsProducerRegs) == 256 * (kWsConsumerRegs - 168),
 
 template <int D>
 constexpr size_t WsSmemBytes() {
-  // The tiles as SmemBytes, then 4 * kStages mbarriers (8 bytes each).
-  return SmemBytes<D>() + 4 * kStages * 8;
+  // The tiles as SmemBytes, then 2 * kStages mbarriers (8 bytes each).
+  return SmemBytes<D>() + 2 * kStages * 8;
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -608,13 +621,17 @@ __device__ __forceinline__ void MbarArrive(uint32_t bar) {
   asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
                : "memory");
 }
+// A waiting thread sleeps until the phase completes or this long passes
+// (instead of spinning: the spinning waits of an earlier version issued a
+// third of the kernel's instructions, on the consumers' schedulers).
+constexpr uint32_t kMbarSuspendHintNs = 1000000;
 __device__ __forceinline__ bool MbarTryWait(uint32_t bar, uint32_t parity) {
   uint32_t done;
   asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
       "selp.u32 %0, 1, 0, p;\n}\n"
       : "=r"(done)
-      : "r"(bar), "r"(parity)
+      : "r"(bar), "r"(parity), "n"(kMbarSuspendHintNs)
       : "memory");
   return done != 0;
 }
@@ -636,6 +653,11 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity, bool& ti
     }
   }
 }
+// One arrival on `bar` once every cp.async this thread issued before has
+// completed (the barrier's expected count includes it: .noinc).
+__device__ __forceinline__ void CpAsyncMbarArriveNoinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 // bar.arrive only where `pred` holds (a predicated instruction, no branch).
 __device__ __forceinline__ void NamedBarArriveIf(bool pred, int id, int count) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p bar.arrive %1, %2;\n}\n" ::"r"(
@@ -648,30 +670,39 @@ __device__ __forceinline__ void WgWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-// Producer warpgroup (tid 0..127): cp.async of keys [key0,
-// key0 + kKeys) of one of K or V into a swizzled tile, branch-free (keys >=
-// key_end copy 0 bytes, i.e. zero-fill, from key key_end - 1's address).
+// Producer warpgroup (tid 0..127): cp.async of keys [key0, key0 + kKeys)
+// of K and V into a stage's swizzled tiles, branch-free (keys >= key_end
+// copy 0 bytes, i.e. zero-fill, from key key_end - 1's address). Thread
+// tid copies 16-byte chunk tid % (D/8) of rows tid / (D/8) + i * kPass:
+// every such row has the same (row & 7), so its shared-memory offset is the
+// first row's plus i * kPass lines (immediate offsets), and its global
+// offset inside a cache slot is the same for K and V. One table lookup per
+// row for both copies; a row's address is one 32 x 32 -> 64-bit multiply-add
+// (page * page bytes, which Validate keeps below 4 GiB, onto the thread's
+// K base) plus the slot's 32-bit offset in the page; V is K plus a constant.
 template <int D>
-__device__ __forceinline__ void WsLoadTile(uint16_t* dst, const uint16_t* cache,
-                                           const KvSource& src, int key0, int key_end, int tid) {
-  constexpr int kChunksPerRow = D / 8;
-  constexpr int kRowsPerPass = 128 / kChunksPerRow;
+__device__ __forceinline__ void WsGatherKv(uint32_t k_dst, uint32_t v_dst, const char* k_thread,
+                                           int64_t v_minus_k, const KvSource& src, int key0,
+                                           int key_end, int first_row) {
+  constexpr int kPass = 128 / (D / 8);  // rows per pass of the 128 threads
   const int block_mask = (1 << src.block_shift) - 1;
-  const int chunk = tid % kChunksPerRow;
-  const int row_in_pass = tid / kChunksPerRow;
-  const uint32_t dst_addr = SmemAddr(dst);
+  const uint32_t row_bytes = static_cast<uint32_t>(src.slot_stride) * 2u;
+  const uint32_t page_bytes = row_bytes << src.block_shift;
 #pragma unroll 4
-  for (int r = row_in_pass; r < kKeys; r += kRowsPerPass) {
-    const int key = key0 + r;
+  for (int i = 0; i < kKeys / kPass; ++i) {
+    const int key = key0 + first_row + i * kPass;
     const bool valid = key < key_end;
     const int safe_key = valid ? key : key_end - 1;
-    const int64_t block = src.table[safe_key >> src.block_shift];
-    const int64_t slot = (block << src.block_shift) + (safe_key & block_mask);
-    const uint16_t* g = cache + slot * src.slot_stride + src.head_offset + chunk * 8;
+    const uint32_t page = static_cast<uint32_t>(src.table[safe_key >> src.block_shift]);
+    const char* k = k_thread + static_cast<uint64_t>(page) * page_bytes +
+                    static_cast<uint32_t>(safe_key & block_mask) * row_bytes;
     const uint32_t bytes = valid ? 16u : 0u;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                     dst_addr + 2 * TileOffset<kKeys>(r, chunk)),
-                 "l"(g), "r"(bytes)
+    const uint32_t line = static_cast<uint32_t>(i * kPass * 128);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(k_dst + line), "l"(k),
+                 "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(v_dst + line),
+                 "l"(k + v_minus_k), "r"(bytes)
                  : "memory");
   }
 }
@@ -691,12 +722,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   uint16_t* const sq = reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(smem_raw) +
                                                    ((1024 - (raw_addr & 1023)) & 1023));
   uint16_t* const stages = sq + kRows * D;
-  // Barriers: full_k[s], full_v[s], empty_k[s], empty_v[s] at bars + 8 * (4 s + i).
+  // Barriers: full[s], empty[s] at bars + 8 * (2 s + i).
   const uint32_t bars = SmemAddr(stages + kStages * kStageElems);
-  auto full_k = [&](int s) { return bars + 8 * (4 * s + 0); };
-  auto full_v = [&](int s) { return bars + 8 * (4 * s + 1); };
-  auto empty_k = [&](int s) { return bars + 8 * (4 * s + 2); };
-  auto empty_v = [&](int s) { return bars + 8 * (4 * s + 3); };
+  auto full = [&](int s) { return bars + 8 * (2 * s + 0); };
+  auto empty = [&](int s) { return bars + 8 * (2 * s + 1); };
 
   QueryTile tile;
   if (!FindQueryTile<D, kWsThreads>(p, block_shift, group, &tile)) return;
@@ -713,10 +742,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      MbarInit(full_k(s), 128);
-      MbarInit(full_v(s), 128);
-      MbarInit(empty_k(s), 256);
-      MbarInit(empty_v(s), 256);
+      MbarInit(full(s), 128);
+      MbarInit(empty(s), 256);
     }
   }
   __syncthreads();         // the last CTA-wide barrier: the roles split below
@@ -728,13 +755,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // ---- Producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWsProducerRegs));
     const int tid = threadIdx.x - 256;
+    constexpr int kChunksPerRow = D / 8;
+    const int chunk = tid % kChunksPerRow;
+    const int first_row = tid / kChunksPerRow;
     {
       // Query tile (rows past q_len zero-filled from row 0's address).
-      constexpr int kChunksPerRow = D / 8;
-      const int chunk = tid % kChunksPerRow;
       const uint32_t sq_addr = SmemAddr(sq);
 #pragma unroll 4
-      for (int r = tid / kChunksPerRow; r < kRows; r += 128 / kChunksPerRow) {
+      for (int r = first_row; r < kRows; r += 128 / kChunksPerRow) {
         const bool valid = r < rows_valid;
         const uint16_t* g = p.q + int64_t{q_begin + row0 + (valid ? r : 0)} * p.q_token_stride +
                             int64_t{head} * D + chunk * 8;
@@ -744,28 +772,25 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                      : "memory");
       }
     }
+    const uint16_t* const k_thread = src.k + src.head_offset + chunk * 8;
+    // The byte distance from a K element to its V element (the same slot,
+    // head and column in the other cache).
+    const int64_t v_minus_k = static_cast<int64_t>(reinterpret_cast<uintptr_t>(src.v) -
+                                                   reinterpret_cast<uintptr_t>(src.k));
+    const uint32_t thread_dst = 2 * TileOffset<kKeys>(first_row, chunk);
+    // Each thread's copies of tile j complete its arrival on full[j % 3]
+    // (cp.async.mbarrier.arrive.noinc): the producer never waits for its
+    // own copies, only for free stages, so up to kStages tiles are in
+    // flight. The query tile rides with tile 0.
     for (int j = 0; j < n_tiles; ++j) {
       const int s = j % kStages;
-      const uint32_t empty_parity = ((j / kStages) + 1) & 1;
-      uint16_t* const sk = stages + s * kStageElems;
-      if (j >= kStages) MbarWait(empty_k(s), empty_parity, timed_out);
-      WsLoadTile<D>(sk, src.k, src, j * kKeys, n_keys, tid);
-      CpAsyncCommit();
-      if (j > 0) {  // V_{j-1} landed
-        CpAsyncWait<1>();
-        FenceProxyAsync();
-        MbarArrive(full_v((j - 1) % kStages));
-      }
-      if (j >= kStages) MbarWait(empty_v(s), empty_parity, timed_out);
-      WsLoadTile<D>(sk + kKeys * D, src.v, src, j * kKeys, n_keys, tid);
-      CpAsyncCommit();
-      CpAsyncWait<1>();  // K_j (and for j = 0 the query tile) landed
-      FenceProxyAsync();
-      MbarArrive(full_k(s));
+      if (j >= kStages) MbarWait(empty(s), ((j / kStages) + 1) & 1, timed_out);
+      const uint32_t k_dst = SmemAddr(stages + s * kStageElems) + thread_dst;
+      WsGatherKv<D>(k_dst, k_dst + kKeys * D * 2, reinterpret_cast<const char*>(k_thread),
+                    v_minus_k, src, j * kKeys, n_keys, first_row);
+      CpAsyncMbarArriveNoinc(full(s));
     }
-    CpAsyncWait<0>();
-    FenceProxyAsync();
-    MbarArrive(full_v((n_tiles - 1) % kStages));
+    CpAsyncWait<0>();  // no copy outlives its thread
     return;
   }
 
@@ -840,7 +865,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     for (int jj = 0; jj < kKeys / 8; ++jj) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float v = s[4 * jj + e] * scale_log2;
+        float v = s[4 * jj + e];  // raw: the scale is folded into the exponent
         if constexpr (decltype(masked)::value) {
           const int limit = pos0 + 8 * (e >> 1) - key0 - 2 * t;
           v = 8 * jj + (e & 1) > limit ? kNegInf : v;
@@ -854,7 +879,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     for (int i = 0; i < 2; ++i) {
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      const float m_new = fmaxf(m[i], mx[i]);
+      const float m_new = fmaxf(m[i], mx[i] * scale_log2);
       base[i] = m_new == kNegInf ? 0.f : m_new;  // a fully masked row stays at 0 weight
       alpha[i] = Ex2(m[i] - base[i]);
       m[i] = m_new;
@@ -864,7 +889,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     for (int jj = 0; jj < kKeys / 8; ++jj) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float pe = Ex2(s[4 * jj + e] - base[e >> 1]);
+        const float pe = Ex2(fmaf(s[4 * jj + e], scale_log2, -base[e >> 1]));
         s[4 * jj + e] = pe;
         row_sum[e >> 1] += pe;
       }
@@ -896,7 +921,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if constexpr (kPingPong) {
     if (cwg == 1) NamedBarArrive(1, 256);  // consumer 0 goes first
   }
-  MbarWait(full_k(0), 0, timed_out);
+  MbarWait(full(0), 0, timed_out);
   FenceProxyAsync();
   if constexpr (kPingPong) NamedBarSync(my_bar, 256);
   pin_s();
@@ -905,14 +930,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if constexpr (kPingPong) NamedBarArriveIf(!(cwg == 1 && n_tiles == 1), other_bar, 256);
   WgWait<0>();
   pin_s();
-  MbarArrive(empty_k(0));
   softmax(0, std::integral_constant<bool, true>{});
   finish();
 
   // Tiles 1 .. n_tiles - 1: S_j and P_{j-1} V_{j-1} in flight together.
   auto step = [&](int j, auto masked) {
-    MbarWait(full_k(j % kStages), (j / kStages) & 1, timed_out);
-    MbarWait(full_v((j - 1) % kStages), ((j - 1) / kStages) & 1, timed_out);
+    MbarWait(full(j % kStages), (j / kStages) & 1, timed_out);  // K_j, V_j (V_{j-1} before)
     FenceProxyAsync();
     if constexpr (kPingPong) NamedBarSync(my_bar, 256);
     pin_s();
@@ -923,11 +946,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     if constexpr (kPingPong) NamedBarArriveIf(!(cwg == 1 && j == n_tiles - 1), other_bar, 256);
     WgWait<1>();  // S_j done; P V may still run
     pin_s();
-    MbarArrive(empty_k(j % kStages));
     softmax(j, masked);
     WgWait<0>();
     pin_o_pa();
-    MbarArrive(empty_v((j - 1) % kStages));
+    MbarArrive(empty((j - 1) % kStages));
     finish();
   };
   const int plain_end = max(1, n_plain);
@@ -935,14 +957,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   for (int j = plain_end; j < n_tiles; ++j) step(j, std::integral_constant<bool, true>{});
 
   // P V of the last tile.
-  MbarWait(full_v((n_tiles - 1) % kStages), ((n_tiles - 1) / kStages) & 1, timed_out);
-  FenceProxyAsync();
   pin_o_pa();
   WgFence();
   issue_pv(n_tiles - 1);
   WgWait<0>();
   pin_o_pa();
-  MbarArrive(empty_v((n_tiles - 1) % kStages));
 
   const float sums[2] = {QuadSum(l[0]), QuadSum(l[1])};
 #pragma unroll
@@ -977,7 +996,25 @@ absl::Status Validate(const PagedAttentionParams& p) {
         absl::StrCat("PrefillAttentionSm90: head_dim ", p.head_dim,
                      " is not supported (64 or 128; use PagedAttentionPrefill for others)"));
   }
-  return ValidateAttentionParams(p, "PrefillAttentionSm90", /*prefill=*/true);
+  if (absl::Status s = ValidateAttentionParams(p, "PrefillAttentionSm90", /*prefill=*/true);
+      !s.ok()) {
+    return s;
+  }
+  // The gather computes addresses with 32-bit page strides.
+  const int64_t page_bytes = int64_t{p.block_size} * p.num_kv_heads * p.head_dim * 2;
+  if (page_bytes >= (int64_t{1} << 32)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PrefillAttentionSm90: a cache block of ", page_bytes,
+                     " bytes is not supported (below 4 GiB; use PagedAttentionPrefill for that)"));
+  }
+  // The softmax takes row maxima of the unscaled scores and folds the scale
+  // into the exponent, which needs scale > 0 (every model's 1/sqrt(d) is).
+  if (!(p.scale > 0.f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PrefillAttentionSm90: scale ", p.scale,
+                     " is not positive (use PagedAttentionPrefill for that)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LaunchStatus(const char* what) {
@@ -1124,7 +1161,8 @@ bool PrefillAttentionSm90Available(std::string* why) {
 }
 
 bool PrefillAttentionSm90Supports(const PagedAttentionParams& p) {
-  return (p.head_dim == 64 || p.head_dim == 128) && p.tree_ancestors == nullptr;
+  return (p.head_dim == 64 || p.head_dim == 128) && p.tree_ancestors == nullptr && p.scale > 0.f &&
+         int64_t{p.block_size} * p.num_kv_heads * p.head_dim * 2 < (int64_t{1} << 32);
 }
 
 absl::Status PrefillAttentionSm90(const PagedAttentionParams& p, CUstream_st* stream) {

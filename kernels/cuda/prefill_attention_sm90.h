@@ -12,18 +12,17 @@
 // relying on it; the kernel registry offers it as the "cuda-sm90a"
 // candidate of attention_prefill (kernels/cuda_backend.h).
 //
-// Design: grid (head, 128-row query tile, sequence); 256 threads = two
-// warpgroups of 64 query rows that share each K/V tile of 128 keys. The
-// tiles are gathered from the paged cache with 16-byte cp.async into
-// 128-byte-swizzled shared memory (three stages, one barrier per tile);
-// S = Q K^T is a shared-memory wgmma (both operands K-major), the online
-// softmax runs on the fp32 accumulators, and P goes back to the tensor
-// cores as bf16 register fragments for O += P V (V N-major, transposed by
-// the instruction). Several schedules of the same arithmetic exist
-// (sm90_detail::Schedule below): warpgroup ping-pong on a shared gather,
-// and warp-specialized ones with a producer warpgroup and consumers that
-// overlap their softmax with their own wgmma. Only diagonal tiles are
-// masked.
+// Design: grid (head, 128-row query tile, sequence), longest causal rows
+// first; two consumer warpgroups of 64 query rows share each K/V tile of
+// 128 keys, gathered from the paged cache with 16-byte cp.async into
+// 128-byte-swizzled shared memory (three stages). S = Q K^T is a
+// shared-memory wgmma (both operands K-major), the online softmax runs on
+// the fp32 accumulators, and P goes back to the tensor cores as bf16
+// register fragments for O += P V (V N-major, transposed by the
+// instruction). The default schedule (kWarpSpecPingPong below) has a
+// producer warpgroup that gathers into an mbarrier ring while each consumer
+// overlaps its softmax with its own P V product and the two consumers'
+// tensor-core sections alternate. Only diagonal tiles are masked.
 //
 // Thread-safety: as PagedAttentionPrefill (reentrant; concurrent calls on
 // different streams need different outputs).
@@ -43,7 +42,8 @@ namespace tessera::kernels::cuda {
 bool PrefillAttentionSm90Available(std::string* why = nullptr);
 
 // Whether PrefillAttentionSm90 handles these parameters' shape (head_dim 64
-// or 128). The rest of the parameters are validated by the call itself.
+// or 128, no token-tree masks, scale > 0). The rest of the parameters are
+// validated by the call itself.
 bool PrefillAttentionSm90Supports(const PagedAttentionParams& p);
 
 // PagedAttentionPrefill on wgmma. INVALID_ARGUMENT for bad or unsupported
@@ -54,13 +54,14 @@ absl::Status PrefillAttentionSm90(const PagedAttentionParams& p, CUstream_st* st
 
 namespace sm90_detail {
 // The kernel's schedules (the arithmetic is the same; PrefillAttentionSm90
-// runs kDefaultSchedule in the .cu):
+// runs kDefaultSchedule in the .cu, kWarpSpecPingPong):
 //   kPlain: 256 threads, both warpgroups gather K/V with cp.async, one
 //     __syncthreads per key tile, S and P V each issued and waited for.
 //   kPingPong: kPlain, but warpgroup 1 issues S only after warpgroup 0's S
 //     finished, so one warpgroup's softmax overlaps the other's wgmma.
 //   kWarpSpec: 384 threads, a producer warpgroup gathers Q/K/V with cp.async
-//     (mbarrier full/empty ring of three stages, registers moved to the
+//     completing on mbarriers (cp.async.mbarrier.arrive.noinc; a full/empty
+//     ring of three stages, registers moved to the
 //     consumers with setmaxnreg); each of the two consumer warpgroups issues
 //     S of tile j together with P V of tile j - 1 and runs tile j's softmax
 //     while P V is on the tensor cores.

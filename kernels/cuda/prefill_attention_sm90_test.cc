@@ -332,6 +332,20 @@ TEST_P(PrefillAttentionSm90Parity, MixedBatches) {
   gqa8.seq_lens = {300, 1002, 150, 129};
   gqa8.name = "mixed gqa8 bs8";
   RunCase(gqa8, 403, GetParam());
+
+  // Cache blocks smaller than a gather pass (one row per block) and larger
+  // than a key tile.
+  for (int block_size : {1, 4, 256}) {
+    for (int head_dim : {128, 64}) {
+      Case odd;
+      odd.head_dim = head_dim;
+      odd.block_size = block_size;
+      odd.q_lens = {200, 1, 129};
+      odd.seq_lens = {333, 300, 129};
+      odd.name = absl::StrCat("mixed bs", block_size, " d", head_dim);
+      RunCase(odd, 404 + block_size + head_dim, GetParam());
+    }
+  }
 }
 
 // Larger q (scores spread wider): the online-softmax rescaling across tiles.
@@ -384,6 +398,21 @@ TEST(PrefillAttentionSm90Validation, RejectsBadParameters) {
   p.head_dim = 64;
   EXPECT_TRUE(PrefillAttentionSm90Supports(p));
   p.head_dim = 128;
+  EXPECT_TRUE(PrefillAttentionSm90Supports(p));
+  // The scale is folded into the exponent after the row maxima: positive only.
+  for (float scale : {0.f, -0.088f}) {
+    p.scale = scale;
+    EXPECT_FALSE(PrefillAttentionSm90Supports(p)) << scale;
+    ExpectInvalid(p, "is not positive");
+  }
+  // Cache blocks of 4 GiB and more: the gather's page strides are 32-bit.
+  p = ValidLooking();
+  p.num_heads = p.num_kv_heads = 16;
+  p.q_token_stride = p.out_token_stride = 16 * 128;
+  p.block_size = 1 << 20;
+  EXPECT_FALSE(PrefillAttentionSm90Supports(p));
+  ExpectInvalid(p, "4294967296 bytes");
+  p.block_size = 1 << 19;
   EXPECT_TRUE(PrefillAttentionSm90Supports(p));
   for (const attention_testing::BadParams& bad : attention_testing::CommonBadParams()) {
     p = ValidLooking();
