@@ -11,23 +11,104 @@ constexpr int kMaxRanks = 8;
 constexpr int kMaxCtas = 32;
 constexpr int kThreads = 512;
 constexpr int64_t kBytesPerCta = 16 << 10;
-constexpr uint64_t kMaxSpins = uint64_t{1} << 26;  // about a second of polling
+constexpr int kBuffers = 3;
+constexpr uint32_t kEmptyPair = 0x80008000u;    // two bf16 -0.0: an empty inbox slot
+constexpr uint64_t kTimeoutNs = 2000000000ull;  // a peer that has not pushed in 2 s is gone
+
+// The per-rank state words (device memory).
+enum : int { kBuffer = 0, kPrevCount = 1, kCtasDone = 2, kTimeouts = 3, kStateWords = 4 };
 
 struct PeerTable {
-  // inbox[r]: rank r's receive buffer, [2 halves][kMaxRanks senders][cap].
-  __nv_bfloat16* inbox[kMaxRanks];
-  // flags[r]: rank r's arrival flags, [kMaxCtas][kMaxRanks senders].
-  uint32_t* flags[kMaxRanks];
+  // inbox[r]: rank r's receive buffers, [kBuffers][world senders][cap].
+  uint16_t* inbox[kMaxRanks];
 };
 
-__device__ __forceinline__ void StoreVolatile(uint32_t* p, uint32_t v) {
-  asm volatile("st.volatile.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
+struct Exchange {
+  const PeerTable* table;
+  uint32_t* state;
+  int64_t cap;
+  int rank, world;
+};
+
+// What one call of one CTA works with.
+struct Call {
+  PeerTable t;
+  int64_t send;  // element offset of this rank's slot in a peer's inbox, this call's buffer
+  int64_t recv;  // element offset of this call's buffer in the own inbox
+  uint32_t buffer;
+  uint32_t prev_count;
+};
 
 __device__ __forceinline__ uint32_t LoadVolatile(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.volatile.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+__device__ __forceinline__ uint4 LoadVolatile(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ uint16_t LoadVolatile(const uint16_t* p) {
+  uint16_t v;
+  asm volatile("ld.volatile.global.u16 %0, [%1];\n" : "=h"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void StoreVolatile(uint4* p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ void StoreVolatile(uint16_t* p, uint16_t v) {
+  asm volatile("st.volatile.global.u16 [%0], %1;\n" ::"l"(p), "h"(v) : "memory");
+}
+
+// -0.0 (the empty marker) becomes +0.0; every other value is kept.
+__device__ __forceinline__ uint16_t NoNegZero(uint16_t h) { return h == 0x8000u ? 0 : h; }
+__device__ __forceinline__ uint32_t NoNegZero(uint32_t w) {
+  if ((w & 0xffffu) == 0x8000u) w &= 0xffff0000u;
+  if ((w >> 16) == 0x8000u) w &= 0x0000ffffu;
+  return w;
+}
+__device__ __forceinline__ uint4 NoNegZero(uint4 v) {
+  return make_uint4(NoNegZero(v.x), NoNegZero(v.y), NoNegZero(v.z), NoNegZero(v.w));
+}
+__device__ __forceinline__ bool Filled(uint32_t w) {
+  return (w & 0xffffu) != 0x8000u && (w >> 16) != 0x8000u;
+}
+__device__ __forceinline__ bool Filled(uint4 v) {
+  return Filled(v.x) && Filled(v.y) && Filled(v.z) && Filled(v.w);
+}
+__device__ __forceinline__ bool Filled(uint16_t h) { return h != 0x8000u; }
+
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
+// Waits until the slot at `p` holds a pushed value and returns it; after
+// kTimeoutNs (or once this thread timed out before) returns zeros instead.
+template <class T>
+__device__ __forceinline__ T Receive(const T* p, bool& timed_out) {
+  uint64_t start = 0;
+  for (uint32_t spins = 0;; ++spins) {
+    const T v = LoadVolatile(p);
+    if (Filled(v)) return v;
+    if (timed_out) return T{};
+    if ((spins & 255) == 0) {
+      const uint64_t now = GlobalTimerNs();
+      if (start == 0) {
+        start = now;
+      } else if (now - start > kTimeoutNs) {
+        timed_out = true;
+        return T{};
+      }
+    }
+  }
 }
 
 // Adds 8 bf16 values (a 16-byte vector) to 8 fp32 sums.
@@ -40,105 +121,194 @@ __device__ __forceinline__ void Accumulate(float (&acc)[8], uint4 v) {
   }
 }
 
-// One CTA per slice of the message; CTA c of every rank meets only CTA c of
-// the other ranks (its own flags and round counter), so the slices proceed
-// independently.
-//   1. push: the slice goes into every peer's inbox (16-byte stores over
-//      NVLink, no round trip to wait for);
-//   2. fence, then one flag per peer (written into the peer's memory);
-//   3. wait for every peer's flag in the local memory;
-//   4. sum all ranks' copies in rank order (fp32) into data: each rank
-//      computes bitwise the same values.
-// Inbox halves alternate by round parity: a rank writes half h of round r
-// only after every peer has entered round r - 1 (step 3 of that round),
-// hence finished reading half h in round r - 2.
-__global__ void __launch_bounds__(kThreads)
-    PushAllReduceKernel(__nv_bfloat16* data, int64_t n, int rank, int world, const PeerTable* table,
-                        uint32_t* state, int64_t cap) {
-  __shared__ uint32_t round;
-  const int c = blockIdx.x;
-  if (threadIdx.x == 0) round = state[c] + 1;
-  __syncthreads();
-  const int64_t half = static_cast<int64_t>(round & 1) * kMaxRanks * cap;
-  const bool vec = n % 8 == 0 && (reinterpret_cast<uintptr_t>(data) & 15) == 0;
-  const int64_t units = vec ? n / 8 : n;  // 16-byte vectors, or single values
-  const int64_t per = (units + gridDim.x - 1) / gridDim.x;
-  const int64_t u0 = min(units, c * per);
-  const int64_t u1 = min(units, u0 + per);
-
-  const PeerTable t = *table;
-  for (int64_t u = u0 + threadIdx.x; u < u1; u += blockDim.x) {
-    if (vec) {
-      const uint4 v = reinterpret_cast<const uint4*>(data)[u];
-      for (int p = 0; p < world; ++p) {
-        if (p == rank) continue;
-        reinterpret_cast<uint4*>(t.inbox[p] + half + rank * cap)[u] = v;
-      }
-    } else {
-      const __nv_bfloat16 v = data[u];
-      for (int p = 0; p < world; ++p) {
-        if (p != rank) t.inbox[p][half + rank * cap + u] = v;
-      }
-    }
-  }
-  __syncthreads();
+// Thread 0 reads the call's buffer and the previous call's size; every
+// thread gets them through shared memory.
+__device__ __forceinline__ Call BeginCall(const Exchange& x) {
+  __shared__ uint32_t s_buffer, s_prev;
   if (threadIdx.x == 0) {
-    __threadfence_system();  // the pushed slice before the flags
-    for (int p = 0; p < world; ++p) {
-      if (p != rank) StoreVolatile(t.flags[p] + c * kMaxRanks + rank, round);
-    }
-    const uint32_t* arrived = t.flags[rank] + c * kMaxRanks;
-    bool timed_out = false;
-    for (int p = 0; p < world; ++p) {
-      if (p == rank) continue;
-      uint64_t spins = 0;
-      while (static_cast<int32_t>(LoadVolatile(arrived + p) - round) < 0) {
-        if (++spins > kMaxSpins) {
-          timed_out = true;
-          break;
-        }
-      }
-    }
-    if (timed_out) atomicAdd(&state[kMaxCtas], 1u);
-    __threadfence_system();  // the flags before the peers' data
+    s_buffer = LoadVolatile(x.state + kBuffer);
+    s_prev = LoadVolatile(x.state + kPrevCount);
   }
   __syncthreads();
-  const __nv_bfloat16* box = t.inbox[rank] + half;
-  for (int64_t u = u0 + threadIdx.x; u < u1; u += blockDim.x) {
-    if (vec) {
-      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      for (int p = 0; p < world; ++p) {
-        // .cg: from L2, which the peers' stores went through; never a line
-        // an earlier round left in L1.
-        const uint4 v = p == rank ? reinterpret_cast<const uint4*>(data)[u]
-                                  : __ldcg(reinterpret_cast<const uint4*>(box + p * cap) + u);
-        Accumulate(acc, v);
-      }
-      uint32_t w[4];
+  Call c;
+  c.t = *x.table;
+  c.buffer = s_buffer;
+  c.prev_count = s_prev;
+  c.send = (int64_t{c.buffer} * x.world + x.rank) * x.cap;
+  c.recv = int64_t{c.buffer} * x.world * x.cap;
+  return c;
+}
+
+// Marks the previous call's slots of the own inbox empty again (buffer
+// (b + 2) % 3 = the previous call's), spread over the whole grid.
+__device__ __forceinline__ void Reclear(const Exchange& x, const Call& c) {
+  const int64_t vecs = (int64_t{c.prev_count} + 7) / 8;  // cap is a multiple of 8
+  const uint32_t old = (c.buffer + kBuffers - 1) % kBuffers;
+  uint16_t* base = c.t.inbox[x.rank] + int64_t{old} * x.world * x.cap;
+  const uint4 empty = make_uint4(kEmptyPair, kEmptyPair, kEmptyPair, kEmptyPair);
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < x.world * vecs;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int p = static_cast<int>(i / vecs);
+    if (p == x.rank) continue;
+    reinterpret_cast<uint4*>(base + p * x.cap)[i % vecs] = empty;
+  }
+}
+
+// The last CTA of the call to get here advances the call state.
+__device__ __forceinline__ void EndCall(const Exchange& x, const Call& c, uint32_t count,
+                                        bool timed_out) {
+  __shared__ int s_timed_out;
+  if (threadIdx.x == 0) s_timed_out = 0;
+  __syncthreads();
+  if (timed_out) s_timed_out = 1;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  if (s_timed_out) atomicAdd(x.state + kTimeouts, 1u);
+  __threadfence();
+  if (atomicAdd(x.state + kCtasDone, 1u) == gridDim.x - 1) {
+    x.state[kPrevCount] = count;
+    x.state[kCtasDone] = 0;
+    x.state[kBuffer] = (c.buffer + 1) % kBuffers;
+    __threadfence();
+  }
+}
+
+// The sum over ranks (rank order) of 16-byte unit u: `own` is this rank's
+// (already without -0.0), the others come from the own inbox.
+__device__ __forceinline__ void SumUnit(const Exchange& x, const Call& c, int64_t u, uint4 own,
+                                        float (&acc)[8], bool& timed_out) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        w[j] = static_cast<uint32_t>(FloatToBf16Bits(acc[2 * j])) |
-               (static_cast<uint32_t>(FloatToBf16Bits(acc[2 * j + 1])) << 16);
+  for (int j = 0; j < 8; ++j) acc[j] = 0.f;
+  const uint16_t* box = c.t.inbox[x.rank] + c.recv;
+  for (int p = 0; p < x.world; ++p) {
+    const uint4 v =
+        p == x.rank ? own : Receive(reinterpret_cast<const uint4*>(box + p * x.cap) + u, timed_out);
+    Accumulate(acc, v);
+  }
+}
+
+__device__ __forceinline__ void PushUnit(const Exchange& x, const Call& c, int64_t u, uint4 v) {
+  for (int p = 0; p < x.world; ++p) {
+    if (p != x.rank) StoreVolatile(reinterpret_cast<uint4*>(c.t.inbox[p] + c.send) + u, v);
+  }
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  return static_cast<uint32_t>(FloatToBf16Bits(lo)) |
+         (static_cast<uint32_t>(FloatToBf16Bits(hi)) << 16);
+}
+
+// In-place all-reduce of n values. VEC: 16-byte units (n % 8 == 0, data
+// aligned), else single values; CTA b owns a contiguous slice.
+template <bool VEC>
+__global__ void __launch_bounds__(kThreads) AllReduceKernel(uint16_t* data, int64_t n, Exchange x) {
+  const Call c = BeginCall(x);
+  const int64_t units = VEC ? n / 8 : n;
+  const int64_t per = (units + gridDim.x - 1) / gridDim.x;
+  const int64_t u0 = min(units, blockIdx.x * per);
+  const int64_t u1 = min(units, u0 + per);
+  for (int64_t u = u0 + threadIdx.x; u < u1; u += blockDim.x) {
+    if constexpr (VEC) {
+      PushUnit(x, c, u, NoNegZero(reinterpret_cast<const uint4*>(data)[u]));
+    } else {
+      const uint16_t v = NoNegZero(data[u]);
+      for (int p = 0; p < x.world; ++p) {
+        if (p != x.rank) StoreVolatile(c.t.inbox[p] + c.send + u, v);
       }
-      reinterpret_cast<uint4*>(data)[u] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+  Reclear(x, c);
+  bool timed_out = false;
+  for (int64_t u = u0 + threadIdx.x; u < u1; u += blockDim.x) {
+    if constexpr (VEC) {
+      float acc[8];
+      SumUnit(x, c, u, NoNegZero(reinterpret_cast<const uint4*>(data)[u]), acc, timed_out);
+      reinterpret_cast<uint4*>(data)[u] =
+          make_uint4(PackBf16(acc[0], acc[1]), PackBf16(acc[2], acc[3]), PackBf16(acc[4], acc[5]),
+                     PackBf16(acc[6], acc[7]));
     } else {
       float sum = 0.f;
-      for (int p = 0; p < world; ++p) {
-        const unsigned short bits =
-            p == rank ? __bfloat16_as_ushort(data[u])
-                      : __ldcg(reinterpret_cast<const unsigned short*>(box + p * cap + u));
-        sum += Bf16BitsToFloat(bits);
+      const uint16_t* box = c.t.inbox[x.rank] + c.recv;
+      for (int p = 0; p < x.world; ++p) {
+        const uint16_t v =
+            p == x.rank ? NoNegZero(data[u]) : Receive(box + p * x.cap + u, timed_out);
+        sum += Bf16BitsToFloat(v);
       }
-      data[u] = __ushort_as_bfloat16(FloatToBf16Bits(sum));
+      data[u] = FloatToBf16Bits(sum);
     }
   }
-  if (threadIdx.x == 0) state[c] = round;
+  EndCall(x, c, static_cast<uint32_t>(n), timed_out);
+}
+
+// The fused form: rows of `cols` values (cols % 8 == 0), CTA b owns rows
+// b, b + grid, ...; per row: sum, residual += bf16(sum), RMSNorm into out
+// (FusedAddRmsNorm's arithmetic).
+__global__ void __launch_bounds__(kThreads)
+    AllReduceAddRmsNormKernel(const uint16_t* delta, float* residual, int64_t rows, int64_t cols,
+                              const float* w, float eps, uint16_t* out, Exchange x) {
+  __shared__ float scratch[32];
+  const Call c = BeginCall(x);
+  const int64_t row_units = cols / 8;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    for (int64_t k = threadIdx.x; k < row_units; k += blockDim.x) {
+      const int64_t u = row * row_units + k;
+      PushUnit(x, c, u, NoNegZero(reinterpret_cast<const uint4*>(delta)[u]));
+    }
+  }
+  Reclear(x, c);
+  bool timed_out = false;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    float ss = 0.f;
+    float4* res = reinterpret_cast<float4*>(residual + row * cols);
+    for (int64_t k = threadIdx.x; k < row_units; k += blockDim.x) {
+      const int64_t u = row * row_units + k;
+      float acc[8];
+      SumUnit(x, c, u, NoNegZero(reinterpret_cast<const uint4*>(delta)[u]), acc, timed_out);
+      float4 a = res[2 * k], b = res[2 * k + 1];
+      // The all-reduce's bf16 result, added in fp32 as FusedAddRmsNorm does.
+      a.x += Bf16BitsToFloat(FloatToBf16Bits(acc[0]));
+      a.y += Bf16BitsToFloat(FloatToBf16Bits(acc[1]));
+      a.z += Bf16BitsToFloat(FloatToBf16Bits(acc[2]));
+      a.w += Bf16BitsToFloat(FloatToBf16Bits(acc[3]));
+      b.x += Bf16BitsToFloat(FloatToBf16Bits(acc[4]));
+      b.y += Bf16BitsToFloat(FloatToBf16Bits(acc[5]));
+      b.z += Bf16BitsToFloat(FloatToBf16Bits(acc[6]));
+      b.w += Bf16BitsToFloat(FloatToBf16Bits(acc[7]));
+      res[2 * k] = a;
+      res[2 * k + 1] = b;
+      ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+      ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+    }
+    ss = BlockSum(ss, scratch);
+    const float inv = rsqrtf(ss / static_cast<float>(cols) + eps);
+    // Each thread re-reads exactly the residual values it wrote above.
+    const float4* g = reinterpret_cast<const float4*>(w);
+    for (int64_t k = threadIdx.x; k < row_units; k += blockDim.x) {
+      const float4 a = res[2 * k], b = res[2 * k + 1];
+      const float4 ga = g[2 * k], gb = g[2 * k + 1];
+      reinterpret_cast<uint4*>(out + row * cols)[k] =
+          make_uint4(PackBf16(a.x * inv * ga.x, a.y * inv * ga.y),
+                     PackBf16(a.z * inv * ga.z, a.w * inv * ga.w),
+                     PackBf16(b.x * inv * gb.x, b.y * inv * gb.y),
+                     PackBf16(b.z * inv * gb.z, b.w * inv * gb.w));
+    }
+  }
+  EndCall(x, c, static_cast<uint32_t>(rows * cols), timed_out);
+}
+
+__global__ void FillKernel(uint32_t* p, int64_t n, uint32_t value) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    p[i] = value;
+  }
 }
 
 int CtasFor(int64_t count) {
   const int64_t ctas = (count * 2 + kBytesPerCta - 1) / kBytesPerCta;
   return static_cast<int>(std::clamp<int64_t>(ctas, 1, kMaxCtas));
 }
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 }  // namespace
 
@@ -148,10 +318,13 @@ absl::StatusOr<std::unique_ptr<P2pAllReduce>> P2pAllReduce::Create(const std::ve
   if (n < 2 || n > kMaxRanks) {
     return absl::InvalidArgumentError("P2pAllReduce needs 2 to 8 devices");
   }
-  if (max_count < 1) return absl::InvalidArgumentError("P2pAllReduce: max_count must be >= 1");
+  if (max_count < 1 || max_count > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError("P2pAllReduce: max_count must be in [1, 2^30]");
+  }
   std::unique_ptr<P2pAllReduce> g(new P2pAllReduce);
   g->ordinals_ = ordinals;
   g->max_count_ = max_count;
+  g->cap_ = (max_count + 7) / 8 * 8;
   for (int a = 0; a < n; ++a) {
     TESSERA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinals[a]));
     for (int b = 0; b < n; ++b) {
@@ -169,23 +342,23 @@ absl::StatusOr<std::unique_ptr<P2pAllReduce>> P2pAllReduce::Create(const std::ve
         return CudaError(err, "cudaDeviceEnablePeerAccess");
       }
     }
-    for (auto* list : {&g->inbox_, &g->flags_, &g->state_, &g->tables_}) list->emplace_back();
-    const size_t sizes[] = {static_cast<size_t>(2 * kMaxRanks * max_count) * sizeof(__nv_bfloat16),
-                            kMaxCtas * kMaxRanks * sizeof(uint32_t),
-                            (kMaxCtas + 1) * sizeof(uint32_t), sizeof(PeerTable)};
-    DeviceBuffer* bufs[] = {&g->inbox_[a], &g->flags_[a], &g->state_[a], &g->tables_[a]};
-    for (int i = 0; i < 4; ++i) {
+    for (auto* list : {&g->inbox_, &g->state_, &g->tables_}) list->emplace_back();
+    const int64_t inbox_values = int64_t{kBuffers} * n * g->cap_;
+    const size_t sizes[] = {static_cast<size_t>(inbox_values) * sizeof(uint16_t),
+                            kStateWords * sizeof(uint32_t), sizeof(PeerTable)};
+    DeviceBuffer* bufs[] = {&g->inbox_[a], &g->state_[a], &g->tables_[a]};
+    for (int i = 0; i < 3; ++i) {
       absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(sizes[i]);
       if (!b.ok()) return b.status();
       TESSERA_CUDA_RETURN_IF_ERROR(cudaMemset(b->data(), 0, sizes[i]));
       *bufs[i] = std::move(*b);
     }
+    // Every inbox slot starts empty (bf16 -0.0).
+    FillKernel<<<256, 256>>>(g->inbox_[a].as<uint32_t>(), inbox_values / 2, kEmptyPair);
+    TESSERA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   PeerTable table{};
-  for (int r = 0; r < n; ++r) {
-    table.inbox[r] = g->inbox_[r].as<__nv_bfloat16>();
-    table.flags[r] = g->flags_[r].as<uint32_t>();
-  }
+  for (int r = 0; r < n; ++r) table.inbox[r] = g->inbox_[r].as<uint16_t>();
   for (int r = 0; r < n; ++r) {
     TESSERA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinals[r]));
     TESSERA_CUDA_RETURN_IF_ERROR(
@@ -195,24 +368,66 @@ absl::StatusOr<std::unique_ptr<P2pAllReduce>> P2pAllReduce::Create(const std::ve
   return g;
 }
 
-absl::Status P2pAllReduce::AllReduceSumBf16(int rank, Bf16* data, int64_t count,
-                                            CudaStream stream) {
+absl::Status P2pAllReduce::CheckCall(int rank, int64_t count, bool null_data) const {
   if (rank < 0 || rank >= size()) return absl::InvalidArgumentError("P2P rank out of range");
-  if (count < 0 || count > max_count_ || (count > 0 && data == nullptr)) {
+  if (count < 0 || count > max_count_ || (count > 0 && null_data)) {
     return absl::InvalidArgumentError(
         absl::StrCat("P2P all-reduce of ", count, " values (at most ", max_count_, ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status P2pAllReduce::AllReduceSumBf16(int rank, Bf16* data, int64_t count,
+                                            CudaStream stream) {
+  if (absl::Status s = CheckCall(rank, count, data == nullptr); !s.ok()) return s;
   if (count == 0) return absl::OkStatus();
-  PushAllReduceKernel<<<CtasFor(count), kThreads, 0, AsCuda(stream)>>>(
-      reinterpret_cast<__nv_bfloat16*>(data), count, rank, size(),
-      tables_[rank].as<const PeerTable>(), state_[rank].as<uint32_t>(), max_count_);
+  const Exchange x{tables_[rank].as<const PeerTable>(), state_[rank].as<uint32_t>(), cap_, rank,
+                   size()};
+  uint16_t* d = reinterpret_cast<uint16_t*>(data);
+  if (count % 8 == 0 && Aligned16(data)) {
+    AllReduceKernel<true><<<CtasFor(count), kThreads, 0, AsCuda(stream)>>>(d, count, x);
+  } else {
+    AllReduceKernel<false><<<CtasFor(count), kThreads, 0, AsCuda(stream)>>>(d, count, x);
+  }
   return CudaError(cudaGetLastError(), "P2P all-reduce");
 }
 
+bool P2pAllReduce::AddRmsNormSupports(const Bf16* delta, const float* residual, int64_t cols,
+                                      const float* w, const Bf16* out) {
+  return cols > 0 && cols % 8 == 0 && Aligned16(delta) && Aligned16(residual) && Aligned16(w) &&
+         Aligned16(out);
+}
+
+absl::Status P2pAllReduce::AllReduceAddRmsNorm(int rank, const Bf16* delta, float* residual,
+                                               int64_t rows, int64_t cols, const float* w,
+                                               float eps, Bf16* out, CudaStream stream) {
+  if (rows < 0 || cols <= 0 || rows > max_count_ / cols) {
+    return absl::InvalidArgumentError(absl::StrCat("P2P all-reduce + RMSNorm of ", rows, " x ",
+                                                   cols, " values (at most ", max_count_, ")"));
+  }
+  if (absl::Status s = CheckCall(rank, rows * cols, false); !s.ok()) return s;
+  if (rows == 0) return absl::OkStatus();
+  if (delta == nullptr || residual == nullptr || w == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError("P2P all-reduce + RMSNorm: null pointer");
+  }
+  if (!AddRmsNormSupports(delta, residual, cols, w, out)) {
+    return absl::InvalidArgumentError(absl::StrCat("P2P all-reduce + RMSNorm needs cols % 8 == 0 (",
+                                                   cols, ") and 16-byte-aligned buffers"));
+  }
+  const Exchange x{tables_[rank].as<const PeerTable>(), state_[rank].as<uint32_t>(), cap_, rank,
+                   size()};
+  const int ctas = static_cast<int>(std::min<int64_t>(rows, CtasFor(rows * cols)));
+  AllReduceAddRmsNormKernel<<<ctas, kThreads, 0, AsCuda(stream)>>>(
+      reinterpret_cast<const uint16_t*>(delta), residual, rows, cols, w, eps,
+      reinterpret_cast<uint16_t*>(out), x);
+  return CudaError(cudaGetLastError(), "P2P all-reduce + RMSNorm");
+}
+
 absl::StatusOr<uint32_t> P2pAllReduce::Timeouts(int rank) {
+  if (rank < 0 || rank >= size()) return absl::InvalidArgumentError("P2P rank out of range");
   uint32_t timeouts = 0;
   TESSERA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinals_[rank]));
-  TESSERA_CUDA_RETURN_IF_ERROR(cudaMemcpy(&timeouts, state_[rank].as<uint32_t>() + kMaxCtas,
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaMemcpy(&timeouts, state_[rank].as<uint32_t>() + kTimeouts,
                                           sizeof(timeouts), cudaMemcpyDeviceToHost));
   return timeouts;
 }

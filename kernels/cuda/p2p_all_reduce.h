@@ -1,21 +1,29 @@
 // P2pAllReduce: a one-shot all-reduce for small and medium messages between
 // the GPUs of one process, through peer-to-peer (NVLink) stores instead of
-// NCCL.
+// NCCL, optionally fused with the residual add and RMSNorm that follow
+// every all-reduce of a decoder layer.
 //
-// The message is cut into slices, one CTA each (16 KiB per CTA, 1 to 32
-// CTAs). CTA c of a rank pushes its slice into every peer's inbox with
-// 16-byte stores, fences, writes a flag into each peer's memory, waits for
-// the peers' flags in its own memory, then sums all ranks' copies of the
-// slice in rank order (fp32, so every rank gets bitwise the same result)
-// into data. Pushing instead of pulling means no NVLink round trip per load:
-// the only waits are the fence and one flag. The call is enqueued on the
-// rank's stream, needs no host synchronisation, can be captured into CUDA
-// graphs (round counters live in device memory). Inbox halves
-// alternate by round parity, which makes one barrier per call enough.
+// Protocol (flagless, "Lamport" style): every rank pushes its values into
+// every peer's inbox with 16-byte stores; an inbox slot holds bf16 -0.0
+// (the empty marker) until the sender's value lands, and senders turn a
+// -0.0 of their own into +0.0, so a receiver knows a value has arrived by
+// looking at it: no fence, flag or second round trip. It then sums all
+// ranks' values in rank order (fp32, rounded once to bf16: every rank gets
+// bitwise the same result). Inboxes rotate over three buffers: in call r
+// a rank writes its peers' buffer r % 3, reads its own buffer r % 3 and
+// re-marks as empty its buffer (r - 1) % 3, which it finished reading in
+// call r - 1 and which no peer writes before call r + 2. Ranks are at most
+// one call apart (a call completes only once every peer has pushed), so
+// the three buffers never collide. Work is split over 1 to 32 CTAs (16 KiB
+// of message per CTA, or whole rows for the fused form); the call counter
+// and the previous call's size (for the re-marking) live in device memory
+// and the last CTA of a call advances them, so calls can be captured into
+// CUDA graphs and replayed, and consecutive calls may have different sizes.
 //
 // REQUIRES: every rank makes the same sequence of calls with the same
-// counts (lockstep ranks); count <= max_count. A rank whose peers never
-// arrive gives up after a bounded wait and counts a timeout (Timeouts()).
+// sizes (lockstep ranks); count <= max_count. A rank whose peers never
+// arrive gives up after about two seconds and counts a timeout
+// (Timeouts()); its result is then wrong, never a hang.
 //
 // Thread-safety: Create() from one thread; afterwards rank r's calls from
 // one thread with rank r's device current.
@@ -44,17 +52,30 @@ class P2pAllReduce {
   // In place: data[i] = sum over ranks (bf16 values, fp32 sum, rank order).
   absl::Status AllReduceSumBf16(int rank, Bf16* data, int64_t count, CudaStream stream);
 
+  // AllReduceSumBf16(delta) then FusedAddRmsNorm(delta, residual, rows, cols,
+  // w, eps, out) (kernels/cuda/rmsnorm.h) in one kernel: residual += the
+  // ranks' sum of delta (rounded to bf16 first, as the all-reduce's result);
+  // out = RmsNorm(residual) * w in bf16. `delta` keeps this rank's values.
+  // Needs AddRmsNormSupports(); rows * cols <= max_count.
+  absl::Status AllReduceAddRmsNorm(int rank, const Bf16* delta, float* residual, int64_t rows,
+                                   int64_t cols, const float* w, float eps, Bf16* out,
+                                   CudaStream stream);
+  // cols a multiple of 8, every pointer 16-byte aligned.
+  static bool AddRmsNormSupports(const Bf16* delta, const float* residual, int64_t cols,
+                                 const float* w, const Bf16* out);
+
   // Calls of `rank` that stopped waiting for a peer (0 when healthy).
   absl::StatusOr<uint32_t> Timeouts(int rank);
 
  private:
   P2pAllReduce() = default;
+  absl::Status CheckCall(int rank, int64_t count, bool null_data) const;
   std::vector<int> ordinals_;
   int64_t max_count_ = 0;
-  std::vector<DeviceBuffer> inbox_;   // per rank: [2][8 senders][max_count] bf16
-  std::vector<DeviceBuffer> flags_;   // per rank: [32 CTAs][8 senders] uint32 written by peers
-  std::vector<DeviceBuffer> state_;   // per rank: 32 round counters, then the timeouts
-  std::vector<DeviceBuffer> tables_;  // per rank: staging and flag pointers of every rank
+  int64_t cap_ = 0;                   // max_count rounded up to 8 values
+  std::vector<DeviceBuffer> inbox_;   // per rank: [3 buffers][ranks][cap] bf16
+  std::vector<DeviceBuffer> state_;   // per rank: buffer index, previous size, CTAs done, timeouts
+  std::vector<DeviceBuffer> tables_;  // per rank: every rank's inbox
 };
 
 }  // namespace tessera::kernels::cuda

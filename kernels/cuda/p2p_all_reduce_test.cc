@@ -4,7 +4,9 @@
 // ends with the fp32 sum of all ranks' values rounded once to bf16, bitwise
 // the same on every rank; many rounds in a row (the inbox halves alternate),
 // eager and replayed from CUDA graphs; no call times out; counts above the
-// capacity are refused.
+// capacity are refused; -0.0 values (the protocol's empty marker) are sent
+// as +0.0; the fused residual add + RMSNorm matches the all-reduce followed
+// by FusedAddRmsNorm.
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -15,6 +17,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/device_query.h"
 #include "kernels/cuda/p2p_all_reduce.h"
+#include "kernels/cuda/rmsnorm.h"
 
 namespace tessera::kernels::cuda {
 namespace {
@@ -144,6 +147,174 @@ TEST(P2pAllReduceTest, GraphReplaysReduceAgain) {
     }
     Check(g, count, 0, round);
   }
+}
+
+// Every rank sends -0.0 in some slots (the empty marker of the inboxes):
+// the call must still complete (no rank waits for a "missing" value) and
+// sum them as zeros.
+TEST(P2pAllReduceTest, NegativeZeroIsAValue) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  Group g;
+  std::string why;
+  if (!MakeGroup(&g, &why)) GTEST_SKIP() << why;
+  const int n = static_cast<int>(g.ordinals.size());
+  for (int64_t count : {int64_t{4096}, int64_t{333}}) {  // the 16-byte and the element path
+    for (int r = 0; r < n; ++r) {
+      ASSERT_TRUE(SetDevice(g.ordinals[r]).ok());
+      std::vector<Bf16> host(count);
+      for (int64_t i = 0; i < count; ++i) {
+        host[i] = FloatToBf16(i % 3 == 0 ? -0.0f : static_cast<float>(i % 5 + r));
+      }
+      ASSERT_TRUE(CopyToDevice(g.data[r].data(), host.data(), count * 2, g.streams[r].get()).ok());
+      ASSERT_TRUE(g.p2p->AllReduceSumBf16(r, g.data[r].as<Bf16>(), count, g.streams[r].get()).ok());
+    }
+    for (int r = 0; r < n; ++r) {
+      ASSERT_TRUE(SetDevice(g.ordinals[r]).ok());
+      ASSERT_TRUE(Synchronize(g.streams[r].get()).ok());
+      std::vector<Bf16> host(count);
+      ASSERT_TRUE(CopyToHost(host.data(), g.data[r].data(), count * 2).ok());
+      for (int64_t i = 0; i < count; ++i) {
+        float want = 0.f;
+        for (int q = 0; q < n; ++q) want += i % 3 == 0 ? 0.f : static_cast<float>(i % 5 + q);
+        ASSERT_EQ(Bf16ToFloat(host[i]), want) << "rank " << r << " element " << i;
+      }
+      absl::StatusOr<uint32_t> t = g.p2p->Timeouts(r);
+      ASSERT_TRUE(t.ok());
+      EXPECT_EQ(*t, 0u) << "rank " << r;
+    }
+  }
+}
+
+// AllReduceAddRmsNorm against AllReduceSumBf16 + FusedAddRmsNorm on the same
+// inputs: the residual bitwise, the normalized output within one bf16
+// rounding (the sum of squares is reduced in a different order). Row counts
+// from one row (one CTA) to more rows than CTAs, interleaved with plain
+// all-reduces of other sizes (the rotating inboxes), eager and from a graph.
+TEST(P2pAllReduceTest, FusedAddRmsNormMatchesAllReduceThenNorm) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  Group g;
+  std::string why;
+  if (!MakeGroup(&g, &why)) GTEST_SKIP() << why;
+  const int n = static_cast<int>(g.ordinals.size());
+  const int64_t cols = 4096;
+  const float eps = 1e-5f;
+  struct RankBuffers {
+    DeviceBuffer delta, residual, residual_ref, w, out, out_ref;
+  };
+  std::vector<RankBuffers> b(n);
+  const int64_t max_rows = 64;
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(SetDevice(g.ordinals[r]).ok());
+    for (DeviceBuffer* d : {&b[r].delta, &b[r].out, &b[r].out_ref}) {
+      *d = std::move(*DeviceBuffer::Allocate(max_rows * cols * 2));
+    }
+    for (DeviceBuffer* d : {&b[r].residual, &b[r].residual_ref}) {
+      *d = std::move(*DeviceBuffer::Allocate(max_rows * cols * 4));
+    }
+    b[r].w = std::move(*DeviceBuffer::Allocate(cols * 4));
+    std::vector<float> w(cols);
+    for (int64_t i = 0; i < cols; ++i) w[i] = 0.5f + static_cast<float>(i % 7) * 0.125f;
+    ASSERT_TRUE(CopyToDevice(b[r].w.data(), w.data(), cols * 4, g.streams[r].get()).ok());
+  }
+  int round = 100;
+  for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{64}, int64_t{1}}) {
+    for (bool via_graph : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << rows << " rows" << (via_graph ? " from a graph" : ""));
+      const int64_t count = rows * cols;
+      // Inputs: delta differs per rank; the residual is the same on every rank.
+      for (int r = 0; r < n; ++r) {
+        ASSERT_TRUE(SetDevice(g.ordinals[r]).ok());
+        std::vector<Bf16> delta(count);
+        std::vector<float> residual(count);
+        for (int64_t i = 0; i < count; ++i) {
+          delta[i] = FloatToBf16(Value(r, i, round) * 0.25f);
+          residual[i] = static_cast<float>((i * 29 + round) % 17) - 8.f;
+        }
+        ASSERT_TRUE(
+            CopyToDevice(b[r].delta.data(), delta.data(), count * 2, g.streams[r].get()).ok());
+        ASSERT_TRUE(
+            CopyToDevice(b[r].residual.data(), residual.data(), count * 4, g.streams[r].get())
+                .ok());
+        ASSERT_TRUE(
+            CopyToDevice(b[r].residual_ref.data(), residual.data(), count * 4, g.streams[r].get())
+                .ok());
+      }
+      // Reference: the plain all-reduce (into the data buffers), then the
+      // norm. One host thread drives every rank here, so each loop enqueues
+      // one kind of work on all ranks before the next: a kernel's first
+      // launch (lazy module loading) or a graph's instantiation may wait
+      // for the device's running kernels, and a rank's all-reduce runs
+      // until its peers' calls arrive.
+      for (int r = 0; r < n; ++r) {
+        ASSERT_TRUE(SetDevice(g.ordinals[r]).ok());
+        ASSERT_TRUE(
+            CopyDeviceToDevice(g.data[r].data(), b[r].delta.data(), count * 2, g.streams[r].get())
+                .ok());
+        ASSERT_TRUE(
+            g.p2p->AllReduceSumBf16(r, g.data[r].as<Bf16>(), count, g.streams[r].get()).ok());
+      }
+      for (int r = 0; r < n; ++r) {
+        ASSERT_TRUE(SetDevice(g.ordinals[r]).ok());
+        ASSERT_TRUE(FusedAddRmsNorm(g.data[r].as<Bf16>(), b[r].residual_ref.as<float>(), rows, cols,
+                                    b[r].w.as<float>(), eps, b[r].out_ref.as<Bf16>(),
+                                    g.streams[r].get())
+                        .ok());
+      }
+      std::vector<CudaGraph> graphs(n);
+      auto fused = [&](int r) {
+        return g.p2p->AllReduceAddRmsNorm(r, b[r].delta.as<Bf16>(), b[r].residual.as<float>(), rows,
+                                          cols, b[r].w.as<float>(), eps, b[r].out.as<Bf16>(),
+                                          g.streams[r].get());
+      };
+      if (via_graph) {
+        for (int r = 0; r < n; ++r) {
+          ASSERT_TRUE(SetDevice(g.ordinals[r]).ok());
+          ASSERT_TRUE(Synchronize(g.streams[r].get()).ok());
+          ASSERT_TRUE(graphs[r].BeginCapture(g.streams[r].get()).ok());
+          ASSERT_TRUE(fused(r).ok());
+          ASSERT_TRUE(graphs[r].EndCapture().ok());
+        }
+      }
+      for (int r = 0; r < n; ++r) {
+        ASSERT_TRUE(SetDevice(g.ordinals[r]).ok());
+        ASSERT_TRUE((via_graph ? graphs[r].Launch(g.streams[r].get()) : fused(r)).ok());
+      }
+      for (int r = 0; r < n; ++r) {
+        ASSERT_TRUE(SetDevice(g.ordinals[r]).ok());
+        ASSERT_TRUE(Synchronize(g.streams[r].get()).ok());
+        std::vector<float> res(count), res_ref(count);
+        std::vector<Bf16> out(count), out_ref(count);
+        ASSERT_TRUE(CopyToHost(res.data(), b[r].residual.data(), count * 4).ok());
+        ASSERT_TRUE(CopyToHost(res_ref.data(), b[r].residual_ref.data(), count * 4).ok());
+        ASSERT_TRUE(CopyToHost(out.data(), b[r].out.data(), count * 2).ok());
+        ASSERT_TRUE(CopyToHost(out_ref.data(), b[r].out_ref.data(), count * 2).ok());
+        for (int64_t i = 0; i < count; ++i) {
+          ASSERT_EQ(res[i], res_ref[i]) << "rank " << r << " residual " << i;
+          const float o = Bf16ToFloat(out[i]), o_ref = Bf16ToFloat(out_ref[i]);
+          ASSERT_LE(std::fabs(o - o_ref), std::fabs(o_ref) * (1.f / 128.f) + 1e-6f)
+              << "rank " << r << " out " << i << ": " << o << " vs " << o_ref;
+        }
+        absl::StatusOr<uint32_t> t = g.p2p->Timeouts(r);
+        ASSERT_TRUE(t.ok());
+        EXPECT_EQ(*t, 0u) << "rank " << r;
+      }
+      ++round;
+    }
+  }
+  // Shapes the fused kernel does not take are refused, not run.
+  ASSERT_TRUE(SetDevice(g.ordinals[0]).ok());
+  EXPECT_FALSE(P2pAllReduce::AddRmsNormSupports(b[0].delta.as<Bf16>(), b[0].residual.as<float>(),
+                                                4100, b[0].w.as<float>(), b[0].out.as<Bf16>()));
+  EXPECT_FALSE(g.p2p
+                   ->AllReduceAddRmsNorm(0, b[0].delta.as<Bf16>(), b[0].residual.as<float>(), 1,
+                                         4100, b[0].w.as<float>(), eps, b[0].out.as<Bf16>(),
+                                         g.streams[0].get())
+                   .ok());
+  EXPECT_FALSE(g.p2p
+                   ->AllReduceAddRmsNorm(0, b[0].delta.as<Bf16>(), b[0].residual.as<float>(),
+                                         kCapacity / cols + 1, cols, b[0].w.as<float>(), eps,
+                                         b[0].out.as<Bf16>(), g.streams[0].get())
+                   .ok());
 }
 
 }  // namespace

@@ -57,14 +57,16 @@ namespace kcu = ::tessera::kernels::cuda;
 struct AllReduceTimes {
   double nccl_eager_us = 0, nccl_graph_us = 0;
   double p2p_eager_us = 0, p2p_graph_us = 0;
+  // The fused all-reduce + residual add + RMSNorm (one kernel), in a graph.
+  double p2p_add_norm_graph_us = 0;
   bool p2p_correct = false;  // the sum of the ranks' known values, on every element
   std::string p2p_error;     // why no P2P figures (e.g. no peer access)
 };
 
 // Microseconds per all-reduce of `count` bf16 values over the devices, NCCL
 // and the one-shot peer-to-peer kernel, eager and inside a CUDA graph.
-AllReduceTimes TimeAllReduce(const std::vector<kernels::DeviceDescription>& devices,
-                             int64_t count) {
+AllReduceTimes TimeAllReduce(const std::vector<kernels::DeviceDescription>& devices, int64_t count,
+                             int64_t hidden) {
   const int n = static_cast<int>(devices.size());
   std::vector<int> ordinals;
   for (const auto& d : devices) ordinals.push_back(d.ordinal);
@@ -79,6 +81,7 @@ AllReduceTimes TimeAllReduce(const std::vector<kernels::DeviceDescription>& devi
   absl::Barrier* start = new absl::Barrier(n);
   absl::Barrier* p2p_start = new absl::Barrier(n);
   absl::Barrier* p2p_mid = new absl::Barrier(n);
+  absl::Barrier* p2p_fused = new absl::Barrier(n);
   absl::Barrier* mid = new absl::Barrier(n);
   absl::Barrier* end = new absl::Barrier(n);
   auto rank_fn = [&](int r) {
@@ -152,6 +155,34 @@ AllReduceTimes TimeAllReduce(const std::vector<kernels::DeviceDescription>& devi
         times.p2p_eager_us = std::chrono::duration<double, std::micro>(u1 - u0).count() / kEager;
         times.p2p_graph_us =
             std::chrono::duration<double, std::micro>(u2 - u1).count() / (kGraphs * kPerGraph);
+      }
+      // The same message as rows of the hidden size through the fused
+      // all-reduce + residual add + RMSNorm, as a decoder layer runs it.
+      auto residual = kcu::DeviceBuffer::Allocate(count * 4);
+      auto norm_w = kcu::DeviceBuffer::Allocate(hidden * 4);
+      auto normed = kcu::DeviceBuffer::Allocate(count * 2);
+      CHECK_OR_DIE(residual.status());
+      CHECK_OR_DIE(norm_w.status());
+      CHECK_OR_DIE(normed.status());
+      CHECK_OR_DIE(kcu::MemsetDevice(residual->data(), 0, count * 4));
+      CHECK_OR_DIE(kcu::MemsetDevice(norm_w->data(), 0, hidden * 4));
+      kcu::CudaGraph fused_graph;
+      CHECK_OR_DIE(fused_graph.BeginCapture(stream->get()));
+      for (int i = 0; i < kPerGraph; ++i) {
+        CHECK_OR_DIE((*p2p)->AllReduceAddRmsNorm(r, buf->as<kcu::Bf16>(), residual->as<float>(),
+                                                 count / hidden, hidden, norm_w->as<float>(), 1e-5f,
+                                                 normed->as<kcu::Bf16>(), stream->get()));
+      }
+      CHECK_OR_DIE(fused_graph.EndCapture());
+      CHECK_OR_DIE(kcu::Synchronize(stream->get()));
+      if (p2p_fused->Block()) delete p2p_fused;
+      auto f0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < kGraphs; ++i) CHECK_OR_DIE(fused_graph.Launch(stream->get()));
+      CHECK_OR_DIE(kcu::Synchronize(stream->get()));
+      auto f1 = std::chrono::steady_clock::now();
+      if (r == 0) {
+        times.p2p_add_norm_graph_us =
+            std::chrono::duration<double, std::micro>(f1 - f0).count() / (kGraphs * kPerGraph);
       }
     }
     if (end->Block()) delete end;
@@ -244,9 +275,10 @@ int Run() {
       if (tp == 1) tp1[batch] = tps;
       // The collectives alone, once per (TP, batch).
       const bool time_collectives = tp > 1 && timed.insert({tp, batch}).second;
-      const AllReduceTimes ar = time_collectives
-                                    ? TimeAllReduce(devices, int64_t{batch} * config->hidden_size)
-                                    : AllReduceTimes{};
+      const AllReduceTimes ar =
+          time_collectives
+              ? TimeAllReduce(devices, int64_t{batch} * config->hidden_size, config->hidden_size)
+              : AllReduceTimes{};
       const double eager_us = ar.nccl_eager_us, graph_us = ar.nccl_graph_us;
       const int reduces_per_step = 2 * static_cast<int>(config->num_hidden_layers) + 1;
       nlohmann::json r = {
@@ -263,6 +295,7 @@ int Run() {
           {"all_reduce_ms_per_step_in_graph", tp > 1 ? reduces_per_step * graph_us / 1e3 : 0.0},
           {"p2p_all_reduce_us_eager", ar.p2p_eager_us},
           {"p2p_all_reduce_us_in_graph", ar.p2p_graph_us},
+          {"p2p_all_reduce_add_rmsnorm_us_in_graph", ar.p2p_add_norm_graph_us},
           {"p2p_all_reduce_correct", ar.p2p_correct},
           {"p2p_error", ar.p2p_error},
       };

@@ -695,14 +695,27 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
     return m.nccl->AllReduceSum(m.rank, data, count, dtype, st);
   };
   const float eps = static_cast<float>(c.rms_norm_eps);
+  Bf16* xb = m.xb.as<Bf16>();
+  Bf16* delta = m.delta.as<Bf16>();
+  float* residual = m.residual.as<float>();
+  // delta (this rank's partial sums) summed over the ranks and added to the
+  // residual stream, then xb = RMSNorm(residual) * w: one kernel with the
+  // peer-to-peer all-reduce, else the all-reduce and FusedAddRmsNorm.
+  auto reduce_add_norm = [&](const DeviceBuffer& norm_w) -> absl::Status {
+    const float* w = norm_w.as<float>();
+    if (m.nccl != nullptr && options_.p2p != nullptr &&
+        T * H * 2 <= kernels::kP2pAllReduceMaxBytes && T * H <= options_.p2p->max_count() &&
+        kcu::P2pAllReduce::AddRmsNormSupports(delta, residual, H, w, xb)) {
+      return options_.p2p->AllReduceAddRmsNorm(m.rank, delta, residual, T, H, w, eps, xb, st);
+    }
+    RETURN_IF_ERROR(all_reduce(delta, T * H, kcu::NcclGroup::DType::kBf16));
+    return kcu::FusedAddRmsNorm(delta, residual, T, H, w, eps, xb, st);
+  };
   const int64_t slots = num_kv_blocks_ * options_.block_size;
   const int64_t layer_elems = slots * K;
   auto f32 = [](const DeviceBuffer& b) { return b.size() == 0 ? nullptr : b.as<float>(); };
 
-  Bf16* xb = m.xb.as<Bf16>();
   Bf16* qkv = m.qkv.as<Bf16>();
-  Bf16* delta = m.delta.as<Bf16>();
-  float* residual = m.residual.as<float>();
   RETURN_IF_ERROR(
       kcu::Embedding(m.embed.as<Bf16>(), V, H, m.MetaPtr<int32_t>(m.off_tokens), T, residual, st));
   RETURN_IF_ERROR(all_reduce(residual, T * H, kcu::NcclGroup::DType::kF32));
@@ -714,8 +727,7 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
     if (i == 0) {
       RETURN_IF_ERROR(kcu::RmsNorm(residual, T, H, l.input_norm.as<float>(), eps, xb, st));
     } else {
-      RETURN_IF_ERROR(
-          kcu::FusedAddRmsNorm(delta, residual, T, H, l.input_norm.as<float>(), eps, xb, st));
+      RETURN_IF_ERROR(reduce_add_norm(l.input_norm));  // the previous layer's MLP output
     }
     Bf16* k_cache = m.k_cache.as<Bf16>() + i * layer_elems;
     Bf16* v_cache = m.v_cache.as<Bf16>() + i * layer_elems;
@@ -781,18 +793,14 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
                         : kcu::PagedAttentionPrefill(p, st));
     RETURN_IF_ERROR(
         m.gemm->Gemm(m.attn.as<Bf16>(), T, Q, l.o_w.as<Bf16>(), H, f32(l.o_b), delta, st));
-    RETURN_IF_ERROR(all_reduce(delta, T * H, kcu::NcclGroup::DType::kBf16));
-    RETURN_IF_ERROR(
-        kcu::FusedAddRmsNorm(delta, residual, T, H, l.post_norm.as<float>(), eps, xb, st));
+    RETURN_IF_ERROR(reduce_add_norm(l.post_norm));
     RETURN_IF_ERROR(m.gemm->Gemm(xb, T, H, l.gate_up_w.as<Bf16>(), 2 * I, f32(l.gate_up_b),
                                  m.gate_up.as<Bf16>(), st));
     RETURN_IF_ERROR(kcu::SiluMul(m.gate_up.as<Bf16>(), T, I, m.act.as<Bf16>(), st));
     RETURN_IF_ERROR(
         m.gemm->Gemm(m.act.as<Bf16>(), T, I, l.down_w.as<Bf16>(), H, f32(l.down_b), delta, st));
-    RETURN_IF_ERROR(all_reduce(delta, T * H, kcu::NcclGroup::DType::kBf16));
   }
-  RETURN_IF_ERROR(
-      kcu::FusedAddRmsNorm(delta, residual, T, H, m.final_norm.as<float>(), eps, xb, st));
+  RETURN_IF_ERROR(reduce_add_norm(m.final_norm));
   if (num_logits == 0) return absl::OkStatus();
   RETURN_IF_ERROR(kcu::GatherRows(xb, T, H, m.MetaPtr<int32_t>(m.off_logits_idx), num_logits,
                                   m.rows.as<Bf16>(), st));
