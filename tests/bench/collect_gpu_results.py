@@ -132,11 +132,13 @@ def tensor_parallel(out, results):
          "GPU machine with 2 GPUs: bash scripts/gpu-run.sh OUT (tests/bench/gpu_tp_bench)",
          {"note": "NCCL_NVLS_ENABLE=0. TP=2 runs once per all-reduce backend: nccl (every "
                   "all-reduce through NCCL) and p2p (the registry's choice with peer access: "
-                  "kernels/cuda/p2p_all_reduce.h for bf16 messages up to 1 MiB, NCCL for the "
-                  "fp32 embedding reduce). The all-reduce of one decode step's activation "
-                  "(hidden x batch bf16) is also timed alone, eager and inside a CUDA graph, "
-                  "with both; p2p_all_reduce_correct checks the sum of known values on every "
-                  "element and that no rank timed out"})
+                  "kernels/cuda/p2p_all_reduce.h for bf16 messages up to 1 MiB, each fused "
+                  "with the residual add and RMSNorm that follow it; NCCL for the fp32 "
+                  "embedding reduce). The all-reduce of one decode step's activation (hidden x "
+                  "batch bf16) is also timed alone, eager and inside a CUDA graph, with both, "
+                  "and the p2p all-reduce + residual add + RMSNorm kernel inside a graph "
+                  "(p2p_all_reduce_add_rmsnorm_us_in_graph); p2p_all_reduce_correct checks the "
+                  "sum of known values on every element and that no rank timed out"})
 
 
 def speculative(out, results):
