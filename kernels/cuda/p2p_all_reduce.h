@@ -14,8 +14,8 @@
 // re-marks as empty its buffer (r - 1) % 3, which it finished reading in
 // call r - 1 and which no peer writes before call r + 2. Ranks are at most
 // one call apart (a call completes only once every peer has pushed), so
-// the three buffers never collide. Work is split over 1 to 32 CTAs (16 KiB
-// of message per CTA, or whole rows for the fused form); the call counter
+// the three buffers never collide. Work is split over 1 to 128 CTAs (8 KiB
+// of message per CTA, or one row each for the fused form); the call counter
 // and the previous call's size (for the re-marking) live in device memory
 // and the last CTA of a call advances them, so calls can be captured into
 // CUDA graphs and replayed, and consecutive calls may have different sizes.

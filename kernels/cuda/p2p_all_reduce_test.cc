@@ -1,6 +1,6 @@
 // The peer-to-peer all-reduce (p2p_all_reduce.h) on every GPU of the host
 // (skipped with fewer than two, or without peer access): for message sizes
-// that take the 16-byte and the element path and 1 to 32 CTAs, every rank
+// that take the 16-byte and the element path and 1 to 128 CTAs, every rank
 // ends with the fp32 sum of all ranks' values rounded once to bf16, bitwise
 // the same on every rank; many rounds in a row (the inbox halves alternate),
 // eager and replayed from CUDA graphs; no call times out; counts above the
@@ -97,7 +97,7 @@ TEST(P2pAllReduceTest, SumsOnEveryRankForManySizesAndRounds) {
   if (!MakeGroup(&g, &why)) GTEST_SKIP() << why;
   int round = 0;
   // 16-byte path (count % 8 == 0, aligned) and element path (odd counts,
-  // or a start 2 bytes past alignment); 1 CTA up to 32 CTAs.
+  // or a start 2 bytes past alignment); 1 CTA up to 128 CTAs.
   for (int64_t count : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{4096}, int64_t{8191},
                         int64_t{65536}, int64_t{262144}, kCapacity}) {
     for (int64_t offset : {int64_t{0}, int64_t{1}}) {
@@ -196,30 +196,37 @@ TEST(P2pAllReduceTest, FusedAddRmsNormMatchesAllReduceThenNorm) {
   std::string why;
   if (!MakeGroup(&g, &why)) GTEST_SKIP() << why;
   const int n = static_cast<int>(g.ordinals.size());
-  const int64_t cols = 4096;
+  const int64_t max_cols = 4096;
   const float eps = 1e-5f;
   struct RankBuffers {
     DeviceBuffer delta, residual, residual_ref, w, out, out_ref;
   };
   std::vector<RankBuffers> b(n);
-  const int64_t max_rows = 64;
+  const int64_t max_values = kCapacity;
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(SetDevice(g.ordinals[r]).ok());
     for (DeviceBuffer* d : {&b[r].delta, &b[r].out, &b[r].out_ref}) {
-      *d = std::move(*DeviceBuffer::Allocate(max_rows * cols * 2));
+      *d = std::move(*DeviceBuffer::Allocate(max_values * 2));
     }
     for (DeviceBuffer* d : {&b[r].residual, &b[r].residual_ref}) {
-      *d = std::move(*DeviceBuffer::Allocate(max_rows * cols * 4));
+      *d = std::move(*DeviceBuffer::Allocate(max_values * 4));
     }
-    b[r].w = std::move(*DeviceBuffer::Allocate(cols * 4));
-    std::vector<float> w(cols);
-    for (int64_t i = 0; i < cols; ++i) w[i] = 0.5f + static_cast<float>(i % 7) * 0.125f;
-    ASSERT_TRUE(CopyToDevice(b[r].w.data(), w.data(), cols * 4, g.streams[r].get()).ok());
+    b[r].w = std::move(*DeviceBuffer::Allocate(max_cols * 4));
+    std::vector<float> w(max_cols);
+    for (int64_t i = 0; i < max_cols; ++i) w[i] = 0.5f + static_cast<float>(i % 7) * 0.125f;
+    ASSERT_TRUE(CopyToDevice(b[r].w.data(), w.data(), max_cols * 4, g.streams[r].get()).ok());
   }
   int round = 100;
-  for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{64}, int64_t{1}}) {
+  struct Shape {
+    int64_t rows, cols;
+  };
+  // 300 rows of 1024: more rows than the kernel's 128 CTAs.
+  for (const Shape& shape :
+       {Shape{1, 4096}, Shape{3, 4096}, Shape{64, 4096}, Shape{300, 1024}, Shape{1, 4096}}) {
+    const int64_t rows = shape.rows, cols = shape.cols;
     for (bool via_graph : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << rows << " rows" << (via_graph ? " from a graph" : ""));
+      SCOPED_TRACE(::testing::Message()
+                   << rows << " rows of " << cols << (via_graph ? " from a graph" : ""));
       const int64_t count = rows * cols;
       // Inputs: delta differs per rank; the residual is the same on every rank.
       for (int r = 0; r < n; ++r) {
@@ -312,8 +319,8 @@ TEST(P2pAllReduceTest, FusedAddRmsNormMatchesAllReduceThenNorm) {
                    .ok());
   EXPECT_FALSE(g.p2p
                    ->AllReduceAddRmsNorm(0, b[0].delta.as<Bf16>(), b[0].residual.as<float>(),
-                                         kCapacity / cols + 1, cols, b[0].w.as<float>(), eps,
-                                         b[0].out.as<Bf16>(), g.streams[0].get())
+                                         kCapacity / max_cols + 1, max_cols, b[0].w.as<float>(),
+                                         eps, b[0].out.as<Bf16>(), g.streams[0].get())
                    .ok());
 }
 
