@@ -2,11 +2,13 @@
 // (skipped with fewer than two, or without peer access): for message sizes
 // that take the 16-byte and the element path and 1 to 128 CTAs, every rank
 // ends with the fp32 sum of all ranks' values rounded once to bf16, bitwise
-// the same on every rank; many rounds in a row (the inbox halves alternate),
+// the same on every rank; many rounds in a row (the inboxes rotate),
 // eager and replayed from CUDA graphs; no call times out; counts above the
 // capacity are refused; -0.0 values (the protocol's empty marker) are sent
 // as +0.0; the fused residual add + RMSNorm matches the all-reduce followed
-// by FusedAddRmsNorm.
+// by FusedAddRmsNorm; a rank whose peer never calls times out instead of
+// hanging.
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -322,6 +324,36 @@ TEST(P2pAllReduceTest, FusedAddRmsNormMatchesAllReduceThenNorm) {
                                          kCapacity / max_cols + 1, max_cols, b[0].w.as<float>(),
                                          eps, b[0].out.as<Bf16>(), g.streams[0].get())
                    .ok());
+}
+
+// A peer that never makes its call (a dead rank): the caller gives up after
+// its bounded wait and counts a timeout, for both forms, instead of hanging
+// the device.
+TEST(P2pAllReduceTest, MissingPeerTimesOutInsteadOfHanging) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  Group g;
+  std::string why;
+  if (!MakeGroup(&g, &why)) GTEST_SKIP() << why;
+  const int64_t cols = 4096;  // one row: one CTA for each form
+  ASSERT_TRUE(SetDevice(g.ordinals[0]).ok());
+  absl::StatusOr<DeviceBuffer> residual = DeviceBuffer::Allocate(cols * 4);
+  absl::StatusOr<DeviceBuffer> w = DeviceBuffer::Allocate(cols * 4);
+  absl::StatusOr<DeviceBuffer> out = DeviceBuffer::Allocate(cols * 2);
+  ASSERT_TRUE(residual.ok() && w.ok() && out.ok());
+  Fill(g, cols, 0, 0);
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(g.p2p->AllReduceSumBf16(0, g.data[0].as<Bf16>(), cols, g.streams[0].get()).ok());
+  ASSERT_TRUE(g.p2p
+                  ->AllReduceAddRmsNorm(0, g.data[0].as<Bf16>(), residual->as<float>(), 1, cols,
+                                        w->as<float>(), 1e-5f, out->as<Bf16>(), g.streams[0].get())
+                  .ok());
+  ASSERT_TRUE(Synchronize(g.streams[0].get()).ok());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 30.0);
+  absl::StatusOr<uint32_t> timeouts = g.p2p->Timeouts(0);
+  ASSERT_TRUE(timeouts.ok());
+  EXPECT_EQ(*timeouts, 2u);  // one CTA per call
 }
 
 }  // namespace

@@ -91,12 +91,22 @@ struct KvSource {
   int64_t head_offset;   // kv_head * D
 };
 
+// The shared-memory layout of LoadKvTile's tiles by default: one
+// swizzled row of D values per key (SwizzledOffset).
+template <int D>
+struct SwizzledRows {
+  __device__ __forceinline__ int operator()(int row, int chunk) const {
+    return SwizzledOffset<D>(row, chunk);
+  }
+};
+
 // Whole CTA (NT threads): starts cp.async copies of keys [key0, key0 + TK)
-// into the K and V tiles; keys >= key_end are zero-filled (their block
-// table entries are not read).
-template <int D, int TK, int NT>
+// into the K and V tiles, 16-byte chunk `chunk` of key row `row` at element
+// offset(row, chunk); keys >= key_end are zero-filled (their block table
+// entries are not read).
+template <int D, int TK, int NT, class Offset = SwizzledRows<D>>
 __device__ __forceinline__ void LoadKvTile(uint16_t* sk, uint16_t* sv, const KvSource& src,
-                                           int key0, int key_end) {
+                                           int key0, int key_end, Offset offset = Offset()) {
   constexpr int kChunksPerRow = D / 8;
   constexpr int kChunks = TK * kChunksPerRow;
   static_assert(kChunks % NT == 0, "tile chunks must split evenly over the threads");
@@ -107,7 +117,7 @@ __device__ __forceinline__ void LoadKvTile(uint16_t* sk, uint16_t* sv, const KvS
     const int row = c / kChunksPerRow;
     const int chunk = c % kChunksPerRow;
     const int key = key0 + row;
-    const int off = SwizzledOffset<D>(row, chunk);
+    const int off = offset(row, chunk);
     if (key < key_end) {
       const int64_t block = src.table[key >> src.block_shift];
       const int64_t slot = (block << src.block_shift) + (key & block_mask);

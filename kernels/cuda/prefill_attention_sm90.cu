@@ -111,27 +111,33 @@ __device__ __forceinline__ void NamedBarArrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+// The accumulator operands of the wgmma wrappers below: the register
+// list %0..%31 (or %0..%63) of the instruction and the matching "+f"
+// operands d[0..31] (or d[0..63]).
+#define TESSERA_WG_REGS32                                                                          \
+  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25," \
+  "%26,%27,%28,%29,%30,%31"
+#define TESSERA_WG_REGS64                                                                          \
+  TESSERA_WG_REGS32                                                                                \
+      ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%" \
+      "54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define TESSERA_WG_OUT8(d, i)                                                                 \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define TESSERA_WG_OUT32(d) \
+  TESSERA_WG_OUT8(d, 0), TESSERA_WG_OUT8(d, 8), TESSERA_WG_OUT8(d, 16), TESSERA_WG_OUT8(d, 24)
+#define TESSERA_WG_OUT64(d)                                                                    \
+  TESSERA_WG_OUT32(d), TESSERA_WG_OUT8(d, 32), TESSERA_WG_OUT8(d, 40), TESSERA_WG_OUT8(d, 48), \
+      TESSERA_WG_OUT8(d, 56)
+
 // d (+)= A * B, m64n128k16, A and B from shared memory (descriptors), both K-major.
 __device__ __forceinline__ void WgmmaSS128(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
                                            int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" TESSERA_WG_REGS64
       "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
+      : TESSERA_WG_OUT64(d)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
@@ -141,22 +147,9 @@ __device__ __forceinline__ void WgmmaRS128(float (&d)[64], const uint32_t (&a)[4
                                            uint64_t desc_b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" TESSERA_WG_REGS64
       "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
+      : TESSERA_WG_OUT64(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
 }
 
@@ -165,17 +158,17 @@ __device__ __forceinline__ void WgmmaRS128(float (&d)[64], const uint32_t (&a)[4
 __device__ __forceinline__ void WgmmaRS64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" TESSERA_WG_REGS32
       "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : TESSERA_WG_OUT32(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
 }
+
+#undef TESSERA_WG_REGS32
+#undef TESSERA_WG_REGS64
+#undef TESSERA_WG_OUT8
+#undef TESSERA_WG_OUT32
+#undef TESSERA_WG_OUT64
 
 template <int D>
 __device__ __forceinline__ void WgmmaPV(float (&o)[D / 2], const uint32_t (&a)[4], uint64_t desc);
@@ -191,34 +184,22 @@ __device__ __forceinline__ void WgmmaPV<64>(float (&o)[32], const uint32_t (&a)[
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+// The tiles' layout for LoadKvTile (paged_attention.cuh): column blocks of
+// 64 values, 128-byte swizzle (TileOffset).
+template <int R>
+struct Sm90Tile {
+  __device__ __forceinline__ int operator()(int row, int chunk) const {
+    return TileOffset<R>(row, chunk);
+  }
+};
+
 // Whole CTA: cp.async of keys [key0, key0 + kKeys) of K and V into the
 // swizzled tiles; keys >= key_end are zero-filled (their block table
 // entries are not read).
 template <int D>
 __device__ __forceinline__ void LoadKv(uint16_t* sk, uint16_t* sv, const KvSource& src, int key0,
                                        int key_end) {
-  constexpr int kChunksPerRow = D / 8;
-  constexpr int kChunks = kKeys * kChunksPerRow;
-  static_assert(kChunks % kThreads == 0, "tile chunks must split evenly over the threads");
-  const int block_mask = (1 << src.block_shift) - 1;
-#pragma unroll
-  for (int i = 0; i < kChunks / kThreads; ++i) {
-    const int c = i * kThreads + static_cast<int>(threadIdx.x);
-    const int row = c / kChunksPerRow;
-    const int chunk = c % kChunksPerRow;
-    const int key = key0 + row;
-    const int off = TileOffset<kKeys>(row, chunk);
-    if (key < key_end) {
-      const int64_t block = src.table[key >> src.block_shift];
-      const int64_t slot = (block << src.block_shift) + (key & block_mask);
-      const int64_t g = slot * src.slot_stride + src.head_offset + chunk * 8;
-      CpAsync16(sk + off, src.k + g);
-      CpAsync16(sv + off, src.v + g);
-    } else {
-      *reinterpret_cast<uint4*>(sk + off) = make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(sv + off) = make_uint4(0, 0, 0, 0);
-    }
-  }
+  LoadKvTile<D, kKeys, kThreads>(sk, sv, src, key0, key_end, Sm90Tile<kKeys>());
 }
 
 // kPingPong: warpgroup 1 issues its S = Q K^T only after warpgroup 0's has
