@@ -90,6 +90,9 @@ void Run() {
   Stream stream = Must(Stream::Create(), "Stream::Create");
   CudaStream s = stream.get();
   std::unique_ptr<GemmContext> gemm = Must(GemmContext::Create(), "GemmContext::Create");
+  // m = 64 also through a context that tunes cuBLASLt's algorithm per shape.
+  std::unique_ptr<GemmContext> tuned = Must(GemmContext::Create(), "GemmContext::Create");
+  tuned->SetAutotune(64);
   std::vector<std::string> entries;
 
   // ---- GEMM ----
@@ -114,16 +117,21 @@ void Run() {
     std::vector<DeviceBuffer> ws;
     for (int c = 0; c < copies; ++c) ws.push_back(Filled(w_bytes, 0x3b));
     for (int64_t m : ms) {
-      for (const bool use_gemv : {true, false}) {
-        if (!use_gemv && m > kGemvMaxRows) continue;
+      for (const int variant : {0, 1, 2}) {  // GEMV, cuBLASLt, cuBLASLt tuned
+        const bool use_gemv = variant == 0;
+        if (variant == 1 && m > kGemvMaxRows) continue;
+        if (variant == 2 && m != 64) continue;
         gemm->SetUseGemv(use_gemv);
+        GemmContext* ctx = variant == 2 ? tuned.get() : gemm.get();
         const double sec = TimeIt(s, [&](int i) {
-          return gemm->Gemm(x.as<Bf16>(), m, sh.k, ws[i % copies].as<Bf16>(), sh.n, nullptr,
-                            y.as<Bf16>(), s);
+          return ctx->Gemm(x.as<Bf16>(), m, sh.k, ws[i % copies].as<Bf16>(), sh.n, nullptr,
+                           y.as<Bf16>(), s);
         });
         const double flops = 2.0 * m * sh.n * sh.k;
         const double bytes = static_cast<double>(w_bytes) + 2.0 * m * sh.k + 2.0 * m * sh.n;
-        const char* path = m > kGemvMaxRows ? "cublaslt" : (use_gemv ? "gemv" : "cublaslt");
+        const char* path = variant == 2            ? "cublaslt_tuned"
+                           : m > kGemvMaxRows || !use_gemv ? "cublaslt"
+                                                            : "gemv";
         std::string e = absl::StrCat(
             "{\"op\": \"gemm_bf16\", \"shape\": \"", sh.name, "\", \"path\": \"", path,
             "\", \"m\": ", m, ", \"n\": ", sh.n, ", \"k\": ", sh.k, ", \"us\": ", sec * 1e6,

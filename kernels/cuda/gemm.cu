@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_common.cuh"
@@ -23,6 +24,8 @@ namespace tessera::kernels::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
+constexpr int kAutotuneCandidates = 8;  // heuristic results timed per shape
+constexpr int kAutotuneReps = 5;
 constexpr size_t kScratchBytes = 32u << 20;
 
 absl::Status LtError(cublasStatus_t st, std::string_view what) {
@@ -86,6 +89,10 @@ struct GemmContext::Impl {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
     bool bias_in_epilogue = false;  // false with bias: separate bias kernel
+    // The heuristic's candidates (best first; algo is the first) until the
+    // plan is tuned.
+    std::vector<cublasLtMatmulAlgo_t> candidates;
+    bool tuned = false;
   };
 
   cublasLtHandle_t handle = nullptr;
@@ -94,6 +101,7 @@ struct GemmContext::Impl {
   GemvWorkspace gemv;       // split-K partials and counters of the m <= 8 kernel
   bool use_gemv = true;
   int64_t gemv_max_weight_elems = kGemvDefaultMaxWeightElems;
+  int64_t autotune_max_m = 0;  // SetAutotune
   std::mutex mu;
   std::map<Key, Plan> plans;
 
@@ -160,11 +168,11 @@ struct GemmContext::Impl {
       st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                 &ay, sizeof(ay));
     }
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates] = {};
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS) {
       st = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->d, plan->d,
-                                          pref, 1, &result, &found);
+                                          pref, kAutotuneCandidates, results, &found);
     }
     cublasLtMatmulPreferenceDestroy(pref);
     TESSERA_LT_RETURN_IF_ERROR(st);
@@ -172,13 +180,64 @@ struct GemmContext::Impl {
       return absl::InternalError(
           absl::StrCat("cuBLASLt offers no algorithm for bf16 GEMM m=", m, " n=", n, " k=", k));
     }
-    plan->algo = result.algo;
+    plan->algo = results[0].algo;
+    plan->candidates.clear();
+    for (int i = 0; i < found && found > 1; ++i) plan->candidates.push_back(results[i].algo);
+    plan->tuned = found == 1;
     plan->bias_in_epilogue = epilogue_bias;
     (void)al_bias;
     return absl::OkStatus();
   }
 
-  absl::StatusOr<const Plan*> GetPlan(const Key& key) {
+  // Times the plan's candidates on this call's operands (each once to warm
+  // up, then kAutotuneReps times between two events) and keeps the fastest;
+  // a candidate cuBLASLt refuses here is skipped. During stream capture
+  // nothing can be timed: the heuristic's first choice stays, for good, so
+  // that graphs and eager calls of a shape run the same algorithm.
+  absl::Status Tune(Plan& p, const Bf16* x, const Bf16* w, void* y, CudaStream stream) {
+    p.tuned = true;
+    std::vector<cublasLtMatmulAlgo_t> candidates = std::move(p.candidates);
+    p.candidates.clear();
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    TESSERA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(AsCuda(stream), &capture));
+    if (capture != cudaStreamCaptureStatusNone || candidates.size() < 2) return absl::OkStatus();
+    cudaEvent_t start = nullptr, stop = nullptr;
+    TESSERA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+    TESSERA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+    const float alpha = 1.0f, beta = 0.0f;
+    float best_ms = 0.f;
+    bool have_best = false;
+    absl::Status status;
+    for (const cublasLtMatmulAlgo_t& algo : candidates) {
+      auto run = [&] {
+        return cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.d, y, p.d, &algo,
+                              workspace, kWorkspaceBytes, AsCuda(stream));
+      };
+      if (run() != CUBLAS_STATUS_SUCCESS) continue;
+      cudaError_t err = cudaEventRecord(start, AsCuda(stream));
+      for (int i = 0; i < kAutotuneReps && err == cudaSuccess; ++i) {
+        if (run() != CUBLAS_STATUS_SUCCESS) err = cudaErrorUnknown;
+      }
+      if (err == cudaSuccess) err = cudaEventRecord(stop, AsCuda(stream));
+      if (err == cudaSuccess) err = cudaEventSynchronize(stop);
+      float ms = 0.f;
+      if (err == cudaSuccess) err = cudaEventElapsedTime(&ms, start, stop);
+      if (err != cudaSuccess) {
+        status.Update(CudaError(err, "GEMM autotune"));
+        break;
+      }
+      if (!have_best || ms < best_ms) {
+        best_ms = ms;
+        p.algo = algo;
+        have_best = true;
+      }
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return status;
+  }
+
+  absl::StatusOr<Plan*> GetPlan(const Key& key) {
     auto it = plans.find(key);
     if (it != plans.end()) return &it->second;
     const bool has_bias = std::get<4>(key);
@@ -262,12 +321,15 @@ struct GemmContext::Impl {
     const int al_y = std::min(AlignmentOf(y), AlignmentOf(reinterpret_cast<const void*>(n * elem)));
     const int al_b = bias != nullptr ? AlignmentOf(bias) : 16;
     const Key key{m, n, k, f32_out, bias != nullptr, al_x, al_w, al_y, al_b};
-    absl::StatusOr<const Plan*> plan = GetPlan(key);
+    absl::StatusOr<Plan*> plan = GetPlan(key);
     if (!plan.ok()) return plan.status();
-    const Plan& p = **plan;
+    Plan& p = **plan;
     if (p.bias_in_epilogue) {
       TESSERA_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
           p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    if (!p.tuned && m <= autotune_max_m) {
+      if (absl::Status s = Tune(p, x, w, y, stream); !s.ok()) return s;
     }
     const float alpha = 1.0f, beta = 0.0f;
     TESSERA_LT_RETURN_IF_ERROR(cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.d,
@@ -309,6 +371,11 @@ absl::StatusOr<std::unique_ptr<GemmContext>> GemmContext::Create() {
       cudaMemset(impl->gemv.counters, 0, kGemvCounters * sizeof(uint32_t)));
   TESSERA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return std::unique_ptr<GemmContext>(new GemmContext(std::move(impl)));
+}
+
+void GemmContext::SetAutotune(int64_t max_m) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->autotune_max_m = max_m;
 }
 
 void GemmContext::SetUseGemv(bool use) {

@@ -54,6 +54,17 @@ class GemmContext {
   absl::Status Gemm(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
                     const float* bias, float* y, CudaStream stream);
 
+  // While set (max_m > 0), the next cuBLASLt call of each shape with
+  // m <= max_m that has not been tuned yet is: of the up to 8 algorithms
+  // cuBLASLt's heuristic offers, each is timed on the call's own operands
+  // and the fastest is kept for the shape from then on (a one-time cost of
+  // ~50 GEMMs; during stream capture nothing can be timed, and the shape
+  // keeps the heuristic's first choice for good). Rounding may then differ
+  // between processes, never between calls of one context. Default 0: the
+  // heuristic's first choice. The CUDA runner opens this window for the
+  // eager run of a decode step before it captures the step's graph.
+  void SetAutotune(int64_t max_m);
+
   // Default true: m <= 8 GEMMs use the GEMV kernel when it applies.
   void SetUseGemv(bool use);
   // The largest weight (n * k elements) Gemm() sends to the GEMV; default

@@ -113,6 +113,44 @@ TEST(CudaGemmTest, MatchesReference) {
       (*ctx)->Gemm(nullptr, 1, 8, nullptr, 8, nullptr, static_cast<Bf16*>(nullptr), nullptr).ok());
 }
 
+// A context that tunes its cuBLASLt algorithms (SetAutotune) still matches
+// the reference, with and without bias and fp32 output, for shapes within
+// and beyond the bound; a tuned shape then gives the same bytes on every
+// call, eager and from a graph.
+TEST(CudaGemmTest, AutotunedPlansMatchReferenceAndRepeat) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  absl::StatusOr<std::unique_ptr<GemmContext>> ctx = GemmContext::Create();
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  (*ctx)->SetAutotune(64);
+  const Shape shapes[] = {{64, 4096, 2048, false, false}, {16, 1001, 200, true, false},
+                          {64, 3072, 4096, true, false},  {40, 32000, 512, false, true},
+                          {65, 512, 256, false, false}};  // above the bound: not tuned
+  for (const Shape& sh : shapes) {
+    CheckGemm(**ctx, sh);
+    CheckGemm(**ctx, sh);
+  }
+  const int64_t m = 64, n = 2048, k = 1024;
+  DeviceBuffer x = Upload(FastRandomBf16(m * k, 7)), w = Upload(FastRandomBf16(n * k, 8));
+  DeviceBuffer y0 = Zeros(m * n * 2), y1 = Zeros(m * n * 2), y2 = Zeros(m * n * 2);
+  absl::StatusOr<Stream> stream = Stream::Create();
+  ASSERT_TRUE(stream.ok());
+  const CudaStream st = stream->get();
+  ASSERT_TRUE((*ctx)->Gemm(x.as<Bf16>(), m, k, w.as<Bf16>(), n, nullptr, y0.as<Bf16>(), st).ok());
+  ASSERT_TRUE((*ctx)->Gemm(x.as<Bf16>(), m, k, w.as<Bf16>(), n, nullptr, y1.as<Bf16>(), st).ok());
+  CudaGraph graph;
+  ASSERT_TRUE(graph.BeginCapture(st).ok());
+  ASSERT_TRUE((*ctx)->Gemm(x.as<Bf16>(), m, k, w.as<Bf16>(), n, nullptr, y2.as<Bf16>(), st).ok());
+  ASSERT_TRUE(graph.EndCapture().ok());
+  ASSERT_TRUE(graph.Launch(st).ok());
+  ASSERT_TRUE(Synchronize(st).ok());
+  const std::vector<Bf16> a = Download<Bf16>(y0, m * n), b = Download<Bf16>(y1, m * n),
+                          c = Download<Bf16>(y2, m * n);
+  for (int64_t i = 0; i < m * n; ++i) {
+    ASSERT_EQ(Bf16ToFloat(b[i]), Bf16ToFloat(a[i])) << i;
+    ASSERT_EQ(Bf16ToFloat(c[i]), Bf16ToFloat(a[i])) << i;
+  }
+}
+
 // Captures embedding -> rmsnorm -> gemm (+bias) on a stream, replays the graph with
 // new ids written into the same input buffer, and compares with direct calls.
 TEST(CudaGraphTest, CaptureAndReplayMatchesDirectCalls) {

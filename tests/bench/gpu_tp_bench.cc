@@ -36,6 +36,9 @@ ABSL_FLAG(std::vector<std::string>, batch_sizes, std::vector<std::string>({"1", 
           "decode batch sizes");
 ABSL_FLAG(std::vector<std::string>, all_reduce_backends, std::vector<std::string>({"nccl", "p2p"}),
           "all-reduce backends to run each TP > 1 size with");
+ABSL_FLAG(std::vector<std::string>, gemm_autotune, std::vector<std::string>({"1"}),
+          "CudaRunnerOptions::gemm_autotune values (0/1) to run every configuration with, in "
+          "order (repeat them to alternate)");
 ABSL_FLAG(int, prompt_len, 128, "prompt tokens per sequence");
 ABSL_FLAG(int, decode_steps, 64, "decode steps timed");
 ABSL_FLAG(std::string, out, "", "write the JSON here too");
@@ -216,20 +219,28 @@ int Run() {
   const int block = 16;
   const int blocks_per_seq = (prompt_len + steps + 1 + block - 1) / block;
   nlohmann::json results = nlohmann::json::array();
-  std::map<int, double> tp1;            // batch -> tok/s at TP=1
-  std::set<std::pair<int, int>> timed;  // (TP, batch) whose collectives were timed
-  // (TP size, all-reduce backend) in run order: TP=1 once, larger groups
-  // once per backend.
-  std::vector<std::pair<int, std::string>> configs;
-  for (const auto& tp_text : absl::GetFlag(FLAGS_tp_sizes)) {
-    const int tp = std::stoi(tp_text);
-    if (tp == 1) {
-      configs.emplace_back(1, "none");
-      continue;
+  std::map<std::pair<int, int>, double> tp1;  // (batch, autotune) -> tok/s at TP=1
+  std::set<std::pair<int, int>> timed;        // (TP, batch) whose collectives were timed
+  // (TP size, all-reduce backend, GEMM autotune) in run order: TP=1 once
+  // per autotune value, larger groups once per backend and value.
+  struct Config {
+    int tp;
+    std::string backend;
+    int autotune;
+  };
+  std::vector<Config> configs;
+  for (const auto& tune_text : absl::GetFlag(FLAGS_gemm_autotune)) {
+    const int tune = std::stoi(tune_text);
+    for (const auto& tp_text : absl::GetFlag(FLAGS_tp_sizes)) {
+      const int tp = std::stoi(tp_text);
+      if (tp == 1) {
+        configs.push_back({1, "none", tune});
+        continue;
+      }
+      for (const auto& b : absl::GetFlag(FLAGS_all_reduce_backends)) configs.push_back({tp, b, tune});
     }
-    for (const auto& b : absl::GetFlag(FLAGS_all_reduce_backends)) configs.emplace_back(tp, b);
   }
-  for (const auto& [tp, backend] : configs) {
+  for (const auto& [tp, backend, autotune] : configs) {
     if (tp > static_cast<int>(found.devices.size())) {
       std::fprintf(stderr, "TP=%d skipped: %zu GPUs visible\n", tp, found.devices.size());
       continue;
@@ -238,6 +249,7 @@ int Run() {
                                                     found.devices.begin() + tp);
     runner::CudaRunnerOptions o;
     if (tp > 1) o.all_reduce_backend = backend;
+    o.gemm_autotune = autotune != 0;
     o.block_size = block;
     o.num_kv_blocks = int64_t{max_batch} * blocks_per_seq + 16;
     o.max_num_seqs = max_batch;
@@ -272,7 +284,7 @@ int Run() {
       for (int i = 1; i <= steps; ++i) step(prompt_len + i);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double tps = batch * steps / s;
-      if (tp == 1) tp1[batch] = tps;
+      if (tp == 1) tp1[{batch, autotune}] = tps;
       // The collectives alone, once per (TP, batch).
       const bool time_collectives = tp > 1 && timed.insert({tp, batch}).second;
       const AllReduceTimes ar =
@@ -287,7 +299,8 @@ int Run() {
           {"batch", batch},
           {"decode_ms_per_step", 1e3 * s / steps},
           {"decode_tokens_per_second", tps},
-          {"speedup_vs_tp1", tp1.count(batch) ? tps / tp1[batch] : 0.0},
+          {"gemm_autotune", autotune != 0},
+          {"speedup_vs_tp1", tp1.count({batch, autotune}) ? tps / tp1[{batch, autotune}] : 0.0},
           {"all_reduce_bytes", int64_t{batch} * config->hidden_size * 2},
           {"all_reduce_us_eager", eager_us},
           {"all_reduce_us_in_graph", graph_us},

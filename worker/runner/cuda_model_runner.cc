@@ -864,6 +864,14 @@ absl::Status CudaModelRunner::Execute(const ForwardBatch& batch, int64_t* num_lo
   const std::pair<int, int> key{bucket_seqs, ctx_bucket};
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
+    if (options_.gemm_autotune) {
+      // Tunes the step's cuBLASLt shapes, which capture cannot time. The
+      // step is idempotent: the graph recomputes the same values.
+      m.gemm->SetAutotune(bucket_seqs);
+      absl::Status tuned = RunModel(bucket_seqs, bucket_seqs, bucket_seqs, true, ctx_bucket, 1);
+      m.gemm->SetAutotune(0);
+      RETURN_IF_ERROR(tuned);
+    }
     auto g = std::make_unique<Graph>();
     RETURN_IF_ERROR(g->graph.BeginCapture(m.stream.get()));
     absl::Status run = RunModel(bucket_seqs, bucket_seqs, bucket_seqs, true, ctx_bucket, 1);
