@@ -129,9 +129,9 @@ void Run() {
         });
         const double flops = 2.0 * m * sh.n * sh.k;
         const double bytes = static_cast<double>(w_bytes) + 2.0 * m * sh.k + 2.0 * m * sh.n;
-        const char* path = variant == 2            ? "cublaslt_tuned"
+        const char* path = variant == 2                    ? "cublaslt_tuned"
                            : m > kGemvMaxRows || !use_gemv ? "cublaslt"
-                                                            : "gemv";
+                                                           : "gemv";
         std::string e = absl::StrCat(
             "{\"op\": \"gemm_bf16\", \"shape\": \"", sh.name, "\", \"path\": \"", path,
             "\", \"m\": ", m, ", \"n\": ", sh.n, ", \"k\": ", sh.k, ", \"us\": ", sec * 1e6,

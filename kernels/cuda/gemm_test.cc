@@ -122,8 +122,10 @@ TEST(CudaGemmTest, AutotunedPlansMatchReferenceAndRepeat) {
   absl::StatusOr<std::unique_ptr<GemmContext>> ctx = GemmContext::Create();
   ASSERT_TRUE(ctx.ok()) << ctx.status();
   (*ctx)->SetAutotune(64);
-  const Shape shapes[] = {{64, 4096, 2048, false, false}, {16, 1001, 200, true, false},
-                          {64, 3072, 4096, true, false},  {40, 32000, 512, false, true},
+  const Shape shapes[] = {{64, 4096, 2048, false, false},
+                          {16, 1001, 200, true, false},
+                          {64, 3072, 4096, true, false},
+                          {40, 32000, 512, false, true},
                           {65, 512, 256, false, false}};  // above the bound: not tuned
   for (const Shape& sh : shapes) {
     CheckGemm(**ctx, sh);

@@ -97,6 +97,15 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
 
 // Waits until the slot at `p` holds a pushed value and returns it; after
 // kTimeoutNs (or once this thread timed out before) returns zeros instead.
+// Whether a wait that began at `start` (0: not yet stamped; set on the
+// first check) has passed kTimeoutNs; the clock is read every 256 spins.
+__device__ __forceinline__ bool WaitedTooLong(uint32_t spins, uint64_t& start) {
+  if ((spins & 255) != 0) return false;
+  const uint64_t now = GlobalTimerNs();
+  if (start == 0) start = now;
+  return now - start > kTimeoutNs;
+}
+
 template <class T>
 __device__ __forceinline__ T Receive(const T* p, bool& timed_out) {
   uint64_t start = 0;
@@ -104,14 +113,9 @@ __device__ __forceinline__ T Receive(const T* p, bool& timed_out) {
     const T v = LoadVolatile(p);
     if (Filled(v)) return v;
     if (timed_out) return T{};
-    if ((spins & 255) == 0) {
-      const uint64_t now = GlobalTimerNs();
-      if (start == 0) {
-        start = now;
-      } else if (now - start > kTimeoutNs) {
-        timed_out = true;
-        return T{};
-      }
+    if (WaitedTooLong(spins, start)) {
+      timed_out = true;
+      return T{};
     }
   }
 }
@@ -149,14 +153,9 @@ __device__ __forceinline__ void ReceiveBatch(const uint4* p, int64_t stride,
       }
     }
     if (all || timed_out) return;
-    if ((spins & 255) == 0) {
-      const uint64_t now = GlobalTimerNs();
-      if (start == 0) {
-        start = now;
-      } else if (now - start > kTimeoutNs) {
-        timed_out = true;
-        return;
-      }
+    if (WaitedTooLong(spins, start)) {
+      timed_out = true;
+      return;
     }
   }
 }

@@ -237,7 +237,8 @@ int Run() {
         configs.push_back({1, "none", tune});
         continue;
       }
-      for (const auto& b : absl::GetFlag(FLAGS_all_reduce_backends)) configs.push_back({tp, b, tune});
+      for (const auto& b : absl::GetFlag(FLAGS_all_reduce_backends))
+        configs.push_back({tp, b, tune});
     }
   }
   for (const auto& [tp, backend, autotune] : configs) {
