@@ -67,8 +67,9 @@ absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunn
   }
   tp->local_logits_.resize(n);
   CudaTensorParallelRunner* self = tp.get();
-  tp->lockstep_ =
-      std::make_unique<LockstepRanks>(n, [self](int r) { return self->RunRank(r, *self->batch_); });
+  tp->lockstep_ = std::make_unique<LockstepRanks>(
+      n, [self](int r) { return self->RunRank(r, *self->batch_); },
+      /*spin=*/true);
   return tp;
 }
 

@@ -1,13 +1,14 @@
 #include "worker/parallel/lockstep.h"
 
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace tessera::parallel {
 
-LockstepRanks::LockstepRanks(int size, std::function<absl::Status(int rank)> step)
-    : size_(size), step_(std::move(step)) {
+LockstepRanks::LockstepRanks(int size, std::function<absl::Status(int rank)> step, bool spin)
+    : size_(size), step_(std::move(step)), spin_(spin) {
   {
     absl::MutexLock lock(&mu_);
     status_.assign(size_, absl::OkStatus());
@@ -24,9 +25,17 @@ LockstepRanks::~LockstepRanks() {
   for (std::thread& t : threads_) t.join();
 }
 
+template <class Pred>
+void LockstepRanks::SpinUntil(Pred pred) const {
+  if (!spin_) return;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+  while (!pred() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+}
+
 void LockstepRanks::Loop(int rank) {
   int64_t seen = 0;
   for (;;) {
+    SpinUntil([&] { return published_round_.load(std::memory_order_acquire) != seen; });
     {
       absl::MutexLock lock(&mu_);
       while (!stop_ && round_ == seen) cv_.Wait(&mu_);
@@ -36,6 +45,7 @@ void LockstepRanks::Loop(int rank) {
     absl::Status s = step_(rank);
     absl::MutexLock lock(&mu_);
     status_[rank] = std::move(s);
+    running_.fetch_sub(1, std::memory_order_release);
     if (--pending_ == 0) cv_.SignalAll();
   }
 }
@@ -44,10 +54,13 @@ absl::Status LockstepRanks::Run() {
   {
     absl::MutexLock lock(&mu_);
     pending_ = size_ - 1;
+    running_.store(size_ - 1, std::memory_order_relaxed);
     ++round_;
+    published_round_.store(round_, std::memory_order_release);
     cv_.SignalAll();
   }
   absl::Status s = step_(0);
+  SpinUntil([&] { return running_.load(std::memory_order_acquire) == 0; });
   absl::MutexLock lock(&mu_);
   while (pending_ > 0) cv_.Wait(&mu_);
   if (!s.ok()) return s;

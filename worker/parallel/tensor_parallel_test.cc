@@ -5,6 +5,7 @@
 //   max |logit_tp - logit_1| <= 1e-5 * max(1, max |logit_1|)
 // (row-parallel o_proj / down_proj sum their partial products in another
 // order than one full GEMM; everything else is the same arithmetic).
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 #include "kernels/cpu/reference_ops.h"
 #include "worker/engine/local_engine.h"
 #include "worker/parallel/in_process_group.h"
+#include "worker/parallel/lockstep.h"
 #include "worker/parallel/shard_plan.h"
 #include "worker/parallel/tensor_parallel_runner.h"
 #include "worker/runner/cpu_model_runner.h"
@@ -109,6 +111,38 @@ void OnRanks(int n, Fn fn) {
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) threads.emplace_back([&fn, r] { fn(r); });
   for (auto& t : threads) t.join();
+}
+
+// LockstepRanks, sleeping and spinning: every Run() calls the step once on
+// every rank and returns after all of them, an error names its rank, and
+// the group is destroyed promptly between steps.
+TEST(LockstepRanksTest, EveryRankStepsOncePerRunAndErrorsNameTheRank) {
+  for (const bool spin : {false, true}) {
+    SCOPED_TRACE(spin ? "spinning" : "sleeping");
+    constexpr int kRanks = 3, kRounds = 200;
+    std::vector<std::atomic<int>> calls(kRanks);
+    std::atomic<int> fail_rank{-1};
+    {
+      LockstepRanks group(
+          kRanks,
+          [&](int r) {
+            calls[r].fetch_add(1);
+            return r == fail_rank.load() ? absl::InternalError("boom") : absl::OkStatus();
+          },
+          spin);
+      for (int i = 1; i <= kRounds; ++i) {
+        ASSERT_TRUE(group.Run().ok());
+        for (int r = 0; r < kRanks; ++r) ASSERT_EQ(calls[r].load(), i) << "rank " << r;
+      }
+      fail_rank = 2;
+      const absl::Status s = group.Run();
+      EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+      EXPECT_THAT(s.message(), HasSubstr("rank 2: boom"));
+      fail_rank = -1;
+      EXPECT_TRUE(group.Run().ok());
+    }
+    for (int r = 0; r < kRanks; ++r) EXPECT_EQ(calls[r].load(), kRounds + 2);
+  }
 }
 
 TEST(InProcessGroupTest, AllReduceIsBitwiseReduceSumInRankOrder) {
