@@ -95,8 +95,6 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
   return t;
 }
 
-// Waits until the slot at `p` holds a pushed value and returns it; after
-// kTimeoutNs (or once this thread timed out before) returns zeros instead.
 // Whether a wait that began at `start` (0: not yet stamped; set on the
 // first check) has passed kTimeoutNs; the clock is read every 256 spins.
 __device__ __forceinline__ bool WaitedTooLong(uint32_t spins, uint64_t& start) {
@@ -106,6 +104,8 @@ __device__ __forceinline__ bool WaitedTooLong(uint32_t spins, uint64_t& start) {
   return now - start > kTimeoutNs;
 }
 
+// Waits until the slot at `p` holds a pushed value and returns it; after
+// kTimeoutNs (or once this thread timed out before) returns zeros instead.
 template <class T>
 __device__ __forceinline__ T Receive(const T* p, bool& timed_out) {
   uint64_t start = 0;
