@@ -153,6 +153,40 @@ TEST(CudaGemmTest, AutotunedPlansMatchReferenceAndRepeat) {
   }
 }
 
+// A shape first met inside a stream capture cannot be timed there, so it
+// keeps the heuristic's first algorithm for good: the graph and every later
+// eager call give the bits of an untuned context's call.
+TEST(CudaGemmTest, ShapeFirstSeenInCaptureKeepsTheHeuristicAlgorithm) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  absl::StatusOr<std::unique_ptr<GemmContext>> tuned = GemmContext::Create();
+  absl::StatusOr<std::unique_ptr<GemmContext>> plain = GemmContext::Create();
+  ASSERT_TRUE(tuned.ok() && plain.ok());
+  (*tuned)->SetAutotune(64);
+  const int64_t m = 64, n = 1536, k = 1024;
+  DeviceBuffer x = Upload(FastRandomBf16(m * k, 17)), w = Upload(FastRandomBf16(n * k, 18));
+  DeviceBuffer ref = Zeros(m * n * 2), in_graph = Zeros(m * n * 2), eager = Zeros(m * n * 2);
+  absl::StatusOr<Stream> stream = Stream::Create();
+  ASSERT_TRUE(stream.ok());
+  const CudaStream st = stream->get();
+  ASSERT_TRUE(
+      (*plain)->Gemm(x.as<Bf16>(), m, k, w.as<Bf16>(), n, nullptr, ref.as<Bf16>(), st).ok());
+  CudaGraph graph;
+  ASSERT_TRUE(graph.BeginCapture(st).ok());
+  ASSERT_TRUE(
+      (*tuned)->Gemm(x.as<Bf16>(), m, k, w.as<Bf16>(), n, nullptr, in_graph.as<Bf16>(), st).ok());
+  ASSERT_TRUE(graph.EndCapture().ok());
+  ASSERT_TRUE(graph.Launch(st).ok());
+  ASSERT_TRUE(
+      (*tuned)->Gemm(x.as<Bf16>(), m, k, w.as<Bf16>(), n, nullptr, eager.as<Bf16>(), st).ok());
+  ASSERT_TRUE(Synchronize(st).ok());
+  const std::vector<Bf16> a = Download<Bf16>(ref, m * n), b = Download<Bf16>(in_graph, m * n),
+                          c = Download<Bf16>(eager, m * n);
+  for (int64_t i = 0; i < m * n; ++i) {
+    ASSERT_EQ(Bf16ToFloat(b[i]), Bf16ToFloat(a[i])) << i;
+    ASSERT_EQ(Bf16ToFloat(c[i]), Bf16ToFloat(a[i])) << i;
+  }
+}
+
 // Captures embedding -> rmsnorm -> gemm (+bias) on a stream, replays the graph with
 // new ids written into the same input buffer, and compares with direct calls.
 TEST(CudaGraphTest, CaptureAndReplayMatchesDirectCalls) {

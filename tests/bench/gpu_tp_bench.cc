@@ -8,6 +8,9 @@
 // all-reduce of one decode step's activation (hidden x batch bf16) timed
 // alone, eager and inside a CUDA graph, times the all-reduces per step
 // (2 per layer + 1 for the embedding).
+// With --kernel_trace_steps=N, N more steps per row run under a CUPTI
+// kernel trace and the row gets their per-kernel breakdown ("kernel_trace");
+// tracing slows launches, so take throughput from a run without it.
 // Usage: gpu_tp_bench [--tp_sizes=1,2] [--batch_sizes=1,64] [--out=f.json]
 #include <chrono>
 #include <cstdio>
@@ -27,6 +30,7 @@
 #include "kernels/cuda/p2p_all_reduce.h"
 #include "kernels/cuda_devices.h"
 #include "nlohmann/json.hpp"
+#include "tests/bench/kernel_trace.h"
 #include "tests/bench/llama3_8b_config.h"
 #include "worker/model/config.h"
 #include "worker/parallel/cuda_tensor_parallel_runner.h"
@@ -41,6 +45,9 @@ ABSL_FLAG(std::vector<std::string>, gemm_autotune, std::vector<std::string>({"1"
           "order (repeat them to alternate)");
 ABSL_FLAG(int, prompt_len, 128, "prompt tokens per sequence");
 ABSL_FLAG(int, decode_steps, 64, "decode steps timed");
+ABSL_FLAG(int, kernel_trace_steps, 0,
+          "if > 0, this many more steps per row under a CUPTI kernel trace, summarized per "
+          "device and kernel in the row");
 ABSL_FLAG(std::string, out, "", "write the JSON here too");
 
 namespace tessera {
@@ -209,6 +216,8 @@ AllReduceTimes TimeAllReduce(const std::vector<kernels::DeviceDescription>& devi
 int Run() {
   auto config = model::ParseModelConfig(kLlama3_8BConfig, "llama3_8b");
   CHECK_OR_DIE(config.status());
+  const int trace_steps = absl::GetFlag(FLAGS_kernel_trace_steps);
+  if (trace_steps > 0) CHECK_OR_DIE(bench::KernelTrace::Enable());  // before any graph exists
   kernels::DetectedCudaDevices found = kernels::DetectCudaDevices();
   const int prompt_len = absl::GetFlag(FLAGS_prompt_len);
   const int steps = absl::GetFlag(FLAGS_decode_steps);
@@ -286,6 +295,16 @@ int Run() {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double tps = batch * steps / s;
       if (tp == 1) tp1[{batch, autotune}] = tps;
+      nlohmann::json trace;
+      if (trace_steps > 0) {
+        next = first;
+        step(prompt_len);  // the step before the window has drained when ForwardGreedy returns
+        const uint64_t begin = bench::KernelTrace::Now();
+        for (int i = 1; i <= trace_steps; ++i) step(prompt_len + i);
+        auto records = bench::KernelTrace::Collect(begin, bench::KernelTrace::Now());
+        CHECK_OR_DIE(records.status());
+        trace = bench::SummarizeKernels(*records, trace_steps);
+      }
       // The collectives alone, once per (TP, batch).
       const bool time_collectives = tp > 1 && timed.insert({tp, batch}).second;
       const AllReduceTimes ar =
@@ -313,6 +332,7 @@ int Run() {
           {"p2p_all_reduce_correct", ar.p2p_correct},
           {"p2p_error", ar.p2p_error},
       };
+      if (trace_steps > 0) r["kernel_trace"] = trace;
       std::fprintf(stderr, "%s\n", r.dump().c_str());
       results.push_back(r);
     }

@@ -864,13 +864,18 @@ absl::Status CudaModelRunner::Execute(const ForwardBatch& batch, int64_t* num_lo
   const std::pair<int, int> key{bucket_seqs, ctx_bucket};
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
-    if (options_.gemm_autotune) {
+    if (options_.gemm_autotune && tuned_buckets_.insert(bucket_seqs).second) {
       // Tunes the step's cuBLASLt shapes, which capture cannot time. The
-      // step is idempotent: the graph recomputes the same values.
+      // step is idempotent: the graph recomputes the same values. The
+      // shapes depend on the batch bucket only, so one run per bucket.
       m.gemm->SetAutotune(bucket_seqs);
+      ++autotune_runs_;
       absl::Status tuned = RunModel(bucket_seqs, bucket_seqs, bucket_seqs, true, ctx_bucket, 1);
       m.gemm->SetAutotune(0);
-      RETURN_IF_ERROR(tuned);
+      if (!tuned.ok()) {
+        tuned_buckets_.erase(bucket_seqs);
+        return tuned;
+      }
     }
     auto g = std::make_unique<Graph>();
     RETURN_IF_ERROR(g->graph.BeginCapture(m.stream.get()));

@@ -42,6 +42,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <utility>
@@ -147,6 +148,8 @@ class CudaModelRunner final : public ModelRunner {
   int64_t weight_bytes() const { return weight_bytes_; }
   // Decode graphs captured so far.
   int graphs_captured() const { return static_cast<int>(graphs_.size()); }
+  // Eager GEMM-autotuning steps run so far (one per batch bucket).
+  int autotune_runs() const { return autotune_runs_; }
 
   // Benchmarks: replays the decode graph of the last graph-run step
   // `replays` times back to back (each followed by an argmax over
@@ -186,6 +189,8 @@ class CudaModelRunner final : public ModelRunner {
   std::unique_ptr<Impl> impl_;
   std::map<std::pair<int, int>, std::unique_ptr<Graph>> graphs_;  // (batch, context) buckets
   std::pair<int, int> last_graph_{-1, -1};                        // key of the last launch
+  std::set<int> tuned_buckets_;  // batch buckets whose GEMM shapes were autotuned
+  int autotune_runs_ = 0;
 };
 
 }  // namespace tessera::runner

@@ -252,6 +252,40 @@ TEST(CudaModelRunnerTest, GreedyOnDeviceEqualsHostArgmax) {
   EXPECT_EQ(tokens[1], Argmax(step_logits.data() + vocab, vocab));
 }
 
+// The eager autotuning step runs once per batch bucket: a new context
+// bucket captures a new graph but reuses the tuned GEMM shapes.
+TEST(CudaModelRunnerTest, AutotunesEachBatchBucketOnce) {
+  REQUIRE_GPU(device);
+  auto model = model::LoadModel(SourcePath("models/draft"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto gpu = CudaModelRunner::Create(model->get(), device, TestOptions(64, 128));
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  std::vector<int32_t> table(24), other(24);
+  std::iota(table.begin(), table.end(), 0);
+  std::iota(other.begin(), other.end(), 24);
+  std::vector<int32_t> tokens;
+  auto decode = [&](std::vector<int32_t> positions) {
+    ForwardBatch d;
+    d.block_table_stride = 24;
+    for (size_t i = 0; i < positions.size(); ++i) {
+      d.AddSequence({7}, positions[i], i == 0 ? table : other, 16, true);
+    }
+    return (*gpu)->ForwardGreedy(d, &tokens);
+  };
+  ASSERT_TRUE(decode({4}).ok());  // batch 1, context bucket 256
+  EXPECT_EQ((*gpu)->graphs_captured(), 1);
+  EXPECT_EQ((*gpu)->autotune_runs(), 1);
+  ASSERT_TRUE(decode({300}).ok());  // batch 1, context bucket 512: new graph, no tuning
+  EXPECT_EQ((*gpu)->graphs_captured(), 2);
+  EXPECT_EQ((*gpu)->autotune_runs(), 1);
+  ASSERT_TRUE(decode({5, 9}).ok());  // batch 2: new shapes, tuned
+  EXPECT_EQ((*gpu)->graphs_captured(), 3);
+  EXPECT_EQ((*gpu)->autotune_runs(), 2);
+  ASSERT_TRUE(decode({6}).ok());  // graph replay
+  EXPECT_EQ((*gpu)->graphs_captured(), 3);
+  EXPECT_EQ((*gpu)->autotune_runs(), 2);
+}
+
 TEST(CudaModelRunnerTest, BadBatchesAreRejectedBeforeAnyKernelRuns) {
   REQUIRE_GPU(device);
   auto model = model::LoadModel(SourcePath("models/draft"));
