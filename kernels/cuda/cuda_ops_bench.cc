@@ -1,9 +1,10 @@
 // Microbenchmark of the CUDA kernels: bf16 GEMM throughput (TFLOP/s) for
-// Llama-3-8B shapes at m in {1..8, 64, 4096} (m <= 8 both through the GEMV
+// Llama-3-8B shapes (whole and one rank's share at tensor-parallel size 2) at
+// m in {1..8, 64, 4096} (m <= 8 both through the GEMV
 // kernel and through cuBLASLt), with achieved bandwidth as a fraction of the
 // H200's 4.27 TB/s for m <= 8, and bandwidth of rmsnorm,
 // fused-add rmsnorm, silu_mul, a sweep of forced GEMV split counts, plus
-// the time of sampling / argmax over a 128256-entry vocabulary. Prints one
+// the time of sampling / argmax / top-one over a 128256-entry vocabulary. Prints one
 // JSON document on stdout.
 //
 // Weights are cycled over enough copies (>= 256 MiB in all) that a GEMV
@@ -30,6 +31,7 @@
 #include "kernels/cuda/logits.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/top_one.h"
 #include "kernels/cuda/silu_mul.h"
 
 namespace tessera::kernels::cuda {
@@ -104,7 +106,13 @@ void Run() {
                        {"qkv", 6144, 4096},
                        {"gate_up", 28672, 4096},
                        {"down", 4096, 14336},
-                       {"lm_head", 128256, 4096}};
+                       {"lm_head", 128256, 4096},
+                       // One rank's share at tensor-parallel size 2.
+                       {"o_proj_tp2", 4096, 2048},
+                       {"qkv_tp2", 3072, 4096},
+                       {"gate_up_tp2", 14336, 4096},
+                       {"down_tp2", 4096, 7168},
+                       {"lm_head_tp2", 64128, 4096}};
   // m <= 8 runs twice: through the GEMV kernel (GemmContext's default for
   // those shapes) and through cuBLASLt (SetUseGemv(false)).
   const int64_t ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 64, 4096};
@@ -240,6 +248,15 @@ void Run() {
     });
     entries.push_back(absl::StrCat("{\"op\": \"argmax\", \"rows\": ", rows, ", \"vocab\": ", vocab,
                                    ", \"us\": ", sec * 1e6, "}"));
+    // The (value, id) form the tensor-parallel ranks combine.
+    DeviceBuffer top_values = Filled(rows * 4, 0);
+    DeviceBuffer top_ws = Filled(TopOneWorkspaceBytes(rows), 0);
+    sec = TimeIt(s, [&](int) {
+      return TopOneRows(d_logits.as<float>(), rows, vocab, 0, tokens.as<int32_t>(),
+                        top_values.as<float>(), top_ws.data(), top_ws.size(), s);
+    });
+    entries.push_back(absl::StrCat("{\"op\": \"top_one\", \"rows\": ", rows,
+                                   ", \"vocab\": ", vocab, ", \"us\": ", sec * 1e6, "}"));
     struct Mode {
       const char* name;
       RowSamplingParams p;

@@ -24,6 +24,7 @@
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/silu_mul.h"
+#include "kernels/cuda/top_one.h"
 
 namespace tessera::kernels::cuda {
 namespace {
@@ -398,4 +399,66 @@ TEST(CudaOpsTest, SoftmaxLogSoftmaxArgmax) {
 }
 
 }  // namespace
+// TopOneRows against a host scan: the largest value, the lowest index among
+// ties (-0.0 ties with +0.0), NaN skipped, an all-NaN row giving id -1; rows
+// split over many CTAs, unaligned rows (vocab % 4 != 0, offset pointer), an
+// index offset, and a workspace too small refused.
+TEST(CudaOpsTest, TopOneRowsMatchesAHostScan) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  const float kNan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t rows : {1, 3, 64, 300}) {
+    for (int64_t vocab : {1, 7, 4099, 64128, 128256}) {
+      for (int64_t shift : {0, 1}) {  // 1: rows start 4 bytes past 16-byte alignment
+        SCOPED_TRACE(::testing::Message() << rows << "x" << vocab << " shift " << shift);
+        std::vector<float> x = RandomFloats(rows * vocab + shift, 3 + vocab + rows, -20.f, 20.f);
+        float* v = x.data() + shift;
+        for (int64_t r = 0; r < rows; ++r) {
+          float* row = v + r * vocab;
+          if (r % 5 == 1) {
+            for (int64_t i = 0; i < vocab; ++i) row[i] = kNan;
+            continue;
+          }
+          if (r % 5 == 2 && vocab > 3) {  // a tie across CTAs: the lower index wins
+            row[vocab - 2] = 40.f;
+            row[vocab / 3] = 40.f;
+            row[0] = kNan;
+          }
+          if (r % 5 == 3) {  // all zero but signs: -0.0 at the end ties with +0.0
+            for (int64_t i = 0; i < vocab; ++i) row[i] = -1.f;
+            row[vocab - 1] = -0.f;
+            row[vocab / 2] = 0.f;
+          }
+        }
+        const int64_t offset = 1000;
+        std::vector<int32_t> want_ids(rows);
+        std::vector<float> want_values(rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          int64_t best = -1;
+          for (int64_t i = 0; i < vocab; ++i) {
+            const float y = v[r * vocab + i];
+            if (std::isnan(y)) continue;
+            if (best < 0 || y > v[r * vocab + best]) best = i;
+          }
+          want_ids[r] = best < 0 ? -1 : static_cast<int32_t>(best + offset);
+          want_values[r] = best < 0 ? -std::numeric_limits<float>::max() : v[r * vocab + best];
+        }
+        DeviceBuffer d_x = Upload(x), d_ids = Zeros(rows * 4), d_values = Zeros(rows * 4);
+        const size_t ws_bytes = TopOneWorkspaceBytes(rows);
+        DeviceBuffer ws = Zeros(ws_bytes);
+        const float* logits = d_x.as<float>() + shift;
+        ASSERT_TRUE(TopOneRows(logits, rows, vocab, offset, d_ids.as<int32_t>(),
+                               d_values.as<float>(), ws.data(), ws_bytes, nullptr)
+                        .ok());
+        EXPECT_EQ(Download<int32_t>(d_ids, rows), want_ids);
+        const std::vector<float> values = Download<float>(d_values, rows);
+        for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(values[r], want_values[r]) << r;
+        EXPECT_EQ(TopOneRows(logits, rows, vocab, offset, d_ids.as<int32_t>(),
+                             d_values.as<float>(), ws.data(), ws_bytes - 8, nullptr)
+                      .code(),
+                  absl::StatusCode::kInvalidArgument);
+      }
+    }
+  }
+}
+
 }  // namespace tessera::kernels::cuda

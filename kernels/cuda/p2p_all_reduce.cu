@@ -296,6 +296,30 @@ __global__ void __launch_bounds__(kThreads) AllReduceKernel(uint16_t* data, int6
 // is used; 2 keeps the kernel at 126 registers).
 constexpr int kRowBatch = 2;
 
+// Adds the all-reduce's 8 sums, rounded to bf16 as the all-reduce would
+// store them, to 8 fp32 residual values and their squares to ss
+// (FusedAddRmsNorm's arithmetic and order).
+__device__ __forceinline__ void AddSum(float4& a, float4& b, const float (&acc)[8], float& ss) {
+  a.x += Bf16BitsToFloat(FloatToBf16Bits(acc[0]));
+  a.y += Bf16BitsToFloat(FloatToBf16Bits(acc[1]));
+  a.z += Bf16BitsToFloat(FloatToBf16Bits(acc[2]));
+  a.w += Bf16BitsToFloat(FloatToBf16Bits(acc[3]));
+  b.x += Bf16BitsToFloat(FloatToBf16Bits(acc[4]));
+  b.y += Bf16BitsToFloat(FloatToBf16Bits(acc[5]));
+  b.z += Bf16BitsToFloat(FloatToBf16Bits(acc[6]));
+  b.w += Bf16BitsToFloat(FloatToBf16Bits(acc[7]));
+  ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+  ss += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+}
+
+// 8 residual values times inv and the norm weights, as bf16.
+__device__ __forceinline__ uint4 Normalized(float4 a, float4 b, float inv, float4 ga, float4 gb) {
+  return make_uint4(PackBf16(a.x * inv * ga.x, a.y * inv * ga.y),
+                    PackBf16(a.z * inv * ga.z, a.w * inv * ga.w),
+                    PackBf16(b.x * inv * gb.x, b.y * inv * gb.y),
+                    PackBf16(b.z * inv * gb.z, b.w * inv * gb.w));
+}
+
 // The fused form: rows of `cols` values (cols % 8 == 0), CTA b owns rows
 // b, b + grid, ...; per row: sum, residual += bf16(sum), RMSNorm into out
 // (FusedAddRmsNorm's arithmetic). A thread takes units threadIdx.x +
@@ -355,20 +379,10 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < B; ++j) {
         if (!valid[j]) continue;
         const int64_t k = k0 + j * stride;
-        // The all-reduce's bf16 result, added in fp32 as FusedAddRmsNorm does.
         float4 ra = a[j], rb = b[j];
-        ra.x += Bf16BitsToFloat(FloatToBf16Bits(acc[j][0]));
-        ra.y += Bf16BitsToFloat(FloatToBf16Bits(acc[j][1]));
-        ra.z += Bf16BitsToFloat(FloatToBf16Bits(acc[j][2]));
-        ra.w += Bf16BitsToFloat(FloatToBf16Bits(acc[j][3]));
-        rb.x += Bf16BitsToFloat(FloatToBf16Bits(acc[j][4]));
-        rb.y += Bf16BitsToFloat(FloatToBf16Bits(acc[j][5]));
-        rb.z += Bf16BitsToFloat(FloatToBf16Bits(acc[j][6]));
-        rb.w += Bf16BitsToFloat(FloatToBf16Bits(acc[j][7]));
+        AddSum(ra, rb, acc[j], ss);
         res[2 * k] = ra;
         res[2 * k + 1] = rb;
-        ss += ra.x * ra.x + ra.y * ra.y + ra.z * ra.z + ra.w * ra.w;
-        ss += rb.x * rb.x + rb.y * rb.y + rb.z * rb.z + rb.w * rb.w;
       }
     }
     ss = BlockSum(ss, scratch);
@@ -391,14 +405,86 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < B; ++j) {
         const int64_t k = k0 + j * stride;
         if (k >= row_units) continue;
-        o[k] = make_uint4(PackBf16(a[j].x * inv * ga[j].x, a[j].y * inv * ga[j].y),
-                          PackBf16(a[j].z * inv * ga[j].z, a[j].w * inv * ga[j].w),
-                          PackBf16(b[j].x * inv * gb[j].x, b[j].y * inv * gb[j].y),
-                          PackBf16(b[j].z * inv * gb[j].z, b[j].w * inv * gb[j].w));
+        o[k] = Normalized(a[j], b[j], inv, ga[j], gb[j]);
       }
     }
   }
   EndCall(x, c, static_cast<uint32_t>(rows * cols), timed_out);
+}
+
+// The fused form when every CTA owns one row that its threads cover in one
+// pass (rows <= grid, cols <= 8 * kRowBatch * kThreads): all the row's
+// loads (own values, residual, norm weights) are issued before the call
+// state is read, so they overlap that round trip, and the summed residual
+// stays in registers for the normalization instead of being read back.
+__global__ void __launch_bounds__(kThreads)
+    AllReduceAddRmsNormRowKernel(const uint16_t* delta, float* residual, int64_t cols,
+                                 const float* w, float eps, uint16_t* out, Exchange x) {
+  constexpr int B = kRowBatch;
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const int64_t row_units = cols / 8;
+  const uint4* own_row = reinterpret_cast<const uint4*>(delta) + row * row_units;
+  float4* res = reinterpret_cast<float4*>(residual + row * cols);
+  const float4* g = reinterpret_cast<const float4*>(w);
+  bool valid[B];
+  uint4 own[B];
+  float4 a[B], b[B], ga[B], gb[B];
+#pragma unroll
+  for (int j = 0; j < B; ++j) {
+    const int64_t k = threadIdx.x + j * kThreads;
+    valid[j] = k < row_units;
+    own[j] = valid[j] ? own_row[k] : make_uint4(0, 0, 0, 0);
+    a[j] = valid[j] ? res[2 * k] : make_float4(0.f, 0.f, 0.f, 0.f);
+    b[j] = valid[j] ? res[2 * k + 1] : make_float4(0.f, 0.f, 0.f, 0.f);
+    ga[j] = valid[j] ? g[2 * k] : make_float4(0.f, 0.f, 0.f, 0.f);
+    gb[j] = valid[j] ? g[2 * k + 1] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  const Call c = BeginCall(x);
+#pragma unroll
+  for (int j = 0; j < B; ++j) {
+    own[j] = NoNegZero(own[j]);
+    if (valid[j]) PushUnit(x, c, row * row_units + threadIdx.x + j * kThreads, own[j]);
+  }
+  Reclear(x, c);
+  bool timed_out = false;
+  const uint16_t* box = c.t.inbox[x.rank] + c.recv;
+  float acc[B][8];
+#pragma unroll
+  for (int j = 0; j < B; ++j) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[j][e] = 0.f;
+  }
+  for (int p = 0; p < x.world; ++p) {  // rank order
+    uint4 v[B];
+    if (p == x.rank) {
+#pragma unroll
+      for (int j = 0; j < B; ++j) v[j] = own[j];
+    } else {
+      ReceiveBatch<B>(
+          reinterpret_cast<const uint4*>(box + p * x.cap) + row * row_units + threadIdx.x,
+          kThreads, valid, v, timed_out);
+    }
+#pragma unroll
+    for (int j = 0; j < B; ++j) Accumulate(acc[j], v[j]);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < B; ++j) {
+    if (!valid[j]) continue;
+    const int64_t k = threadIdx.x + j * kThreads;
+    AddSum(a[j], b[j], acc[j], ss);
+    res[2 * k] = a[j];
+    res[2 * k + 1] = b[j];
+  }
+  ss = BlockSum(ss, scratch);
+  const float inv = rsqrtf(ss / static_cast<float>(cols) + eps);
+  uint4* o = reinterpret_cast<uint4*>(out + row * cols);
+#pragma unroll
+  for (int j = 0; j < B; ++j) {
+    if (valid[j]) o[threadIdx.x + j * kThreads] = Normalized(a[j], b[j], inv, ga[j], gb[j]);
+  }
+  EndCall(x, c, static_cast<uint32_t>(gridDim.x * cols), timed_out);
 }
 
 __global__ void FillKernel(uint32_t* p, int64_t n, uint32_t value) {
@@ -522,6 +608,12 @@ absl::Status P2pAllReduce::AllReduceAddRmsNorm(int rank, const Bf16* delta, floa
   const Exchange x{tables_[rank].as<const PeerTable>(), state_[rank].as<uint32_t>(), cap_, rank,
                    size()};
   const int ctas = static_cast<int>(std::min<int64_t>(rows, kMaxCtas));  // a row per CTA
+  if (rows <= kMaxCtas && cols <= int64_t{8} * kRowBatch * kThreads) {
+    AllReduceAddRmsNormRowKernel<<<ctas, kThreads, 0, AsCuda(stream)>>>(
+        reinterpret_cast<const uint16_t*>(delta), residual, cols, w, eps,
+        reinterpret_cast<uint16_t*>(out), x);
+    return CudaError(cudaGetLastError(), "P2P all-reduce + RMSNorm");
+  }
   AllReduceAddRmsNormKernel<<<ctas, kThreads, 0, AsCuda(stream)>>>(
       reinterpret_cast<const uint16_t*>(delta), residual, rows, cols, w, eps,
       reinterpret_cast<uint16_t*>(out), x);

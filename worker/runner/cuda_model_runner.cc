@@ -193,7 +193,8 @@ struct CudaModelRunner::Impl {
   int64_t table_stride = 0;  // block-table stride of the staged batch
 
   // Activations.
-  DeviceBuffer residual, xb, qkv, attn, delta, gate_up, act, rows, logits, argmax, top_values;
+  DeviceBuffer residual, xb, qkv, attn, delta, gate_up, act, rows, logits, argmax, top_values,
+      top_workspace;
   DeviceBuffer sampling_params;  // kcu::RowSamplingParams per logits row
   DeviceBuffer attn_workspace;
   int64_t max_logits_rows = 0;
@@ -506,6 +507,7 @@ absl::Status CudaModelRunner::AllocateCacheAndWorkspace() {
       {&m.logits, m.max_logits_rows * m.vocab * sizeof(float), "logits"},
       {&m.argmax, m.max_logits_rows * sizeof(int32_t), "argmax"},
       {&m.top_values, m.max_logits_rows * sizeof(float), "argmax values"},
+      {&m.top_workspace, kcu::TopOneWorkspaceBytes(m.max_logits_rows), "argmax workspace"},
       {&m.sampling_params, m.max_logits_rows * sizeof(kcu::RowSamplingParams), "sampling params"},
   };
   for (const Want& want : wants) {
@@ -971,6 +973,7 @@ absl::Status CudaModelRunner::ForwardTopOne(const ForwardBatch& batch, std::vect
   if (r > 0) {
     RETURN_IF_ERROR(kcu::TopOneRows(m.logits.as<float>(), r, m.vocab, m.vocab_start,
                                     m.argmax.as<int32_t>(), m.top_values.as<float>(),
+                                    m.top_workspace.data(), m.top_workspace.size(),
                                     m.stream.get()));
     RETURN_IF_ERROR(
         kcu::CopyToHost(ids->data(), m.argmax.data(), r * sizeof(int32_t), m.stream.get()));
