@@ -11,6 +11,8 @@
 // With --kernel_trace_steps=N, N more steps per row run under a CUPTI
 // kernel trace and the row gets their per-kernel breakdown ("kernel_trace");
 // tracing slows launches, so take throughput from a run without it.
+// graph_ms_per_step: the last step's graphs replayed back to back on every
+// rank (no host work, no argmax); host_ms_per_step: the step time minus that.
 // Usage: gpu_tp_bench [--tp_sizes=1,2] [--batch_sizes=1,64] [--out=f.json]
 #include <chrono>
 #include <cstdio>
@@ -295,6 +297,9 @@ int Run() {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double tps = batch * steps / s;
       if (tp == 1) tp1[{batch, autotune}] = tps;
+      // The same step's graph replayed back to back: the GPUs' share.
+      auto graph_ms = (*runner)->ReplayLastDecodeGraphMs(steps);
+      CHECK_OR_DIE(graph_ms.status());
       nlohmann::json trace;
       if (trace_steps > 0) {
         next = first;
@@ -318,6 +323,8 @@ int Run() {
           {"all_reduce_backend", backend},
           {"batch", batch},
           {"decode_ms_per_step", 1e3 * s / steps},
+          {"graph_ms_per_step", *graph_ms},
+          {"host_ms_per_step", 1e3 * s / steps - *graph_ms},
           {"decode_tokens_per_second", tps},
           {"gemm_autotune", autotune != 0},
           {"speedup_vs_tp1", tp1.count({batch, autotune}) ? tps / tp1[{batch, autotune}] : 0.0},

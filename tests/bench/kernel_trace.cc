@@ -132,11 +132,14 @@ nlohmann::json SummarizeKernels(const std::vector<KernelRecord>& records, int st
     size_t j = i;
     uint64_t busy = 0, short_gaps = 0, long_gaps = 0, reach = records[i].start_ns;
     std::map<std::string, std::pair<int64_t, uint64_t>> by_name;  // calls, ns
+    std::map<std::string, uint64_t> gap_after;  // short gaps after the kernel, ns
     for (; j < records.size() && records[j].device == device; ++j) {
       const KernelRecord& r = records[j];
       if (r.start_ns > reach) {
         const uint64_t gap = r.start_ns - reach;
-        (gap > long_gap_us * 1e3 ? long_gaps : short_gaps) += gap;
+        const bool is_long = gap > long_gap_us * 1e3;
+        (is_long ? long_gaps : short_gaps) += gap;
+        if (!is_long && j > i) gap_after[records[j - 1].name] += gap;
       }
       // Union of the intervals (kernels of other streams may overlap).
       const uint64_t from = std::max(r.start_ns, reach);
@@ -159,7 +162,8 @@ nlohmann::json SummarizeKernels(const std::vector<KernelRecord>& records, int st
         kernels.push_back({{"name", name},
                            {"calls_per_step", static_cast<double>(cn.first) / std::max(steps, 1)},
                            {"us_per_step", cn.second * per},
-                           {"us_per_call", 1e-3 * cn.second / cn.first}});
+                           {"us_per_call", 1e-3 * cn.second / cn.first},
+                           {"gap_after_us_per_step", gap_after[name] * per}});
       } else {
         rest_calls += cn.first;
         rest_ns += cn.second;

@@ -36,8 +36,8 @@ class KernelTrace {
 // Per device: the window's span, the time with at least one kernel running,
 // the idle time split into gaps under and over `long_gap_us` (the first are
 // kernel-to-kernel gaps inside a graph, the second waits on the host), and
-// the kernels by total time (at most `top` names, the rest summed), all per
-// step for `steps` steps.
+// the kernels by total time (at most `top` names, the rest summed) with the
+// short gaps that followed each, all per step for `steps` steps.
 nlohmann::json SummarizeKernels(const std::vector<KernelRecord>& records, int steps, int top = 24,
                                 double long_gap_us = 20.0);
 

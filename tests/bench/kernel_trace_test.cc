@@ -38,6 +38,7 @@ TEST(SummarizeKernelsTest, SplitsBusyTimeAndGapsPerDevice) {
   EXPECT_EQ(d0["kernels"][0]["name"], "a");
   EXPECT_DOUBLE_EQ(d0["kernels"][0]["us_per_step"], 10.0);
   EXPECT_DOUBLE_EQ(d0["kernels"][0]["us_per_call"], 10.0);
+  EXPECT_DOUBLE_EQ(d0["kernels"][0]["gap_after_us_per_step"], 2.0);  // a -> b, twice
   EXPECT_EQ(d0["kernels"][1]["name"], "(others)");
   EXPECT_DOUBLE_EQ(d0["kernels"][1]["us_per_step"], 8.0);
   const nlohmann::json& d1 = s[1];

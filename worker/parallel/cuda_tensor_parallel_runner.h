@@ -62,6 +62,12 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   int size() const { return static_cast<int>(ranks_.size()); }
   const runner::CudaModelRunner& rank(int r) const { return *ranks_[r]; }
 
+  // Benchmarks: every rank replays its last decode graph `replays` times at
+  // once (the ranks' all-reduces pair up as in a step), back to back on the
+  // GPUs with no host work in between; returns the slowest rank's ms per
+  // replay. The step time minus this is the host's share of a step.
+  absl::StatusOr<double> ReplayLastDecodeGraphMs(int replays);
+
  private:
   CudaTensorParallelRunner() = default;
   // Runs rank `r` on the current batch and scatters its logits slice.
@@ -78,6 +84,8 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   const runner::ForwardBatch* batch_ = nullptr;
   std::vector<float>* out_ = nullptr;          // logits mode: the result
   bool greedy_ = false;                        // ForwardGreedy
+  int replays_ = 0;                            // ReplayLastDecodeGraphMs
+  std::vector<double> replay_ms_;              // per rank
   std::vector<std::vector<int32_t>> top_ids_;  // per rank (greedy mode)
   std::vector<std::vector<float>> top_values_;
   std::unique_ptr<LockstepRanks> lockstep_;  // last: its threads go first
