@@ -6,7 +6,8 @@
 #
 #   OUT_DIR/doctor.txt               `tessera doctor` (devices, images, backend table, preflight)
 #   OUT_DIR/tests/<test>.json|.log   gtest results of the CUDA tests
-#   OUT_DIR/bench/*.json             kernel microbenchmarks, torch SDPA's prefill
+#   OUT_DIR/bench/*.json             kernel microbenchmarks, TP=1 vs TP=2 (and a
+#                                    kernel-by-kernel trace of their steps), torch SDPA's prefill
 #                                    attention on the bench's shapes, decode vs the
 #                                    roofline (with GPU-only time per step), and
 #                                    transformers' decode on the same shapes
@@ -57,6 +58,9 @@ step cluster_on_gpu 400 bash tests/gpu/cluster_on_gpu.sh "$BIN" "$DEV"
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [[ "$GPUS" -ge 2 ]]; then
   step bench/gpu_tp 400 "$BIN/gpu_tp_bench" --out="$OUT/bench/gpu_tp.json"
+  # Where the time of a TP=1 and a TP=2 step goes, kernel by kernel (CUPTI).
+  step bench/gpu_tp_trace 200 "$BIN/gpu_tp_bench" --all_reduce_backends=p2p \
+    --kernel_trace_steps=16 --decode_steps=16 --out="$OUT/bench/gpu_tp_trace.json"
 fi
 if [[ "${ROUTER_BENCH:-1}" == 1 ]]; then
   # Route-decision latency at ~1,000 in flight on this many-core host.

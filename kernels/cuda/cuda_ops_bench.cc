@@ -31,8 +31,8 @@
 #include "kernels/cuda/logits.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/sampling.h"
-#include "kernels/cuda/top_one.h"
 #include "kernels/cuda/silu_mul.h"
+#include "kernels/cuda/top_one.h"
 
 namespace tessera::kernels::cuda {
 namespace {
@@ -255,8 +255,8 @@ void Run() {
       return TopOneRows(d_logits.as<float>(), rows, vocab, 0, tokens.as<int32_t>(),
                         top_values.as<float>(), top_ws.data(), top_ws.size(), s);
     });
-    entries.push_back(absl::StrCat("{\"op\": \"top_one\", \"rows\": ", rows,
-                                   ", \"vocab\": ", vocab, ", \"us\": ", sec * 1e6, "}"));
+    entries.push_back(absl::StrCat("{\"op\": \"top_one\", \"rows\": ", rows, ", \"vocab\": ", vocab,
+                                   ", \"us\": ", sec * 1e6, "}"));
     struct Mode {
       const char* name;
       RowSamplingParams p;

@@ -452,8 +452,8 @@ TEST(CudaOpsTest, TopOneRowsMatchesAHostScan) {
         EXPECT_EQ(Download<int32_t>(d_ids, rows), want_ids);
         const std::vector<float> values = Download<float>(d_values, rows);
         for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(values[r], want_values[r]) << r;
-        EXPECT_EQ(TopOneRows(logits, rows, vocab, offset, d_ids.as<int32_t>(),
-                             d_values.as<float>(), ws.data(), ws_bytes - 8, nullptr)
+        EXPECT_EQ(TopOneRows(logits, rows, vocab, offset, d_ids.as<int32_t>(), d_values.as<float>(),
+                             ws.data(), ws_bytes - 8, nullptr)
                       .code(),
                   absl::StatusCode::kInvalidArgument);
       }

@@ -314,10 +314,9 @@ __device__ __forceinline__ void AddSum(float4& a, float4& b, const float (&acc)[
 
 // 8 residual values times inv and the norm weights, as bf16.
 __device__ __forceinline__ uint4 Normalized(float4 a, float4 b, float inv, float4 ga, float4 gb) {
-  return make_uint4(PackBf16(a.x * inv * ga.x, a.y * inv * ga.y),
-                    PackBf16(a.z * inv * ga.z, a.w * inv * ga.w),
-                    PackBf16(b.x * inv * gb.x, b.y * inv * gb.y),
-                    PackBf16(b.z * inv * gb.z, b.w * inv * gb.w));
+  return make_uint4(
+      PackBf16(a.x * inv * ga.x, a.y * inv * ga.y), PackBf16(a.z * inv * ga.z, a.w * inv * ga.w),
+      PackBf16(b.x * inv * gb.x, b.y * inv * gb.y), PackBf16(b.z * inv * gb.z, b.w * inv * gb.w));
 }
 
 // The fused form: rows of `cols` values (cols % 8 == 0), CTA b owns rows
@@ -462,8 +461,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < B; ++j) v[j] = own[j];
     } else {
       ReceiveBatch<B>(
-          reinterpret_cast<const uint4*>(box + p * x.cap) + row * row_units + threadIdx.x,
-          kThreads, valid, v, timed_out);
+          reinterpret_cast<const uint4*>(box + p * x.cap) + row * row_units + threadIdx.x, kThreads,
+          valid, v, timed_out);
     }
 #pragma unroll
     for (int j = 0; j < B; ++j) Accumulate(acc[j], v[j]);

@@ -139,8 +139,8 @@ absl::Status TopOneRows(const float* logits, int64_t rows, int64_t vocab, int64_
   }
   constexpr int kRowsPerCta = 8;
   TopOneFinishKernel<<<static_cast<unsigned>((rows + kRowsPerCta - 1) / kRowsPerCta),
-                       32 * kRowsPerCta, 0, AsCuda(stream)>>>(
-      part, rows, static_cast<int>(splits), index_offset, ids, values);
+                       32 * kRowsPerCta, 0, AsCuda(stream)>>>(part, rows, static_cast<int>(splits),
+                                                              index_offset, ids, values);
   return CudaError(cudaGetLastError(), "TopOneRows");
 }
 

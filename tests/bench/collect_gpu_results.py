@@ -9,6 +9,7 @@ tests/bench/results/, each with the command that produced it:
                               to torch SDPA on the same shapes
   cuda_ops_h200.json          kernel microbenchmarks
   gpu_tp_h200x2.json          TP=1 vs TP=2 per all-reduce backend (2 GPUs)
+  gpu_tp_trace_h200x2.json    the same steps kernel by kernel (CUPTI trace)
   spec_decode_h200.json       speculative decoding with the trained pair
   spec_decode_h200_trees.json the same with token trees
   router_route_decision_live_h200_host.json
@@ -138,7 +139,21 @@ def tensor_parallel(out, results):
                   "batch bf16) is also timed alone, eager and inside a CUDA graph, with both, "
                   "and the p2p all-reduce + residual add + RMSNorm kernel inside a graph "
                   "(p2p_all_reduce_add_rmsnorm_us_in_graph); p2p_all_reduce_correct checks the "
-                  "sum of known values on every element and that no rank timed out"})
+                  "sum of known values on every element and that no rank timed out. "
+                  "graph_ms_per_step: the last step's CUDA graphs replayed back to back on "
+                  "every rank at once (no host work, no argmax); host_ms_per_step: the step "
+                  "time minus that"})
+
+
+def tensor_parallel_trace(out, results):
+    wrap(out, results, "bench/gpu_tp_trace.json", "gpu_tp_trace_h200x2.json",
+         "GPU machine with 2 GPUs: bash scripts/gpu-run.sh OUT (tests/bench/gpu_tp_bench "
+         "--all_reduce_backends=p2p --kernel_trace_steps=16 --decode_steps=16)",
+         {"note": "kernel_trace: 16 decode steps per row under a CUPTI activity trace "
+                  "(tests/bench/kernel_trace.h), per device: busy time, gaps between kernels "
+                  "(short: inside the step's graph; long: host), and every kernel's time per "
+                  "step. Tracing slows launches and stretches the gaps, so the step times of "
+                  "this file are not throughput figures (gpu_tp_h200x2.json has those)"})
 
 
 def speculative(out, results):
@@ -197,8 +212,8 @@ def main():
     out = sys.argv[1]
     results = sys.argv[2] if len(sys.argv) > 2 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results")
-    for step in (decode, attention, ops, tensor_parallel, speculative, speculative_trees, router,
-                 generate_parity, doctor):
+    for step in (decode, attention, ops, tensor_parallel, tensor_parallel_trace, speculative,
+                 speculative_trees, router, generate_parity, doctor):
         step(out, results)
 
 

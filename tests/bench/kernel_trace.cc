@@ -102,8 +102,8 @@ uint64_t KernelTrace::Now() {
 }
 
 absl::StatusOr<std::vector<KernelRecord>> KernelTrace::Collect(uint64_t begin, uint64_t end) {
-  if (auto s = Check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED),
-                     "cuptiActivityFlushAll");
+  if (auto s =
+          Check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
       !s.ok())
     return s;
   std::vector<KernelRecord> all;
@@ -132,7 +132,7 @@ nlohmann::json SummarizeKernels(const std::vector<KernelRecord>& records, int st
     size_t j = i;
     uint64_t busy = 0, short_gaps = 0, long_gaps = 0, reach = records[i].start_ns;
     std::map<std::string, std::pair<int64_t, uint64_t>> by_name;  // calls, ns
-    std::map<std::string, uint64_t> gap_after;  // short gaps after the kernel, ns
+    std::map<std::string, uint64_t> gap_after;                    // short gaps after the kernel, ns
     for (; j < records.size() && records[j].device == device; ++j) {
       const KernelRecord& r = records[j];
       if (r.start_ns > reach) {
@@ -151,8 +151,9 @@ nlohmann::json SummarizeKernels(const std::vector<KernelRecord>& records, int st
     }
     std::vector<std::pair<std::string, std::pair<int64_t, uint64_t>>> sorted(by_name.begin(),
                                                                              by_name.end());
-    std::stable_sort(sorted.begin(), sorted.end(),
-              [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+    std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
+      return a.second.second > b.second.second;
+    });
     nlohmann::json kernels = nlohmann::json::array();
     int64_t rest_calls = 0;
     uint64_t rest_ns = 0;

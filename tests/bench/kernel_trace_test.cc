@@ -22,7 +22,7 @@ TEST(SummarizeKernelsTest, SplitsBusyTimeAndGapsPerDevice) {
   // Device 0, two steps: a (0-10 us), b (12-20), host wait, a (100-110), b (112-120).
   // Device 1: one kernel (5-25 us) overlapping another (10-32 us) on a second stream.
   const std::vector<KernelRecord> records = {
-      {"a", 0, 0, 10000},      {"b", 0, 12000, 20000},  {"a", 0, 100000, 110000},
+      {"a", 0, 0, 10000},       {"b", 0, 12000, 20000}, {"a", 0, 100000, 110000},
       {"b", 0, 112000, 120000}, {"c", 1, 5000, 25000},  {"d", 1, 10000, 32000},
   };
   const nlohmann::json s = SummarizeKernels(records, /*steps=*/2, /*top=*/1, /*long_gap_us=*/20);

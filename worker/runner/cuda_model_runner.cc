@@ -971,10 +971,9 @@ absl::Status CudaModelRunner::ForwardTopOne(const ForwardBatch& batch, std::vect
   ids->resize(static_cast<size_t>(r));
   values->resize(static_cast<size_t>(r));
   if (r > 0) {
-    RETURN_IF_ERROR(kcu::TopOneRows(m.logits.as<float>(), r, m.vocab, m.vocab_start,
-                                    m.argmax.as<int32_t>(), m.top_values.as<float>(),
-                                    m.top_workspace.data(), m.top_workspace.size(),
-                                    m.stream.get()));
+    RETURN_IF_ERROR(kcu::TopOneRows(
+        m.logits.as<float>(), r, m.vocab, m.vocab_start, m.argmax.as<int32_t>(),
+        m.top_values.as<float>(), m.top_workspace.data(), m.top_workspace.size(), m.stream.get()));
     RETURN_IF_ERROR(
         kcu::CopyToHost(ids->data(), m.argmax.data(), r * sizeof(int32_t), m.stream.get()));
     RETURN_IF_ERROR(
