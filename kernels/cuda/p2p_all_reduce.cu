@@ -296,6 +296,33 @@ __global__ void __launch_bounds__(kThreads) AllReduceKernel(uint16_t* data, int6
 // is used; 2 keeps the kernel at 126 registers).
 constexpr int kRowBatch = 2;
 
+// acc[j] = the sum over the ranks, in rank order, of unit `unit + j *
+// stride` (those with valid[j]): `own` for this rank, the peers' values
+// from the own inbox `box` (ReceiveBatch).
+template <int kBatch>
+__device__ __forceinline__ void SumBatch(const Exchange& x, const uint16_t* box, int64_t unit,
+                                         int64_t stride, const bool (&valid)[kBatch],
+                                         const uint4 (&own)[kBatch], float (&acc)[kBatch][8],
+                                         bool& timed_out) {
+#pragma unroll
+  for (int j = 0; j < kBatch; ++j) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[j][e] = 0.f;
+  }
+  for (int p = 0; p < x.world; ++p) {
+    uint4 v[kBatch];
+    if (p == x.rank) {
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) v[j] = own[j];
+    } else {
+      ReceiveBatch<kBatch>(reinterpret_cast<const uint4*>(box + p * x.cap) + unit, stride, valid, v,
+                           timed_out);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) Accumulate(acc[j], v[j]);
+  }
+}
+
 // Adds the all-reduce's 8 sums, rounded to bf16 as the all-reduce would
 // store them, to 8 fp32 residual values and their squares to ss
 // (FusedAddRmsNorm's arithmetic and order).
@@ -357,23 +384,7 @@ __global__ void __launch_bounds__(kThreads)
         b[j] = valid[j] ? res[2 * k + 1] : make_float4(0.f, 0.f, 0.f, 0.f);
       }
       float acc[B][8];
-#pragma unroll
-      for (int j = 0; j < B; ++j) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[j][e] = 0.f;
-      }
-      for (int p = 0; p < x.world; ++p) {  // rank order
-        uint4 v[B];
-        if (p == x.rank) {
-#pragma unroll
-          for (int j = 0; j < B; ++j) v[j] = own[j];
-        } else {
-          ReceiveBatch<B>(reinterpret_cast<const uint4*>(box + p * x.cap) + row * row_units + k0,
-                          stride, valid, v, timed_out);
-        }
-#pragma unroll
-        for (int j = 0; j < B; ++j) Accumulate(acc[j], v[j]);
-      }
+      SumBatch<B>(x, box, row * row_units + k0, stride, valid, own, acc, timed_out);
 #pragma unroll
       for (int j = 0; j < B; ++j) {
         if (!valid[j]) continue;
@@ -449,24 +460,7 @@ __global__ void __launch_bounds__(kThreads)
   bool timed_out = false;
   const uint16_t* box = c.t.inbox[x.rank] + c.recv;
   float acc[B][8];
-#pragma unroll
-  for (int j = 0; j < B; ++j) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[j][e] = 0.f;
-  }
-  for (int p = 0; p < x.world; ++p) {  // rank order
-    uint4 v[B];
-    if (p == x.rank) {
-#pragma unroll
-      for (int j = 0; j < B; ++j) v[j] = own[j];
-    } else {
-      ReceiveBatch<B>(
-          reinterpret_cast<const uint4*>(box + p * x.cap) + row * row_units + threadIdx.x, kThreads,
-          valid, v, timed_out);
-    }
-#pragma unroll
-    for (int j = 0; j < B; ++j) Accumulate(acc[j], v[j]);
-  }
+  SumBatch<B>(x, box, row * row_units + threadIdx.x, kThreads, valid, own, acc, timed_out);
   float ss = 0.f;
 #pragma unroll
   for (int j = 0; j < B; ++j) {
