@@ -461,4 +461,31 @@ TEST(CudaOpsTest, TopOneRowsMatchesAHostScan) {
   }
 }
 
+// What TopOneRows refuses is refused on the host, before anything runs (no
+// device needed): bad sizes, null pointers, ids beyond int32, too many rows
+// for the grid, a missing or short workspace.
+TEST(CudaOpsTest, TopOneRowsRefusesBadArgumentsOnTheHost) {
+  float logits[4] = {};
+  int32_t ids[1] = {};
+  float values[1] = {};
+  uint64_t ws[512] = {};
+  const size_t ws_bytes = sizeof(ws);
+  auto call = [&](int64_t rows, int64_t vocab, int64_t offset, const float* x, void* w,
+                  size_t w_bytes) {
+    return TopOneRows(x, rows, vocab, offset, ids, values, w, w_bytes, nullptr).code();
+  };
+  const auto kBad = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(call(-1, 4, 0, logits, ws, ws_bytes), kBad);
+  EXPECT_EQ(call(1, 0, 0, logits, ws, ws_bytes), kBad);
+  EXPECT_EQ(call(1, 4, 0, nullptr, ws, ws_bytes), kBad);
+  EXPECT_EQ(call(1, int64_t{1} << 31, 0, logits, ws, ws_bytes), kBad);
+  EXPECT_EQ(call(1, 4, (int64_t{1} << 31) - 2, logits, ws, ws_bytes), kBad);
+  EXPECT_EQ(call(65536, 4, 0, logits, ws, ws_bytes), kBad);
+  EXPECT_EQ(call(1, 4, 0, logits, nullptr, ws_bytes), kBad);
+  EXPECT_EQ(call(1, 4, 0, logits, ws, TopOneWorkspaceBytes(1) - 1), kBad);
+  EXPECT_GE(ws_bytes, TopOneWorkspaceBytes(1));
+  EXPECT_EQ(TopOneRows(logits, 0, 4, 0, nullptr, nullptr, nullptr, 0, nullptr).code(),
+            absl::StatusCode::kOk);  // no rows: nothing to do
+}
+
 }  // namespace tessera::kernels::cuda
