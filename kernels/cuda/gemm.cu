@@ -203,7 +203,10 @@ struct GemmContext::Impl {
     if (capture != cudaStreamCaptureStatusNone || candidates.size() < 2) return absl::OkStatus();
     cudaEvent_t start = nullptr, stop = nullptr;
     TESSERA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
-    TESSERA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+    if (const cudaError_t err = cudaEventCreate(&stop); err != cudaSuccess) {
+      cudaEventDestroy(start);
+      return CudaError(err, "GEMM autotune");
+    }
     const float alpha = 1.0f, beta = 0.0f;
     float best_ms = 0.f;
     bool have_best = false;

@@ -61,8 +61,9 @@ class GemmContext {
   // ~50 GEMMs; during stream capture nothing can be timed, and the shape
   // keeps the heuristic's first choice for good). Rounding may then differ
   // between processes, never between calls of one context. Default 0: the
-  // heuristic's first choice. The CUDA runner opens this window for the
-  // eager run of a decode step before it captures the step's graph.
+  // heuristic's first choice. The CUDA runner opens this window for one
+  // eager decode step per batch bucket, before it captures that bucket's
+  // first graph.
   void SetAutotune(int64_t max_m);
 
   // Default true: m <= 8 GEMMs use the GEMV kernel when it applies.

@@ -113,6 +113,14 @@ TEST(CudaGemmTest, MatchesReference) {
       (*ctx)->Gemm(nullptr, 1, 8, nullptr, 8, nullptr, static_cast<Bf16*>(nullptr), nullptr).ok());
 }
 
+// The first `count` bf16 values of `got` equal `want`'s, bit for bit.
+void ExpectSameBf16(const DeviceBuffer& want, const DeviceBuffer& got, int64_t count) {
+  const std::vector<Bf16> a = Download<Bf16>(want, count), b = Download<Bf16>(got, count);
+  for (int64_t i = 0; i < count; ++i) {
+    ASSERT_EQ(Bf16ToFloat(b[i]), Bf16ToFloat(a[i])) << i;
+  }
+}
+
 // A context that tunes its cuBLASLt algorithms (SetAutotune) still matches
 // the reference, with and without bias and fp32 output, for shapes within
 // and beyond the bound; a tuned shape then gives the same bytes on every
@@ -145,12 +153,8 @@ TEST(CudaGemmTest, AutotunedPlansMatchReferenceAndRepeat) {
   ASSERT_TRUE(graph.EndCapture().ok());
   ASSERT_TRUE(graph.Launch(st).ok());
   ASSERT_TRUE(Synchronize(st).ok());
-  const std::vector<Bf16> a = Download<Bf16>(y0, m * n), b = Download<Bf16>(y1, m * n),
-                          c = Download<Bf16>(y2, m * n);
-  for (int64_t i = 0; i < m * n; ++i) {
-    ASSERT_EQ(Bf16ToFloat(b[i]), Bf16ToFloat(a[i])) << i;
-    ASSERT_EQ(Bf16ToFloat(c[i]), Bf16ToFloat(a[i])) << i;
-  }
+  ExpectSameBf16(y0, y1, m * n);
+  ExpectSameBf16(y0, y2, m * n);
 }
 
 // A shape first met inside a stream capture cannot be timed there, so it
@@ -179,12 +183,8 @@ TEST(CudaGemmTest, ShapeFirstSeenInCaptureKeepsTheHeuristicAlgorithm) {
   ASSERT_TRUE(
       (*tuned)->Gemm(x.as<Bf16>(), m, k, w.as<Bf16>(), n, nullptr, eager.as<Bf16>(), st).ok());
   ASSERT_TRUE(Synchronize(st).ok());
-  const std::vector<Bf16> a = Download<Bf16>(ref, m * n), b = Download<Bf16>(in_graph, m * n),
-                          c = Download<Bf16>(eager, m * n);
-  for (int64_t i = 0; i < m * n; ++i) {
-    ASSERT_EQ(Bf16ToFloat(b[i]), Bf16ToFloat(a[i])) << i;
-    ASSERT_EQ(Bf16ToFloat(c[i]), Bf16ToFloat(a[i])) << i;
-  }
+  ExpectSameBf16(ref, in_graph, m * n);
+  ExpectSameBf16(ref, eager, m * n);
 }
 
 // Captures embedding -> rmsnorm -> gemm (+bias) on a stream, replays the graph with

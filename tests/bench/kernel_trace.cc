@@ -102,6 +102,10 @@ uint64_t KernelTrace::Now() {
 }
 
 absl::StatusOr<std::vector<KernelRecord>> KernelTrace::Collect(uint64_t begin, uint64_t end) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!enabled) return absl::FailedPreconditionError("KernelTrace::Enable was not called");
+  }
   if (auto s =
           Check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
       !s.ok())
@@ -109,7 +113,6 @@ absl::StatusOr<std::vector<KernelRecord>> KernelTrace::Collect(uint64_t begin, u
   std::vector<KernelRecord> all;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (!enabled) return absl::FailedPreconditionError("KernelTrace::Enable was not called");
     all.swap(*records);
   }
   std::vector<KernelRecord> out;

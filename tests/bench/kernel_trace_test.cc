@@ -1,5 +1,5 @@
-// The parts of the kernel tracer that need no GPU: name shortening and the
-// per-step breakdown of a timeline.
+// The parts of the kernel tracer that need no GPU: name shortening, the
+// per-step breakdown of a timeline, and Collect before Enable.
 #include "tests/bench/kernel_trace.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +16,10 @@ TEST(ShortKernelNameTest, DemanglesAndDropsNamespacesAndParameters) {
   EXPECT_EQ(ShortKernelName("sm90_xmma_gemm_bf16bf16"), "sm90_xmma_gemm_bf16bf16");
   EXPECT_EQ(ShortKernelName(nullptr), "?");
   EXPECT_EQ(ShortKernelName(std::string(200, 'k').c_str()).size(), 96u);
+}
+
+TEST(KernelTraceTest, CollectBeforeEnableIsAnError) {
+  EXPECT_EQ(KernelTrace::Collect(0, 1).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(SummarizeKernelsTest, SplitsBusyTimeAndGapsPerDevice) {

@@ -35,34 +35,31 @@ void LockstepRanks::SpinUntil(Pred pred) const {
 void LockstepRanks::Loop(int rank) {
   int64_t seen = 0;
   for (;;) {
-    SpinUntil([&] { return published_round_.load(std::memory_order_acquire) != seen; });
+    SpinUntil([&] { return round_.load(std::memory_order_acquire) != seen; });
     {
       absl::MutexLock lock(&mu_);
-      while (!stop_ && round_ == seen) cv_.Wait(&mu_);
+      while (!stop_ && round_.load(std::memory_order_relaxed) == seen) cv_.Wait(&mu_);
       if (stop_) return;
-      seen = round_;
+      seen = round_.load(std::memory_order_relaxed);
     }
     absl::Status s = step_(rank);
     absl::MutexLock lock(&mu_);
     status_[rank] = std::move(s);
-    running_.fetch_sub(1, std::memory_order_release);
-    if (--pending_ == 0) cv_.SignalAll();
+    if (pending_.fetch_sub(1, std::memory_order_release) == 1) cv_.SignalAll();
   }
 }
 
 absl::Status LockstepRanks::Run() {
   {
     absl::MutexLock lock(&mu_);
-    pending_ = size_ - 1;
-    running_.store(size_ - 1, std::memory_order_relaxed);
-    ++round_;
-    published_round_.store(round_, std::memory_order_release);
+    pending_.store(size_ - 1, std::memory_order_relaxed);
+    round_.fetch_add(1, std::memory_order_release);
     cv_.SignalAll();
   }
   absl::Status s = step_(0);
-  SpinUntil([&] { return running_.load(std::memory_order_acquire) == 0; });
+  SpinUntil([&] { return pending_.load(std::memory_order_acquire) == 0; });
   absl::MutexLock lock(&mu_);
-  while (pending_ > 0) cv_.Wait(&mu_);
+  while (pending_.load(std::memory_order_relaxed) > 0) cv_.Wait(&mu_);
   if (!s.ok()) return s;
   for (int r = 1; r < size_; ++r) {
     if (!status_[r].ok()) {

@@ -50,15 +50,14 @@ class LockstepRanks {
   const int size_;
   const std::function<absl::Status(int)> step_;
   const bool spin_;
-  // Mirrors of round_ and pending_ for the spinning reads.
-  std::atomic<int64_t> published_round_{0};
-  std::atomic<int> running_{0};
   std::vector<std::thread> threads_;
 
   absl::Mutex mu_;
   absl::CondVar cv_;
-  int64_t round_ ABSL_GUARDED_BY(mu_) = 0;  // steps handed out
-  int pending_ ABSL_GUARDED_BY(mu_) = 0;    // ranks 1..N-1 still running this round
+  // Changed under mu_ (the condition variable's waits read them there);
+  // atomic so that SpinUntil can poll them without it.
+  std::atomic<int64_t> round_{0};  // steps handed out
+  std::atomic<int> pending_{0};    // ranks 1..N-1 still running this round
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<absl::Status> status_ ABSL_GUARDED_BY(mu_);  // per rank, this round
 };

@@ -86,9 +86,10 @@ struct CudaRunnerOptions {
   // `nccl`.
   std::string all_reduce_backend = "nccl";
   kernels::cuda::P2pAllReduce* p2p = nullptr;
-  // A decode step that is about to be captured as a CUDA graph first runs
-  // once eagerly with cuBLASLt tuning its shapes (kernels/cuda/gemm.h
-  // GemmContext::SetAutotune), so the graph holds the fastest algorithms;
+  // The first decode step of each batch bucket, before it is captured as a
+  // CUDA graph, runs once eagerly with cuBLASLt tuning its shapes
+  // (kernels/cuda/gemm.h GemmContext::SetAutotune; the shapes depend on the
+  // batch bucket only), so the graphs hold the fastest algorithms;
   // other calls keep cuBLASLt's heuristic choice. On the H200 (gpu_tp_bench,
   // runs with and without it alternating): batch 64 2.5-4% faster on one
   // GPU and 1.4% with TP=2, batch 1 about 1% (its LM head).
