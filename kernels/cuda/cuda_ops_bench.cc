@@ -276,9 +276,11 @@ void Run() {
       BENCH_CHECK(
           CopyToDevice(d_params.data(), params.data(), rows * sizeof(RowSamplingParams), s));
       BENCH_CHECK(Synchronize(s));
+      const size_t ws_bytes = SampleRowsWorkspaceBytes(rows, vocab);
+      DeviceBuffer ws = Must(DeviceBuffer::Allocate(ws_bytes), "Allocate");
       sec = TimeIt(s, [&](int) {
         return SampleRows(d_logits.as<float>(), rows, vocab, d_params.as<RowSamplingParams>(),
-                          tokens.as<int32_t>(), s);
+                          tokens.as<int32_t>(), ws.data(), ws_bytes, s);
       });
       entries.push_back(absl::StrCat("{\"op\": \"sample\", \"mode\": \"", mode.name,
                                      "\", \"rows\": ", rows, ", \"vocab\": ", vocab,

@@ -1,15 +1,28 @@
 // GPU sampling, the algorithm of worker/sampling/sampler.cc (see sampling.h).
 //
-// One block per row. Values are compared through an order-preserving uint32
-// key of the float logit (s = logit / T is strictly increasing in the logit,
-// so ordering by key is ordering by s). The k-th largest key (top-k) is
-// found by an 8-bit radix select (4 passes), the last key kept by top-p by a
-// bitwise search from the top bit (one pass and a fixed-order block
-// reduction per bit, summing weights only above the probe); the
-// weights exp(s - max) are recomputed from the logits when needed (no
-// scratch memory). The final inverse-CDF walk uses contiguous per-thread
+// The weights exp(s - max) (double math, rounded to float as the CPU's
+// expf) are computed once by grids over chunks of every sampled row: the
+// row's largest finite key (atomicMax: order-free), then the weights into
+// the workspace. One block per row then selects. Values are compared
+// through an order-preserving uint32 key of the float logit (s = logit / T
+// is strictly increasing in the logit, so ordering by key is ordering by
+// s). The k-th largest key (top-k) is found by an 8-bit radix select (4
+// passes), the last key kept by top-p by a bitwise search from the top bit
+// (one pass and a fixed-order block reduction per bit, summing weights only
+// above the probe). The final inverse-CDF walk uses contiguous per-thread
 // chunks so that id order is preserved: chunk sums, an exclusive scan, and
 // each thread walking its own chunk from its prefix.
+//
+// The passes read the logits and weights with 16 elements per thread in
+// flight (Strided / Contiguous), in the order of a plain loop.
+//
+// On the H200 (cuda_ops_bench, one 128,256-entry row): the earlier form,
+// which recomputed the weights in every pass with one block's double
+// exponentials, took 0.47 ms with temperature alone, 2.1 ms with top-k +
+// top-p and 3.5 ms with top-p + min-p; this one 0.22, 1.37 and 1.21 ms.
+// What is left is one block streaming the row from L2 in each of the ~35
+// passes of top-p (about 35 us a pass); spreading the passes over the GPU
+// would need a grid-wide reduction per bisection step.
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +33,10 @@ namespace tessera::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 512;
+// The weights kernels: CTAs of kWeightThreads over chunks of kWeightChunk
+// logits, so that a row's exponentials spread over the GPU.
+constexpr int kWeightThreads = 256;
+constexpr int64_t kWeightChunk = 8192;
 constexpr float kGreedyTemperature = 1e-5f;   // worker/sampling/sampling_params.h
 constexpr uint32_t kNegInfKey = 0x007fffffu;  // Key(-inf); finite keys are larger
 
@@ -69,9 +86,113 @@ __device__ __forceinline__ float Weight(float logit, const RowState& st) {
   return static_cast<float>(exp(static_cast<double>(d)));
 }
 
+// The row passes of SampleKernel: f(i, logit, weight) for i = tid, tid +
+// blockDim.x, ... (Strided) or for i = begin .. end - 1 (Contiguous), in that
+// order, with the loads of kAhead elements issued before any is used, so a
+// thread has that many in flight instead of one L2 round trip per element
+// (weights only when kW). The order of f's calls is the plain loop's, so
+// sums come out bitwise the same.
+constexpr int kAhead = 16;
+
+template <bool kW, class F>
+__device__ __forceinline__ void Strided(const float* x, const float* w, int64_t n, F&& f) {
+  const int64_t step = blockDim.x;
+  for (int64_t i0 = threadIdx.x; i0 < n; i0 += kAhead * step) {
+    float xv[kAhead], wv[kAhead];
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+      const int64_t i = i0 + j * step;
+      xv[j] = i < n ? __ldg(x + i) : 0.0f;
+      wv[j] = kW && i < n ? __ldg(w + i) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+      if (i0 + j * step < n) f(i0 + j * step, xv[j], wv[j]);
+    }
+  }
+}
+
+template <bool kW, class F>
+__device__ __forceinline__ void Contiguous(const float* x, const float* w, int64_t begin,
+                                           int64_t end, F&& f) {
+  for (int64_t i0 = begin; i0 < end; i0 += kAhead) {
+    float xv[kAhead], wv[kAhead];
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+      xv[j] = i0 + j < end ? __ldg(x + i0 + j) : 0.0f;
+      wv[j] = kW && i0 + j < end ? __ldg(w + i0 + j) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+      if (i0 + j < end) f(i0 + j, xv[j], wv[j]);
+    }
+  }
+}
+
+// Rows whose weights the sampling kernel reads: valid-looking sampled rows
+// (greedy rows and bad parameters never look at them).
+__device__ __forceinline__ bool NeedsWeights(const RowSamplingParams& p) {
+  return p.temperature >= kGreedyTemperature && p.top_p > 0.0f && p.top_p <= 1.0f &&
+         p.min_p >= 0.0f && p.min_p <= 1.0f && p.position >= 0;
+}
+
+// Workspace: the rows' largest finite keys, then the rows' weights.
+struct Workspace {
+  uint32_t* max_key;  // [rows] (0 = no finite logit yet)
+  float* weights;     // [rows, vocab]
+};
+
+size_t MaxKeyBytes(int64_t rows) { return static_cast<size_t>((rows * 4 + 255) / 256 * 256); }
+
+__global__ void ClearMaxKeys(uint32_t* max_key, int64_t rows) {
+  const int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (r < rows) max_key[r] = 0;
+}
+
+// Grid (chunks, rows): each CTA the largest finite key of its chunk of the
+// row (max is order-free, so the result does not depend on the split).
+__global__ void __launch_bounds__(kWeightThreads)
+    RowMaxKeys(const float* __restrict__ logits, int64_t vocab, int64_t chunk,
+               const RowSamplingParams* __restrict__ params, uint32_t* __restrict__ max_key) {
+  __shared__ uint32_t scratch[kWeightThreads / 32];
+  const int64_t row = blockIdx.y;
+  if (!NeedsWeights(params[row])) return;
+  const float* x = logits + row * vocab;
+  const int64_t begin = blockIdx.x * chunk, end = min(vocab, begin + chunk);
+  uint32_t best = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float v = x[i];
+    if (isfinite(v)) best = max(best, Key(v));
+  }
+  best = BlockMax(best, scratch, 0u);
+  if (threadIdx.x == 0 && best != 0) atomicMax(max_key + row, best);
+}
+
+// Grid (chunks, rows): weights[i] = Weight(logit i) for the finite logits
+// (0 otherwise), with the row's max from RowMaxKeys.
+__global__ void __launch_bounds__(kWeightThreads)
+    RowWeights(const float* __restrict__ logits, int64_t vocab, int64_t chunk,
+               const RowSamplingParams* __restrict__ params, const uint32_t* __restrict__ max_key,
+               float* __restrict__ weights) {
+  const int64_t row = blockIdx.y;
+  const RowSamplingParams p = params[row];
+  if (!NeedsWeights(p) || max_key[row] == 0) return;
+  RowState st;
+  st.inv_t_denominator = static_cast<double>(p.temperature);
+  st.max_s = static_cast<double>(FromKey(max_key[row])) / st.inv_t_denominator;
+  const float* x = logits + row * vocab;
+  float* w = weights + row * vocab;
+  const int64_t begin = blockIdx.x * chunk, end = min(vocab, begin + chunk);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float v = x[i];
+    w[i] = isfinite(v) ? Weight(v, st) : 0.0f;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     SampleKernel(const float* __restrict__ logits, int64_t vocab,
-                 const RowSamplingParams* __restrict__ params, int32_t* __restrict__ out) {
+                 const RowSamplingParams* __restrict__ params, const float* __restrict__ weights,
+                 int32_t* __restrict__ out) {
   __shared__ int iscratch[33];
   __shared__ double dscratch[33];
   __shared__ float fscratch[32];
@@ -84,6 +205,7 @@ __global__ void __launch_bounds__(kThreads)
 
   const int64_t row = blockIdx.x;
   const float* x = logits + row * vocab;
+  const float* w = weights + row * vocab;  // Weight(x[i]) for finite x[i]
   const RowSamplingParams p = params[row];
   const int tid = threadIdx.x;
   const int nthreads = blockDim.x;
@@ -92,8 +214,7 @@ __global__ void __launch_bounds__(kThreads)
   int bad = 0, finite = 0;
   float maxv = -__int_as_float(0x7f800000);
   ValueIndex best{-__int_as_float(0x7f800000), INT64_MAX};
-  for (int64_t i = tid; i < vocab; i += nthreads) {
-    const float v = x[i];
+  Strided<false>(x, w, vocab, [&](int64_t i, float v, float) {
     if (isnan(v) || v == __int_as_float(0x7f800000)) bad = 1;
     if (isfinite(v)) {
       ++finite;
@@ -101,7 +222,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     const ValueIndex c{v, i};
     if (Better(c, best)) best = c;
-  }
+  });
   const bool params_bad = !(p.temperature >= 0.0f) || !(p.top_p > 0.0f && p.top_p <= 1.0f) ||
                           !(p.min_p >= 0.0f && p.min_p <= 1.0f) || p.position < 0;
   bad = __syncthreads_or(bad);
@@ -130,10 +251,16 @@ __global__ void __launch_bounds__(kThreads)
     for (int shift = 24; shift >= 0; shift -= 8) {
       for (int b = tid; b < 256; b += nthreads) hist[b] = 0;
       __syncthreads();
-      for (int64_t i = tid; i < vocab; i += nthreads) {
-        const uint32_t key = Key(x[i]);
-        if (key > kNegInfKey && (key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
-      }
+      Strided<false>(x, w, vocab, [&](int64_t, float v, float) {
+        const uint32_t key = Key(v);
+        if (key > kNegInfKey && (key & mask) == prefix) {
+          // One atomic per distinct bin of the warp: logits crowd into a
+          // few bins, and per-lane atomics on them serialize.
+          const uint32_t bin = (key >> shift) & 255u;
+          const uint32_t peers = __match_any_sync(__activemask(), bin);
+          if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+        }
+      });
       __syncthreads();
       if (tid == 0) {
         // The k-th largest lies in the highest bin b where the counts of the
@@ -158,10 +285,9 @@ __global__ void __launch_bounds__(kThreads)
 
   // Total weight of the candidates.
   double total = 0;
-  for (int64_t i = tid; i < vocab; i += nthreads) {
-    const float v = x[i];
-    if (Key(v) >= kth_key) total += Weight(v, st);
-  }
+  Strided<true>(x, w, vocab, [&](int64_t, float v, float wi) {
+    if (Key(v) >= kth_key) total += wi;
+  });
   total = BlockSum(total, dscratch);
 
   // Step 5: top-p. f(c) = weight of candidates with key > c, non-increasing;
@@ -175,23 +301,21 @@ __global__ void __launch_bounds__(kThreads)
     for (int bit = 31; bit >= 0; --bit) {
       const uint32_t c = ans | (1u << bit);
       double mass = 0;
-      for (int64_t i = tid; i < vocab; i += nthreads) {
-        const float v = x[i];
+      Strided<true>(x, w, vocab, [&](int64_t, float v, float wi) {
         const uint32_t key = Key(v);
-        if (key >= kth_key && key > c) mass += Weight(v, st);
-      }
+        if (key >= kth_key && key > c) mass += wi;
+      });
       mass = BlockSum(mass, dscratch);
       if (mass >= target) ans = c;
     }
     last_key = ans + 1;  // f(0) = total >= target, so ans < 2^32 - 1
     double above = 0;
     int ties = 0;
-    for (int64_t i = tid; i < vocab; i += nthreads) {
-      const float v = x[i];
+    Strided<true>(x, w, vocab, [&](int64_t, float v, float wi) {
       const uint32_t key = Key(v);
-      if (key >= kth_key && key > last_key) above += Weight(v, st);
+      if (key >= kth_key && key > last_key) above += wi;
       if (key == last_key) ++ties;
-    }
+    });
     above = BlockSum(above, dscratch);
     ties = BlockSum(ties, iscratch);
     if (tid == 0) {
@@ -216,13 +340,13 @@ __global__ void __launch_bounds__(kThreads)
   int tie_base = 0;
   if (top_p) {
     int my_ties = 0;
-    for (int64_t i = begin; i < end; ++i) my_ties += Key(x[i]) == last_key ? 1 : 0;
+    Contiguous<false>(x, w, begin, end,
+                      [&](int64_t, float v, float) { my_ties += Key(v) == last_key ? 1 : 0; });
     tie_base = BlockExclusiveScan(my_ties, iscratch, static_cast<int*>(nullptr));
   }
   const float min_p = p.min_p;
   // Survivor weight (0 when the token does not survive steps 4-6).
-  auto survivor_weight = [&](int64_t i, int* tie_rank) -> float {
-    const float v = x[i];
+  auto survivor_weight = [&](float v, float wi, int* tie_rank) -> float {
     const uint32_t key = Key(v);
     if (key < kth_key) return 0.0f;  // also drops -inf
     if (top_p) {
@@ -232,22 +356,21 @@ __global__ void __launch_bounds__(kThreads)
         if (rank >= keep_ties) return 0.0f;
       }
     }
-    const float w = Weight(v, st);
-    if (min_p > 0.0f && w < min_p) return 0.0f;
-    return w;
+    if (min_p > 0.0f && wi < min_p) return 0.0f;
+    return wi;
   };
 
   double my_total = 0;
   int64_t my_last = -1;
   {
     int rank = tie_base;
-    for (int64_t i = begin; i < end; ++i) {
-      const float w = survivor_weight(i, &rank);
-      if (w > 0.0f) {
-        my_total += w;
+    Contiguous<true>(x, w, begin, end, [&](int64_t i, float v, float wv) {
+      const float wi = survivor_weight(v, wv, &rank);
+      if (wi > 0.0f) {
+        my_total += wi;
         my_last = i;
       }
-    }
+    });
   }
   const double total2 = BlockSum(my_total, dscratch);
   // The maximum always survives (weight 1), so total2 >= 1.
@@ -257,19 +380,19 @@ __global__ void __launch_bounds__(kThreads)
   double my_mass = 0;
   {
     int rank = tie_base;
-    for (int64_t i = begin; i < end; ++i) {
-      const float w = survivor_weight(i, &rank);
-      if (w > 0.0f) my_mass += static_cast<double>(w) / total2;
-    }
+    Contiguous<true>(x, w, begin, end, [&](int64_t, float v, float wv) {
+      const float wi = survivor_weight(v, wv, &rank);
+      if (wi > 0.0f) my_mass += static_cast<double>(wi) / total2;
+    });
   }
   const double prefix = BlockExclusiveScan(my_mass, dscratch, static_cast<double*>(nullptr));
   if (u < prefix + my_mass + 1e-12) {  // slack: the walk below decides exactly
     int rank = tie_base;
     double cumulative = prefix;
-    for (int64_t i = begin; i < end; ++i) {
-      const float w = survivor_weight(i, &rank);
-      if (w > 0.0f) {
-        cumulative += static_cast<double>(w) / total2;
+    for (int64_t i = begin; i < end; ++i) {  // (one or two threads: a plain walk)
+      const float wi = survivor_weight(x[i], w[i], &rank);
+      if (wi > 0.0f) {
+        cumulative += static_cast<double>(wi) / total2;
         if (u < cumulative) {
           atomicMin(reinterpret_cast<unsigned long long*>(&chosen),
                     static_cast<unsigned long long>(i));
@@ -291,18 +414,41 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
+size_t SampleRowsWorkspaceBytes(int64_t rows, int64_t vocab) {
+  if (rows <= 0 || vocab <= 0) return 0;
+  return MaxKeyBytes(rows) + static_cast<size_t>(rows) * static_cast<size_t>(vocab) * sizeof(float);
+}
+
 absl::Status SampleRows(const float* logits, int64_t rows, int64_t vocab,
-                        const RowSamplingParams* params, int32_t* out, CudaStream stream) {
-  if (rows < 0 || vocab <= 0 || rows > 2147483647 || vocab > (int64_t{1} << 24)) {
+                        const RowSamplingParams* params, int32_t* out, void* workspace,
+                        size_t workspace_bytes, CudaStream stream) {
+  if (rows < 0 || vocab <= 0 || rows > 65535 || vocab > (int64_t{1} << 24)) {
     return absl::InvalidArgumentError(absl::StrCat("SampleRows: bad shape rows=", rows,
-                                                   " vocab=", vocab, " (vocab at most 2^24)"));
+                                                   " vocab=", vocab,
+                                                   " (rows at most 65535, vocab at most 2^24)"));
   }
   if (rows == 0) return absl::OkStatus();
-  if (logits == nullptr || params == nullptr || out == nullptr) {
+  if (logits == nullptr || params == nullptr || out == nullptr || workspace == nullptr) {
     return absl::InvalidArgumentError("SampleRows: null pointer");
   }
-  SampleKernel<<<static_cast<unsigned>(rows), kThreads, 0, AsCuda(stream)>>>(logits, vocab, params,
-                                                                             out);
+  if (workspace_bytes < SampleRowsWorkspaceBytes(rows, vocab) ||
+      reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SampleRows: workspace of ", workspace_bytes, " bytes (",
+                     SampleRowsWorkspaceBytes(rows, vocab), " needed, 16-byte aligned)"));
+  }
+  Workspace ws;
+  ws.max_key = static_cast<uint32_t*>(workspace);
+  ws.weights = reinterpret_cast<float*>(static_cast<char*>(workspace) + MaxKeyBytes(rows));
+  const cudaStream_t s = AsCuda(stream);
+  const dim3 grid(static_cast<unsigned>((vocab + kWeightChunk - 1) / kWeightChunk),
+                  static_cast<unsigned>(rows));
+  ClearMaxKeys<<<static_cast<unsigned>((rows + 255) / 256), 256, 0, s>>>(ws.max_key, rows);
+  RowMaxKeys<<<grid, kWeightThreads, 0, s>>>(logits, vocab, kWeightChunk, params, ws.max_key);
+  RowWeights<<<grid, kWeightThreads, 0, s>>>(logits, vocab, kWeightChunk, params, ws.max_key,
+                                             ws.weights);
+  SampleKernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(logits, vocab, params, ws.weights,
+                                                                out);
   return CheckLastLaunch("SampleRows");
 }
 

@@ -2,7 +2,10 @@
 // and the same Philox draw as the CPU sampler (worker/sampling/sampler.h),
 // so that for identical logits both pick the same token.
 //
-// Per row (one block each): temperature < kGreedyTemperature (1e-5) is the
+// The weights exp(s - max) of the sampled rows are computed once, spread
+// over the GPU (a grid of chunks per row: the largest logit, then the
+// weights into the workspace); then one block per row runs the selection.
+// Per row: temperature < kGreedyTemperature (1e-5) is the
 // argmax (lowest id among ties); otherwise, exactly as sampler.cc:
 //   s = double(logit) / temperature over the finite logits; top-k keeps
 //   s >= the k-th largest (ties kept); weights w = expf(float(s - max));
@@ -11,7 +14,7 @@
 //   inverse CDF in ascending id with u = UniformFromSeed(seed, position,
 //   kSample). Thresholds are found by radix select (top-k) and bitwise
 //   search (top-p) over order-preserving float keys (deterministic, no
-//   sort, no scratch memory). Sums are in double in a fixed order that
+//   sort). Sums are in double in a fixed order that
 //   differs from the CPU's sequential order, so a token can differ only when
 //   u falls within ~1e-15 of a CDF boundary.
 // Penalties (repetition/frequency/presence) are NOT applied here: they need
@@ -46,10 +49,16 @@ struct RowSamplingParams {
 };
 static_assert(sizeof(RowSamplingParams) == 32);
 
-// logits: fp32 [rows, vocab]; params: [rows]; out: int32 [rows]. All device
-// pointers. INVALID_ARGUMENT for bad sizes (vocab must be in [1, 2^24]) or
-// null pointers.
+// Device scratch SampleRows needs: every sampled row's weights (vocab
+// floats) and a word per row.
+size_t SampleRowsWorkspaceBytes(int64_t rows, int64_t vocab);
+
+// logits: fp32 [rows, vocab]; params: [rows]; out: int32 [rows]; workspace:
+// SampleRowsWorkspaceBytes(rows, vocab) bytes, 16-byte aligned. All device
+// pointers. INVALID_ARGUMENT for bad sizes (rows at most 65535, vocab in
+// [1, 2^24]), null pointers or a small workspace.
 absl::Status SampleRows(const float* logits, int64_t rows, int64_t vocab,
-                        const RowSamplingParams* params, int32_t* out, CudaStream stream);
+                        const RowSamplingParams* params, int32_t* out, void* workspace,
+                        size_t workspace_bytes, CudaStream stream);
 
 }  // namespace tessera::kernels::cuda

@@ -1,7 +1,7 @@
 // GPU sampling against the CPU sampler (worker/sampling/sampler.h): for the
 // same logits, params, seed and position the GPU must pick exactly the CPU
 // token, greedy rows must equal the reference argmax, and invalid rows give
-// -1. Skipped without a CUDA device.
+// -1 (skipped without a CUDA device); bad arguments are refused on the host.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -68,8 +68,12 @@ std::vector<int32_t> RunGpu(const Batch& b) {
   DeviceBuffer d_logits = Upload(b.logits);
   DeviceBuffer d_params = Upload(b.params);
   DeviceBuffer d_out = Zeros(rows * sizeof(int32_t));
-  const absl::Status s = SampleRows(d_logits.as<float>(), rows, b.vocab,
-                                    d_params.as<RowSamplingParams>(), d_out.as<int32_t>(), nullptr);
+  const size_t ws_bytes = SampleRowsWorkspaceBytes(rows, b.vocab);
+  // NaN-filled: a weight the kernels did not write would show.
+  DeviceBuffer d_ws = Upload(std::vector<uint8_t>(ws_bytes, 0xff));
+  const absl::Status s =
+      SampleRows(d_logits.as<float>(), rows, b.vocab, d_params.as<RowSamplingParams>(),
+                 d_out.as<int32_t>(), d_ws.data(), ws_bytes, nullptr);
   EXPECT_TRUE(s.ok()) << s;
   return Download<int32_t>(d_out, rows);
 }
@@ -166,7 +170,27 @@ TEST(CudaSamplingTest, InvalidRowsGiveMinusOne) {
   b.params[3].temperature = 0.f;  // fine: greedy, all equal -> 0
   const std::vector<int32_t> got = RunGpu(b);
   EXPECT_EQ(got, (std::vector<int32_t>{-1, -1, -1, 0}));
-  EXPECT_FALSE(SampleRows(nullptr, 1, 10, nullptr, nullptr, nullptr).ok());
+}
+
+// Checked on the host before anything is launched (runs without a device).
+TEST(CudaSamplingTest, RefusesBadArgumentsOnTheHost) {
+  EXPECT_FALSE(SampleRows(nullptr, 1, 10, nullptr, nullptr, nullptr, 0, nullptr).ok());
+  // A workspace below SampleRowsWorkspaceBytes, or misaligned, and more
+  // rows than a grid dimension holds are refused.
+  alignas(16) static uint8_t small[64];
+  const float* any_logits = reinterpret_cast<const float*>(small);
+  const auto* any_params = reinterpret_cast<const RowSamplingParams*>(small);
+  int32_t* any_out = reinterpret_cast<int32_t*>(small);
+  EXPECT_EQ(
+      SampleRows(any_logits, 1, 10, any_params, any_out, small, sizeof(small) - 1, nullptr).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SampleRows(any_logits, 1, 10, any_params, any_out, small + 4,
+                       SampleRowsWorkspaceBytes(1, 10), nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      SampleRows(any_logits, 70000, 10, any_params, any_out, small, sizeof(small), nullptr).code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -195,7 +195,8 @@ struct CudaModelRunner::Impl {
   // Activations.
   DeviceBuffer residual, xb, qkv, attn, delta, gate_up, act, rows, logits, argmax, top_values,
       top_workspace;
-  DeviceBuffer sampling_params;  // kcu::RowSamplingParams per logits row
+  DeviceBuffer sampling_params;   // kcu::RowSamplingParams per logits row
+  DeviceBuffer sample_workspace;  // kcu::SampleRows' weights (first sampled step)
   DeviceBuffer attn_workspace;
   int64_t max_logits_rows = 0;
 
@@ -1051,9 +1052,19 @@ absl::Status CudaModelRunner::ForwardSample(const ForwardBatch& batch,
     kcu::CudaStream st = m.stream.get();
     RETURN_IF_ERROR(kcu::CopyToDevice(m.sampling_params.data(), params.data(),
                                       params.size() * sizeof(kcu::RowSamplingParams), st));
-    RETURN_IF_ERROR(kcu::SampleRows(m.logits.as<float>(), r, m.vocab,
-                                    m.sampling_params.as<kcu::RowSamplingParams>(),
-                                    m.argmax.as<int32_t>(), st));
+    // The sampler's weights: allocated on the first sampled step, grown to
+    // the largest number of rows seen (greedy-only serving never needs it).
+    const size_t ws_bytes = kcu::SampleRowsWorkspaceBytes(r, m.vocab);
+    if (m.sample_workspace.size() < ws_bytes) {
+      RETURN_IF_ERROR(kcu::Synchronize(st));  // the old one may still be in use
+      m.sample_workspace = DeviceBuffer();
+      absl::StatusOr<DeviceBuffer> ws = Alloc(ws_bytes, "sampling workspace");
+      if (!ws.ok()) return ws.status();
+      m.sample_workspace = std::move(*ws);
+    }
+    RETURN_IF_ERROR(kcu::SampleRows(
+        m.logits.as<float>(), r, m.vocab, m.sampling_params.as<kcu::RowSamplingParams>(),
+        m.argmax.as<int32_t>(), m.sample_workspace.data(), m.sample_workspace.size(), st));
     RETURN_IF_ERROR(kcu::CopyToHost(tokens->data(), m.argmax.data(), r * sizeof(int32_t), st));
   }
   return kcu::Synchronize(m.stream.get());

@@ -323,7 +323,9 @@ absl::Status CheckSampling() {
   params[1] = {0.8f, 5, 1.0f, 0.0f, 1234, 7};
   params[2] = {1.2f, 0, 0.9f, 0.05f, 99, 3};
   ASSIGN(dparams, d.Upload(params));
-  CHECK_OK(kcu::SampleRows(dl, rows, vocab, dparams, dtok, nullptr));
+  const size_t ws_bytes = kcu::SampleRowsWorkspaceBytes(rows, vocab);
+  ASSIGN(dws, d.Zeros<std::byte>(ws_bytes));
+  CHECK_OK(kcu::SampleRows(dl, rows, vocab, dparams, dtok, dws, ws_bytes, nullptr));
   ASSIGN(sampled, Download(dtok, rows));
   for (int64_t r = 0; r < rows; ++r) {
     sampling::SamplingParams sp;
