@@ -36,7 +36,7 @@ constexpr int kThreads = 512;
 // The weights kernels: CTAs of kWeightThreads over chunks of kWeightChunk
 // logits, so that a row's exponentials spread over the GPU.
 constexpr int kWeightThreads = 256;
-constexpr int64_t kWeightChunk = 8192;
+constexpr int64_t kWeightChunk = 1024;
 constexpr float kGreedyTemperature = 1e-5f;   // worker/sampling/sampling_params.h
 constexpr uint32_t kNegInfKey = 0x007fffffu;  // Key(-inf); finite keys are larger
 
@@ -112,21 +112,82 @@ __device__ __forceinline__ void Strided(const float* x, const float* w, int64_t 
   }
 }
 
+// Contiguous: a warp's lanes read addresses a chunk apart, so every load
+// instruction touches 32 lines; with `vec` (16-byte aligned x + begin and
+// w + begin) whole batches go as 16-byte loads, a quarter of the
+// instructions.
 template <bool kW, class F>
 __device__ __forceinline__ void Contiguous(const float* x, const float* w, int64_t begin,
-                                           int64_t end, F&& f) {
+                                           int64_t end, bool vec, F&& f) {
   for (int64_t i0 = begin; i0 < end; i0 += kAhead) {
     float xv[kAhead], wv[kAhead];
+    if (vec && i0 + kAhead <= end) {
 #pragma unroll
-    for (int j = 0; j < kAhead; ++j) {
-      xv[j] = i0 + j < end ? __ldg(x + i0 + j) : 0.0f;
-      wv[j] = kW && i0 + j < end ? __ldg(w + i0 + j) : 0.0f;
+      for (int j = 0; j < kAhead; j += 4) {
+        const float4 a = __ldg(reinterpret_cast<const float4*>(x + i0 + j));
+        xv[j] = a.x, xv[j + 1] = a.y, xv[j + 2] = a.z, xv[j + 3] = a.w;
+        if (kW) {
+          const float4 b = __ldg(reinterpret_cast<const float4*>(w + i0 + j));
+          wv[j] = b.x, wv[j + 1] = b.y, wv[j + 2] = b.z, wv[j + 3] = b.w;
+        } else {
+          wv[j] = wv[j + 1] = wv[j + 2] = wv[j + 3] = 0.0f;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kAhead; ++j) {
+        xv[j] = i0 + j < end ? __ldg(x + i0 + j) : 0.0f;
+        wv[j] = kW && i0 + j < end ? __ldg(w + i0 + j) : 0.0f;
+      }
     }
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
       if (i0 + j < end) f(i0 + j, xv[j], wv[j]);
     }
   }
+}
+
+// Top-p's radix level: warp_bins[w][b] = the weight of the candidates (key
+// >= kth_key) whose key has the top bits `prefix` (under `mask`) and digit
+// b at `shift`, summed by warp w over its elements i = tid + j * blockDim.x
+// in increasing j; within one pass of the warp, lanes with the same digit
+// are summed in lane order. A fixed order: the masses are deterministic.
+__device__ __forceinline__ void BinMasses(const float* x, const float* w, int64_t n,
+                                          uint32_t kth_key, uint32_t prefix, uint32_t mask,
+                                          int shift, double (*warp_bins)[256]) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  for (int b = lane; b < 256; b += 32) warp_bins[warp][b] = 0.0;
+  __syncwarp();
+  const int64_t step = blockDim.x;
+  for (int64_t i0 = threadIdx.x - lane; i0 < n; i0 += kAhead * step) {  // warp-uniform
+    uint32_t keys[kAhead];
+    float ws[kAhead];
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+      const int64_t i = i0 + j * step + lane;
+      keys[j] = i < n ? Key(__ldg(x + i)) : 0u;
+      ws[j] = i < n ? __ldg(w + i) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+      const bool in = keys[j] >= kth_key && (keys[j] & mask) == prefix;
+      const uint32_t in_lanes = __ballot_sync(0xffffffffu, in);
+      if (in_lanes == 0) continue;  // warp-uniform
+      const uint32_t bin = in ? (keys[j] >> shift) & 255u : 256u;
+      const uint32_t peers = __match_any_sync(0xffffffffu, bin);
+      const double v = in ? static_cast<double>(ws[j]) : 0.0;
+      double sum = 0.0;
+      for (uint32_t rest = in_lanes; rest != 0; rest &= rest - 1) {  // ascending lanes
+        const int src = __ffs(rest) - 1;
+        const double other = __shfl_sync(0xffffffffu, v, src);
+        if ((peers >> src) & 1u) sum += other;
+      }
+      if (in && lane == __ffs(peers) - 1) warp_bins[warp][bin] += sum;
+      __syncwarp();
+    }
+  }
+  __syncthreads();
 }
 
 // Rows whose weights the sampling kernel reads: valid-looking sampled rows
@@ -200,6 +261,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ int64_t chosen;
   __shared__ int n_keep_ties;
   __shared__ int hist[256];
+  __shared__ double warp_bins[kThreads / 32][256];  // top-p: per-warp bin masses
   __shared__ uint32_t radix_prefix;
   __shared__ int radix_remaining;
 
@@ -297,18 +359,43 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t last_key = 0;
   if (top_p) {
     const double target = static_cast<double>(p.top_p) * total;
-    uint32_t ans = 0;
-    for (int bit = 31; bit >= 0; --bit) {
-      const uint32_t c = ans | (1u << bit);
-      double mass = 0;
-      Strided<true>(x, w, vocab, [&](int64_t, float v, float wi) {
-        const uint32_t key = Key(v);
-        if (key >= kth_key && key > c) mass += wi;
-      });
-      mass = BlockSum(mass, dscratch);
-      if (mass >= target) ans = c;
+    // Radix search, 8 bits a level: with the keys' top bits fixed to
+    // `prefix` and `above` = the mass of candidates above that bracket,
+    // bin b of the next digit holds the bracket's keys with digit b;
+    // g(b) = above + the mass of bins > b is f at the top of bin b, and
+    // last_key lies in the lowest bin with g(b) < target (g(255) = above,
+    // f(2^32 - 1) = 0 < target).
+    uint32_t prefix = 0, mask = 0;
+    double above_bracket = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      BinMasses(x, w, vocab, kth_key, prefix, mask, shift, warp_bins);
+      if (tid == 0) {
+        // A bin's mass: its warps' masses in warp order. Scan from the top
+        // bin down: g holds g(b) (< target), the bin below is entered
+        // while g(b - 1) = g(b) + mass(b) stays below target.
+        double g = above_bracket;
+        int lowest = 0;
+        for (int b = 255; b > 0; --b) {
+          double bin = 0;
+          for (int wi = 0; wi < kThreads / 32; ++wi) bin += warp_bins[wi][b];
+          const double next = g + bin;
+          if (next >= target) {
+            lowest = b;
+            break;
+          }
+          g = next;
+        }
+        const double above = g;  // g(lowest): the mass above the new bracket
+        radix_prefix = prefix | (static_cast<uint32_t>(lowest) << shift);
+        dscratch[32] = above;
+      }
+      __syncthreads();
+      prefix = radix_prefix;
+      above_bracket = dscratch[32];
+      mask |= 255u << shift;
+      __syncthreads();
     }
-    last_key = ans + 1;  // f(0) = total >= target, so ans < 2^32 - 1
+    last_key = prefix;
     double above = 0;
     int ties = 0;
     Strided<true>(x, w, vocab, [&](int64_t, float v, float wi) {
@@ -333,14 +420,19 @@ __global__ void __launch_bounds__(kThreads)
   const int keep_ties = top_p ? n_keep_ties : 0;
 
   // Contiguous chunks from here on (id order matters for ties and the CDF).
-  const int64_t chunk = (vocab + nthreads - 1) / nthreads;
+  // Chunks of a multiple of 4 ids: with vocab % 4 == 0 every chunk then
+  // starts 16-byte aligned (rows and the workspace are) and loads whole
+  // float4s.
+  const int64_t chunk = ((vocab + nthreads - 1) / nthreads + 3) / 4 * 4;
   const int64_t begin = min(vocab, tid * chunk);
   const int64_t end = min(vocab, begin + chunk);
+  const bool vec = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(w) % 16 == 0;
 
   int tie_base = 0;
   if (top_p) {
     int my_ties = 0;
-    Contiguous<false>(x, w, begin, end,
+    Contiguous<false>(x, w, begin, end, vec,
                       [&](int64_t, float v, float) { my_ties += Key(v) == last_key ? 1 : 0; });
     tie_base = BlockExclusiveScan(my_ties, iscratch, static_cast<int*>(nullptr));
   }
@@ -364,7 +456,7 @@ __global__ void __launch_bounds__(kThreads)
   int64_t my_last = -1;
   {
     int rank = tie_base;
-    Contiguous<true>(x, w, begin, end, [&](int64_t i, float v, float wv) {
+    Contiguous<true>(x, w, begin, end, vec, [&](int64_t i, float v, float wv) {
       const float wi = survivor_weight(v, wv, &rank);
       if (wi > 0.0f) {
         my_total += wi;
@@ -380,7 +472,7 @@ __global__ void __launch_bounds__(kThreads)
   double my_mass = 0;
   {
     int rank = tie_base;
-    Contiguous<true>(x, w, begin, end, [&](int64_t, float v, float wv) {
+    Contiguous<true>(x, w, begin, end, vec, [&](int64_t, float v, float wv) {
       const float wi = survivor_weight(v, wv, &rank);
       if (wi > 0.0f) my_mass += static_cast<double>(wi) / total2;
     });
