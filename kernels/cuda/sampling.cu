@@ -1,28 +1,29 @@
 // GPU sampling, the algorithm of worker/sampling/sampler.cc (see sampling.h).
 //
 // The weights exp(s - max) (double math, rounded to float as the CPU's
-// expf) are computed once by grids over chunks of every sampled row: the
-// row's largest finite key (atomicMax: order-free), then the weights into
-// the workspace. One block per row then selects. Values are compared
-// through an order-preserving uint32 key of the float logit (s = logit / T
-// is strictly increasing in the logit, so ordering by key is ordering by
-// s). The k-th largest key (top-k) is found by an 8-bit radix select (4
-// passes), the last key kept by top-p by a bitwise search from the top bit
-// (one pass and a fixed-order block reduction per bit, summing weights only
-// above the probe). The final inverse-CDF walk uses contiguous per-thread
-// chunks so that id order is preserved: chunk sums, an exclusive scan, and
-// each thread walking its own chunk from its prefix.
+// expf) are computed once by grids over 1024-logit chunks of every sampled
+// row: the row's largest finite key (atomicMax: order-free), then the
+// weights into the workspace. One block per row then selects. Values are
+// compared through an order-preserving uint32 key of the float logit (s =
+// logit / T is strictly increasing in the logit, so ordering by key is
+// ordering by s). Both thresholds are found digit by digit, 8 bits a pass
+// from the top: the k-th largest key (top-k) from integer histograms, the
+// last key kept by top-p from the bins' weight masses (BinMasses: summed
+// per warp in a fixed order, then over the warps in warp order, so the
+// result is deterministic). The final inverse-CDF walk uses contiguous
+// per-thread chunks so that id order is preserved: chunk sums, an
+// exclusive scan, and each thread walking its own chunk from its prefix.
 //
 // The passes read the logits and weights with 16 elements per thread in
-// flight (Strided / Contiguous), in the order of a plain loop.
+// flight (Strided / Contiguous; 16-byte loads in the contiguous ones).
 //
-// On the H200 (cuda_ops_bench, one 128,256-entry row): the earlier form,
-// which recomputed the weights in every pass with one block's double
-// exponentials, took 0.47 ms with temperature alone, 2.1 ms with top-k +
-// top-p and 3.5 ms with top-p + min-p; this one 0.22, 1.37 and 1.21 ms.
-// What is left is one block streaming the row from L2 in each of the ~35
-// passes of top-p (about 35 us a pass); spreading the passes over the GPU
-// would need a grid-wide reduction per bisection step.
+// On the H200 (one 128,256-entry row, tests/bench/results/cuda_ops_h200.json
+// `sample` rows): the earlier form, one block per row recomputing the
+// weights in every pass and searching top-p's key bit by bit (32 passes),
+// took 0.47 ms with temperature alone, 2.1 ms with top-k + top-p and 3.5
+// ms with top-p + min-p. What is left is one block streaming the row from
+// L2 in each pass; spreading the passes over the GPU would need a
+// grid-wide reduction per digit.
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"

@@ -12,11 +12,11 @@
 //   top-p keeps, in (s desc, id asc) order, each token whose preceding mass
 //   is < top_p * sum(w); min-p keeps w >= min_p; the token is drawn by
 //   inverse CDF in ascending id with u = UniformFromSeed(seed, position,
-//   kSample). Thresholds are found by radix select (top-k) and bitwise
-//   search (top-p) over order-preserving float keys (deterministic, no
-//   sort). Sums are in double in a fixed order that
-//   differs from the CPU's sequential order, so a token can differ only when
-//   u falls within ~1e-15 of a CDF boundary.
+//   kSample). Thresholds are found by radix search over order-preserving
+//   float keys (top-k by counts, top-p by weight masses; deterministic, no
+//   sort). Sums are in double in a fixed order that differs from the CPU's
+//   sequential order, so a token can differ only when u, or top_p times the
+//   total, falls within ~1e-15 of a boundary.
 // Penalties (repetition/frequency/presence) are NOT applied here: they need
 // the per-sequence token counts, so the caller applies them to the logits
 // first (on the host or with its own kernel), as the CPU sampler does in
