@@ -35,6 +35,7 @@ namespace tessera::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 512;
+static_assert(kThreads >= 256, "top-p sums one radix bin per thread");
 // The weights kernels: CTAs of kWeightThreads over chunks of kWeightChunk
 // logits, so that a row's exponentials spread over the GPU.
 constexpr int kWeightThreads = 256;
@@ -192,11 +193,16 @@ __device__ __forceinline__ void BinMasses(const float* x, const float* w, int64_
   __syncthreads();
 }
 
-// Rows whose weights the sampling kernel reads: valid-looking sampled rows
-// (greedy rows and bad parameters never look at them).
+// Parameters inside ValidateSamplingParams' ranges (a row outside gets -1).
+__device__ __forceinline__ bool ParamsValid(const RowSamplingParams& p) {
+  return p.temperature >= 0.0f && p.top_p > 0.0f && p.top_p <= 1.0f && p.min_p >= 0.0f &&
+         p.min_p <= 1.0f && p.position >= 0;
+}
+
+// Rows whose weights the sampling kernel reads: valid sampled rows (greedy
+// rows and bad parameters never look at them).
 __device__ __forceinline__ bool NeedsWeights(const RowSamplingParams& p) {
-  return p.temperature >= kGreedyTemperature && p.top_p > 0.0f && p.top_p <= 1.0f &&
-         p.min_p >= 0.0f && p.min_p <= 1.0f && p.position >= 0;
+  return ParamsValid(p) && p.temperature >= kGreedyTemperature;
 }
 
 // Workspace: the rows' largest finite keys, then the rows' weights.
@@ -287,8 +293,7 @@ __global__ void __launch_bounds__(kThreads)
     const ValueIndex c{v, i};
     if (Better(c, best)) best = c;
   });
-  const bool params_bad = !(p.temperature >= 0.0f) || !(p.top_p > 0.0f && p.top_p <= 1.0f) ||
-                          !(p.min_p >= 0.0f && p.min_p <= 1.0f) || p.position < 0;
+  const bool params_bad = !ParamsValid(p);
   bad = __syncthreads_or(bad);
   const int n_finite = BlockSum(finite, iscratch);
   if (bad || n_finite == 0 || params_bad) {
@@ -371,16 +376,22 @@ __global__ void __launch_bounds__(kThreads)
     double above_bracket = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
       BinMasses(x, w, vocab, kth_key, prefix, mask, shift, warp_bins);
+      // A bin's mass: its warps' masses in warp order, one thread per bin
+      // (into warp 0's row; thread b touches only column b).
+      if (tid < 256) {
+        double bin = 0;
+        for (int wi = 0; wi < kThreads / 32; ++wi) bin += warp_bins[wi][tid];
+        warp_bins[0][tid] = bin;
+      }
+      __syncthreads();
       if (tid == 0) {
-        // A bin's mass: its warps' masses in warp order. Scan from the top
-        // bin down: g holds g(b) (< target), the bin below is entered
-        // while g(b - 1) = g(b) + mass(b) stays below target.
+        // Scan from the top bin down: g holds g(b) (< target), the bin
+        // below is entered while g(b - 1) = g(b) + mass(b) stays below
+        // target.
         double g = above_bracket;
         int lowest = 0;
         for (int b = 255; b > 0; --b) {
-          double bin = 0;
-          for (int wi = 0; wi < kThreads / 32; ++wi) bin += warp_bins[wi][b];
-          const double next = g + bin;
+          const double next = g + warp_bins[0][b];
           if (next >= target) {
             lowest = b;
             break;
