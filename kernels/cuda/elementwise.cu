@@ -66,6 +66,7 @@ template <bool VEC, bool FUSED>
 __global__ void RmsNormKernel(const float* __restrict__ x, const uint16_t* delta,
                               float* __restrict__ residual, int64_t cols,
                               const float* __restrict__ w, float eps, uint16_t* out) {
+  AllowDependentLaunch();
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const float* in = FUSED ? residual + row * cols : x + row * cols;

@@ -100,6 +100,7 @@ struct GemmContext::Impl {
   void* scratch = nullptr;  // fp32 result of biased bf16 GEMMs (kScratchBytes)
   GemvWorkspace gemv;       // split-K partials and counters of the m <= 8 kernel
   bool use_gemv = true;
+  bool staged_supported = false;  // GemvStagedSupported() on the context's device
   int64_t gemv_max_weight_elems = kGemvDefaultMaxWeightElems;
   int64_t autotune_max_m = 0;  // SetAutotune
   std::mutex mu;
@@ -368,6 +369,8 @@ absl::StatusOr<std::unique_ptr<GemmContext>> GemmContext::Create() {
       cudaMalloc(&impl->gemv.partials, kGemvPartialFloats * sizeof(float)));
   impl->gemv.partial_capacity = kGemvPartialFloats;
   if (absl::Status st = GemvResidentCtasPerSm(&impl->gemv.ctas_per_sm); !st.ok()) return st;
+  impl->staged_supported = GemvStagedSupported();
+  impl->gemv.staged = impl->staged_supported;
   TESSERA_CUDA_RETURN_IF_ERROR(cudaMalloc(&impl->gemv.counters, kGemvCounters * sizeof(uint32_t)));
   impl->gemv.counter_capacity = kGemvCounters;
   TESSERA_CUDA_RETURN_IF_ERROR(
@@ -410,6 +413,28 @@ absl::Status GemmContext::QkvRope(const Bf16* x, int64_t m, int64_t k, const Bf1
 absl::Status GemmContext::Gemm(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
                                const float* bias, Bf16* y, CudaStream stream) {
   return impl_->Run(x, m, k, w, n, bias, y, /*f32_out=*/false, stream);
+}
+
+void GemmContext::SetUseStagedGemv(bool use) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->gemv.staged = use && impl_->staged_supported;
+}
+
+bool GemmContext::StagedTakes(int64_t m, int64_t n, int64_t k) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  // One row only: every CTA reads all of x from L2 (it must not come
+  // through L1, gemv.cu), which at m = 8 is as many bytes as W (H200,
+  // gpu_tp_bench batch 8: 5.47 ms per step on one GPU against 4.46).
+  return impl_->use_gemv && impl_->gemv.staged && m == 1 && n > 0 && n % 8 == 0 && k > 0 &&
+         k % 128 == 0 && k <= kStagedMaxK;
+}
+
+absl::Status GemmContext::GemmAfterNorm(const Bf16* x, int64_t m, int64_t k, const Bf16* w,
+                                        int64_t n, const float* bias, Bf16* y, CudaStream stream) {
+  if (StagedTakes(m, n, k) && GemvStagedApplicable(x, m, n, k, w) && y != nullptr) {
+    return GemvStagedBf16(x, m, k, w, n, bias, y, stream);
+  }
+  return Gemm(x, m, k, w, n, bias, y, stream);
 }
 
 absl::Status GemmContext::Gemm(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,

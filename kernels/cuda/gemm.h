@@ -74,10 +74,26 @@ class GemmContext {
   // Whether Gemm() would send m rows with k inputs to the GEMV (SetUseGemv,
   // m <= 8, k % 8 == 0; the weight size is not checked).
   bool GemvTakes(int64_t m, int64_t k) const;
-  // gemv.h GemvQkvRopeBf16 on the context's workspace; FAILED_PRECONDITION
-  // when !GemvTakes(m, k).
+  // gemv.h GemvQkvRopeBf16 on the context's workspace (the staged kernel
+  // where StagedTakes); FAILED_PRECONDITION when !GemvTakes(m, k).
   absl::Status QkvRope(const Bf16* x, int64_t m, int64_t k, const Bf16* w_qkv, const float* bias,
                        Bf16* qkv, const GemvQkvRope& rope, CudaStream stream);
+
+  // Gemm() for a projection of the RMSNorm output that the kernel just
+  // before it on `stream` writes (decode steps: qkv, gate/up): where
+  // StagedTakes, gemv.h GemvStagedBf16, whose weight copies overlap that
+  // kernel; otherwise Gemm(). Any predecessor is correct; the overlap
+  // needs one that calls AllowDependentLaunch.
+  absl::Status GemmAfterNorm(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                             const float* bias, Bf16* y, CudaStream stream);
+  // Whether QkvRope / GemmAfterNorm run the staged kernel for the shape:
+  // the GEMV and the staged kernel are on, m == 1 (decode steps of one
+  // token), n % 8 == 0, k % 128 == 0 and k <= kStagedMaxK (pointer
+  // alignment is not checked).
+  bool StagedTakes(int64_t m, int64_t n, int64_t k) const;
+  // Default: on where the device supports it (SM 9.0+); benchmarks and
+  // tests compare it with the other GEMV.
+  void SetUseStagedGemv(bool use);
   struct Impl;
 
  private:

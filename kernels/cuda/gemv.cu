@@ -103,6 +103,48 @@ struct RopeArgs {
   uint16_t* v_cache;
 };
 
+// Stores value (row, col) of a finished tile of kTile rows starting at
+// output feature n0 (fin: the tile's sums, [row][activation row]) for
+// kQkvRope. The q/k rows of a head are in RoPE order (GemvRopeRow): every
+// 8 rows hold features i .. i + 3 and their partners i + half .. i + half
+// + 3, four rows apart, so the rotation pairs meet in the tile. Both
+// values are rounded to bf16 first, as the unfused GEMV stores them, then
+// rotated as RopeKernel does.
+template <int kTile>
+__device__ __forceinline__ void StoreQkvRope(const float (&fin)[kTile][8], int row, int col, int n0,
+                                             int m, int n, uint16_t* y, const RopeArgs& rope) {
+  if (col >= m) return;
+  uint16_t* out = y + static_cast<int64_t>(col) * n;
+  const int64_t slot = rope.slots != nullptr ? rope.slots[col] : -1;
+  const bool store = slot >= 0 && slot < rope.num_slots;
+  const int64_t kv_row = slot * rope.k_rows;
+  const int rotated = rope.q_rows + rope.k_rows;
+  const int out_n = n0 + row;
+  if (n0 < rotated) {
+    if (row & 4) return;  // the partner of row - 4
+    const int head_base = n0 / rope.head_dim * rope.head_dim;
+    const int half = rope.head_dim / 2;
+    const int i = (n0 - head_base) / 2 + (row >> 3) * 4 + (row & 3);
+    const float a = RoundBf16(fin[row][col]);
+    const float b2 = RoundBf16(fin[row + 4][col]);
+    float sn, cs;
+    sincosf(static_cast<float>(rope.positions[col]) * rope.inv_freq[i], &sn, &cs);
+    const uint16_t lo = FloatToBf16Bits(a * cs - b2 * sn);
+    const uint16_t hi = FloatToBf16Bits(b2 * cs + a * sn);
+    out[head_base + i] = lo;
+    out[head_base + i + half] = hi;
+    if (head_base >= rope.q_rows && store) {
+      uint16_t* d = rope.k_cache + kv_row + (head_base - rope.q_rows);
+      d[i] = lo;
+      d[i + half] = hi;
+    }
+  } else if (out_n < n) {
+    const uint16_t val = FloatToBf16Bits(fin[row][col]);
+    out[out_n] = val;
+    if (store) rope.v_cache[kv_row + (out_n - rotated)] = val;
+  }
+}
+
 template <Out kOut>
 __global__ void __launch_bounds__(kThreads)
     GemvKernel(const uint16_t* __restrict__ x, int m, int k, const uint16_t* __restrict__ w, int n,
@@ -204,44 +246,118 @@ __global__ void __launch_bounds__(kThreads)
   } else if constexpr (kOut == Out::kBf16) {
     if (valid) static_cast<uint16_t*>(y)[out_i] = FloatToBf16Bits(v);
   } else {
-    // The q/k rows of a head are in RoPE order (GemvRopeRow): a tile holds
-    // features i .. i + 7 and their partners i + half .. i + half + 7, so
-    // the rotation pairs meet here. Both values are rounded to bf16 first,
-    // as the unfused GEMV stores them, then rotated as RopeKernel does.
     __shared__ float fin[kTileRows][8];
     fin[row][col] = v;
     __syncthreads();
-    if (col >= m) return;
-    uint16_t* out = static_cast<uint16_t*>(y) + static_cast<int64_t>(col) * n;
-    const int64_t slot = rope.slots != nullptr ? rope.slots[col] : -1;
-    const bool store = slot >= 0 && slot < rope.num_slots;
-    const int64_t kv_row = slot * rope.k_rows;
-    const int rotated = rope.q_rows + rope.k_rows;
-    if (n0 < rotated) {
-      if (row >= 8) return;
-      const int head_base = n0 / rope.head_dim * rope.head_dim;
-      const int half = rope.head_dim / 2;
-      const int i = (n0 - head_base) / 2 + row;
-      const float a = RoundBf16(fin[row][col]);
-      const float b2 = RoundBf16(fin[row + 8][col]);
-      float sn, cs;
-      sincosf(static_cast<float>(rope.positions[col]) * rope.inv_freq[i], &sn, &cs);
-      const uint16_t lo = FloatToBf16Bits(a * cs - b2 * sn);
-      const uint16_t hi = FloatToBf16Bits(b2 * cs + a * sn);
-      out[head_base + i] = lo;
-      out[head_base + i + half] = hi;
-      if (head_base >= rope.q_rows && store) {
-        uint16_t* d = rope.k_cache + kv_row + (head_base - rope.q_rows);
-        d[i] = lo;
-        d[i + half] = hi;
-      }
-    } else if (out_n < n) {
-      const uint16_t val = FloatToBf16Bits(fin[row][col]);
-      out[out_n] = val;
-      if (store) rope.v_cache[kv_row + (out_n - rotated)] = val;
-    }
+    StoreQkvRope<kTileRows>(fin, row, col, n0, m, n, static_cast<uint16_t*>(y), rope);
   }
 }
+
+// The staged form (SM 9.0+, see GemvStagedBf16): a CTA of 4 warps owns 8
+// rows of W and all of k. Thread 0 copies the 8 rows into shared memory
+// with bulk copies that complete on an mbarrier, before the CTA waits for
+// the kernel it depends on (griddepcontrol.wait, which returns at once
+// when the launch is not programmatic); only then is x read. Here the W
+// rows are the MMA's B operand (its n = 8 columns) and the <= 8 x rows its
+// A operand (rows 8..15 zero), under the same k permutation as above: lane
+// (g, q) reads 16 bytes of W row g and of x row g at k offset 32 t + 8 q.
+// Warp w takes steps [w k / 128, (w + 1) k / 128) with two accumulators;
+// the warps' sums are added in warp order.
+constexpr int kStagedRows = 8;
+constexpr int kStagedPad = 64;  // bytes after each staged row: conflict-free 16-byte reads
+
+template <Out kOut>
+__global__ void __launch_bounds__(kThreads)
+    StagedGemvKernel(const uint16_t* x, int m, int k, const uint16_t* __restrict__ w, int n,
+                     const float* __restrict__ bias, uint16_t* __restrict__ y,
+                     const RopeArgs rope) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kStagedMaxSteps = kStagedMaxK / (32 * kWarps);
+  extern __shared__ __align__(128) unsigned char staged[];
+  __shared__ __align__(8) uint64_t bar;
+  __shared__ float red[kWarps][8][kStagedRows];
+  __shared__ float fin[kStagedRows][8];
+  const int n0 = blockIdx.x * kStagedRows;
+  const int row_bytes = k * 2;
+  const int stride = row_bytes + kStagedPad;
+  const uint32_t bar_a = static_cast<uint32_t>(__cvta_generic_to_shared(&bar));
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar_a));
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar_a),
+                 "r"(row_bytes * kStagedRows)
+                 : "memory");
+    for (int r = 0; r < kStagedRows; ++r) {
+      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(staged + r * stride));
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+          "[%3];\n" ::"r"(dst),
+          "l"(w + static_cast<int64_t>(n0 + r) * k), "r"(row_bytes), "r"(bar_a)
+          : "memory");
+    }
+  }
+  __syncthreads();  // the barrier is initialized before anyone waits on it
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int g = lane >> 2;
+  const int q = lane & 3;
+  const int per_warp = k / (32 * kWarps);
+  const int s0 = warp * per_warp;
+  const bool x_ok = g < m;
+  const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(x_ok ? g : 0) * k) + q;
+  // x does not depend on the copies: its loads go out while they land.
+  // They bypass L1 (ld.global.cg): this grid may have started before the
+  // kernel that writes x, and griddepcontrol.wait orders that kernel's
+  // writes at L2 but leaves lines an earlier kernel's reads put in this
+  // SM's L1 in place.
+  uint4 xb[kStagedMaxSteps];
+#pragma unroll
+  for (int i = 0; i < kStagedMaxSteps; ++i) {
+    xb[i] = (i < per_warp && x_ok) ? __ldcg(xr + (s0 + i) * 4) : make_uint4(0, 0, 0, 0);
+  }
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar_a)
+        : "memory");
+  }
+  const unsigned char* wr = staged + g * stride + q * 16;
+  float acc0[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < kStagedMaxSteps; ++i) {
+    if (i < per_warp) {
+      const uint4 wv = *reinterpret_cast<const uint4*>(wr + (s0 + i) * 64);
+      MmaBf16(acc0, xb[i].x, 0u, xb[i].y, 0u, wv.x, wv.y);
+      MmaBf16(acc1, xb[i].z, 0u, xb[i].w, 0u, wv.z, wv.w);
+    }
+  }
+  // acc[0], acc[1]: x row g, W rows 2q and 2q + 1 (acc[2], acc[3]: the zero rows).
+  red[warp][g][2 * q] = acc0[0] + acc1[0];
+  red[warp][g][2 * q + 1] = acc0[1] + acc1[1];
+  __syncthreads();
+  if (threadIdx.x >= 64) return;
+  const int col = threadIdx.x >> 3;  // activation row
+  const int row = threadIdx.x & 7;   // W row of the tile
+  float v = red[0][col][row];
+#pragma unroll
+  for (int i = 1; i < kWarps; ++i) v += red[i][col][row];
+  const int out_n = n0 + row;
+  if (bias != nullptr) v += bias[out_n];
+  if constexpr (kOut == Out::kBf16) {
+    if (col < m) y[static_cast<int64_t>(col) * n + out_n] = FloatToBf16Bits(v);
+  } else {
+    fin[row][col] = v;
+    asm volatile("bar.sync 1, 64;\n" ::: "memory");  // the 64 threads left
+    StoreQkvRope<kStagedRows>(fin, row, col, n0, m, n, y, rope);
+  }
+#endif
+}
+
+int StagedSmemBytes(int64_t k) { return static_cast<int>(kStagedRows * (2 * k + kStagedPad)); }
 
 struct SplitPlan {
   int splits = 1;
@@ -324,7 +440,69 @@ absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t 
   return CheckLastLaunch("GemvBf16");
 }
 
+absl::Status LaunchStaged(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                          const float* bias, Bf16* y, Out out, const RopeArgs& rope,
+                          CudaStream stream) {
+  if (!GemvStagedApplicable(x, m, n, k, w)) {
+    return absl::InvalidArgumentError(absl::StrCat("GemvStagedBf16: needs 1 <= m <= ", kGemvMaxRows,
+                                                   ", n % 8 == 0, k % 128 == 0, k <= ", kStagedMaxK,
+                                                   " and 16-byte aligned x and W (m=", m, " n=", n,
+                                                   " k=", k, ")"));
+  }
+  if (y == nullptr) return absl::InvalidArgumentError("GemvStagedBf16: null output");
+  if (!GemvStagedSupported()) {
+    return absl::FailedPreconditionError("GemvStagedBf16: needs a device of SM 9.0 or newer");
+  }
+  const int smem = StagedSmemBytes(k);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(n / kStagedRows));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = AsCuda(stream);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const auto* xs = reinterpret_cast<const uint16_t*>(x);
+  const auto* ws = reinterpret_cast<const uint16_t*>(w);
+  auto* ys = reinterpret_cast<uint16_t*>(y);
+  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  if (out == Out::kQkvRope) {
+    TESSERA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        StagedGemvKernel<Out::kQkvRope>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    TESSERA_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, StagedGemvKernel<Out::kQkvRope>, xs, mi,
+                                                    ki, ws, ni, bias, ys, rope));
+  } else {
+    TESSERA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        StagedGemvKernel<Out::kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    TESSERA_CUDA_RETURN_IF_ERROR(
+        cudaLaunchKernelEx(&cfg, StagedGemvKernel<Out::kBf16>, xs, mi, ki, ws, ni, bias, ys, rope));
+  }
+  return CheckLastLaunch("GemvStagedBf16");
+}
+
 }  // namespace
+
+bool GemvStagedSupported() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major >= 9;
+}
+
+bool GemvStagedApplicable(const Bf16* x, int64_t m, int64_t n, int64_t k, const Bf16* w) {
+  return GemvApplicable(x, m, k, w) && n > 0 && n % kStagedRows == 0 && n <= INT32_MAX &&
+         k % 128 == 0 && k <= kStagedMaxK;
+}
+
+absl::Status GemvStagedBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                            const float* bias, Bf16* y, CudaStream stream) {
+  return LaunchStaged(x, m, k, w, n, bias, y, Out::kBf16, RopeArgs{}, stream);
+}
 
 absl::Status GemvResidentCtasPerSm(int* ctas) {
   TESSERA_CUDA_RETURN_IF_ERROR(
@@ -356,7 +534,7 @@ absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_
 
 int64_t GemvRopeRow(int64_t f, int64_t head_dim) {
   const int64_t half = head_dim / 2;
-  return f < half ? (f / 8) * 16 + f % 8 : ((f - half) / 8) * 16 + 8 + (f - half) % 8;
+  return f < half ? (f / 4) * 8 + f % 4 : ((f - half) / 4) * 8 + 4 + (f - half) % 4;
 }
 
 absl::Status GemvQkvRopeBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w_qkv,
@@ -383,8 +561,11 @@ absl::Status GemvQkvRopeBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w_
              rope.slots != nullptr ? rope.num_slots : 0,
              reinterpret_cast<uint16_t*>(rope.k_cache),
              reinterpret_cast<uint16_t*>(rope.v_cache)};
-  return Launch(x, m, k, w_qkv, rope.q_rows + 2 * rope.k_rows, bias, qkv, Out::kQkvRope, a, ws,
-                stream, force_splits);
+  const int64_t n = rope.q_rows + 2 * rope.k_rows;
+  if (ws.staged && m == 1 && force_splits <= 0 && GemvStagedApplicable(x, m, n, k, w_qkv)) {
+    return LaunchStaged(x, m, k, w_qkv, n, bias, qkv, Out::kQkvRope, a, stream);
+  }
+  return Launch(x, m, k, w_qkv, n, bias, qkv, Out::kQkvRope, a, ws, stream, force_splits);
 }
 
 }  // namespace tessera::kernels::cuda

@@ -38,6 +38,9 @@ struct GemvWorkspace {
   int64_t counter_capacity = 0;
   int num_sms = 0;      // the device's SM count (sizes the splits)
   int ctas_per_sm = 0;  // resident GEMV CTAs per SM (GemvResidentCtasPerSm); 0: 4
+  // GemvQkvRopeBf16 runs the staged kernel where it applies (set only when
+  // GemvStagedSupported()).
+  bool staged = false;
 };
 
 // CTAs of the GEMV kernel one SM holds at once (the occupancy calculator's
@@ -74,7 +77,7 @@ absl::Status GemvBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_
 // after a plain GEMV, kernels/cuda/rope.h), for models without q/k norms.
 // w_qkv and bias hold the q heads, the k heads, then the v heads, with the
 // rows of every q and k head in RoPE order: the head's feature f at row
-// GemvRopeRow(f, head_dim), so that a 16-row tile holds 8 features and
+// GemvRopeRow(f, head_dim), so that every 8 rows hold 4 features and
 // their rotation partners (f + head_dim / 2). qkv is written in the normal
 // order ([m, q_rows + 2 k_rows], q and k rotated), and when slots is set,
 // row r's k (rotated) and v go to the caches at slot slots[r] (a slot < 0
@@ -93,13 +96,38 @@ struct GemvQkvRope {
 };
 
 // Where a q or k head's feature f sits in the RoPE row order (0 <= f <
-// head_dim): features f and f + head_dim / 2 share a 16-row tile.
+// head_dim): features 4j .. 4j + 3 at rows 8j .. 8j + 3, their partners
+// (f + head_dim / 2) four rows after them.
 int64_t GemvRopeRow(int64_t f, int64_t head_dim);
 
 // INVALID_ARGUMENT also when head_dim is not a multiple of 16, the heads do
 // not fill q_rows / k_rows, or positions / inv_freq / a cache is missing.
+// With ws.staged, m == 1 (GemmContext::StagedTakes says why), no forced
+// splits and a shape GemvStagedApplicable takes, the staged kernel below
+// runs instead (same rounding, RoPE and cache writes).
 absl::Status GemvQkvRopeBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w_qkv,
                              const float* bias, Bf16* qkv, const GemvQkvRope& rope,
                              const GemvWorkspace& ws, CudaStream stream, int force_splits = 0);
+
+// The staged GEMV, for a projection whose x the kernel just before it on
+// the stream writes (an RMSNorm, or the all-reduce with the residual add
+// and RMSNorm, kernels that end latency-bound with HBM idle). It is
+// launched as a programmatic dependent (SM 9.0+): its CTAs start while
+// that kernel still runs, each copies its 8 rows of W (all of k) into
+// shared memory with bulk copies, and only then waits for the kernel's
+// results (griddepcontrol.wait) and reads x. The weight stream so overlaps
+// the kernel before it; kernels that call AllowDependentLaunch
+// (cuda_common.cuh: RmsNorm, FusedAddRmsNorm, the p2p all-reduce + norm)
+// let it start at once, any other predecessor when it ends. The sums are
+// the GEMV's (fp32, bias in fp32, one rounding), in another order. Needs
+// GemvStagedApplicable: m <= 8, n % 8 == 0, k % 128 == 0, k <= kStagedMaxK
+// (8 rows of k values fit in shared memory three times per SM), aligned x
+// and W. No workspace; captures into CUDA graphs. INVALID_ARGUMENT for
+// shapes it does not take, FAILED_PRECONDITION below SM 9.0.
+inline constexpr int64_t kStagedMaxK = 4096;
+bool GemvStagedSupported();  // the current device is SM 9.0 or newer
+bool GemvStagedApplicable(const Bf16* x, int64_t m, int64_t n, int64_t k, const Bf16* w);
+absl::Status GemvStagedBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                            const float* bias, Bf16* y, CudaStream stream);
 
 }  // namespace tessera::kernels::cuda

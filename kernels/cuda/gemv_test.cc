@@ -4,11 +4,15 @@
 // directly with forced k splits (the split-K path on small shapes). Also:
 // results are bitwise repeatable, the tile counters are left at zero, a
 // captured CUDA graph replays to the same bytes, shapes the kernel does not
-// take are refused (direct call) or go to cuBLASLt (GemmContext). Skipped
+// take are refused (direct call) or go to cuBLASLt (GemmContext). The
+// staged kernel (SM 9.0+) against the same reference, in graphs, with and
+// without the RoPE epilogue, and right after the RMSNorm that writes its x
+// (it starts early and must still read the norm's output). Skipped
 // without a CUDA device.
 //
 // Tolerance as cuda_gemm_test: |y - ref| <= 1e-4 * sum_k |x w| (+ 2^-8 |ref|
 // for bf16 output). Wide shapes are checked on a sample of columns.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -20,6 +24,7 @@
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
 
 namespace tessera::kernels::cuda {
@@ -282,9 +287,13 @@ TEST(CudaGemvTest, QkvRopeEpilogueEqualsGemvThenRope) {
     DeviceBuffer d_w = Upload(w), d_w_ord = Upload(w_ord), d_b = Upload(bias),
                  d_b_ord = Upload(bias_ord), d_freq = Upload(inv_freq);
     for (const int64_t m : {1, 3, 8}) {
-      for (const int splits : {0, 2}) {
+      // splits -1: the staged kernel (where the device has it), else the
+      // tiled one unsplit (0) and split (2).
+      for (const int splits : {-1, 0, 2}) {
+        if (splits < 0 && (m != 1 || !GemvStagedSupported())) continue;
         SCOPED_TRACE(::testing::Message()
                      << "head_dim " << d << " m " << m << " forced splits " << splits);
+        tw.ws.staged = splits < 0;
         DeviceBuffer x = Upload(FastRandomBf16(m * hidden, 30 + m));
         std::vector<int32_t> pos(m);
         std::vector<int64_t> slot(m);
@@ -298,7 +307,7 @@ TEST(CudaGemvTest, QkvRopeEpilogueEqualsGemvThenRope) {
         DeviceBuffer ref_qkv = Zeros(m * n * 2), ref_k = Zeros(cache_bytes),
                      ref_v = Zeros(cache_bytes);
         ASSERT_TRUE(GemvBf16(x.as<Bf16>(), m, hidden, d_w.as<Bf16>(), n, d_b.as<float>(),
-                             ref_qkv.as<Bf16>(), tw.ws, nullptr, splits)
+                             ref_qkv.as<Bf16>(), tw.ws, nullptr, std::max(splits, 0))
                         .ok());
         RopeKvWrite kv;
         kv.v = ref_qkv.as<Bf16>() + q_rows + k_rows;
@@ -326,13 +335,13 @@ TEST(CudaGemvTest, QkvRopeEpilogueEqualsGemvThenRope) {
         rope.v_cache = got_v.as<Bf16>();
         ASSERT_TRUE(GemvQkvRopeBf16(x.as<Bf16>(), m, hidden, d_w_ord.as<Bf16>(),
                                     d_b_ord.as<float>(), got_qkv.as<Bf16>(), rope, tw.ws, nullptr,
-                                    splits)
+                                    std::max(splits, 0))
                         .ok());
         // RoPE-ordered input to the Rope kernel (the path of longer steps).
         DeviceBuffer ord_qkv = Zeros(m * n * 2), ord_k = Zeros(cache_bytes),
                      ord_v = Zeros(cache_bytes);
         ASSERT_TRUE(GemvBf16(x.as<Bf16>(), m, hidden, d_w_ord.as<Bf16>(), n, d_b_ord.as<float>(),
-                             ord_qkv.as<Bf16>(), tw.ws, nullptr, splits)
+                             ord_qkv.as<Bf16>(), tw.ws, nullptr, std::max(splits, 0))
                         .ok());
         kv.v = ord_qkv.as<Bf16>() + q_rows + k_rows;
         kv.k_cache = ord_k.as<Bf16>();
@@ -368,6 +377,7 @@ TEST(CudaGemvTest, QkvRopeEpilogueEqualsGemvThenRope) {
       }
     }
   }
+  tw.ws.staged = false;
   GemvQkvRope bad;
   bad.head_dim = 24;  // not a multiple of 16
   bad.q_rows = 48;
@@ -396,6 +406,112 @@ TEST(CudaGemvTest, RopeOrderRefusesQkNormsAndUnpairedHeads) {
                  nullptr, /*rope_order=*/true)
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The staged GEMV (SM 9.0+) against the reference: m = 1..8, with and
+// without bias, from one 8-row tile to Llama-3-8B's qkv shard and a
+// 4104-row weight; repeat and graph replay give the same bytes; shapes it
+// does not take are refused and GemmContext::GemmAfterNorm sends them to
+// Gemm().
+TEST(CudaGemvTest, StagedMatchesReferenceAndRefusesWhatItCannotTake) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  if (!GemvStagedSupported()) GTEST_SKIP() << "the staged GEMV needs SM 9.0+";
+  auto run = [](Problem& p, CudaStream s) {
+    return GemvStagedBf16(p.d_x.as<Bf16>(), p.m, p.k, p.d_w.as<Bf16>(), p.n, p.bias_ptr(),
+                          p.d_y.as<Bf16>(), s);
+  };
+  struct NK {
+    int64_t n, k;
+  };
+  for (int64_t m = 1; m <= kGemvMaxRows; ++m) {
+    for (const NK s : {NK{8, 128}, NK{24, 384}, NK{1000, 1024}, NK{4104, 2048}, NK{3072, 4096}}) {
+      if (s.n * s.k > 4'000'000 && m % 4 != 1) continue;  // big shapes: m = 1, 5
+      Problem p(m, s.n, s.k, /*bias=*/m % 2 == 0, /*f32=*/false);
+      ASSERT_TRUE(run(p, nullptr).ok());
+      CheckAgainstReference(p);
+    }
+  }
+  absl::StatusOr<Stream> stream = Stream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  CudaStream s = stream->get();
+  Problem p(3, 2048, 4096, /*bias=*/true, /*f32=*/false);
+  ASSERT_TRUE(run(p, s).ok());
+  ASSERT_TRUE(Synchronize(s).ok());
+  const std::vector<uint8_t> first = p.OutputBytes();
+  CudaGraph graph;
+  ASSERT_TRUE(graph.BeginCapture(s).ok());
+  const absl::Status captured = run(p, s);
+  const absl::Status ended = graph.EndCapture();
+  ASSERT_TRUE(captured.ok()) << captured;
+  ASSERT_TRUE(ended.ok()) << ended;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(MemsetDevice(p.d_y.data(), 0, p.d_y.size(), s).ok());
+    ASSERT_TRUE(i == 0 ? run(p, s).ok() : graph.Launch(s).ok());
+    ASSERT_TRUE(Synchronize(s).ok());
+    EXPECT_EQ(p.OutputBytes(), first) << (i == 0 ? "direct call" : "replay");
+  }
+  // n % 8, k % 128, k above the limit, m above 8.
+  Problem bad_n(1, 20, 128, false, false), bad_k(1, 16, 200, false, false),
+      big_k(1, 8, kStagedMaxK + 128, false, false), bad_m(9, 16, 128, false, false);
+  for (Problem* b : {&bad_n, &bad_k, &big_k, &bad_m}) {
+    EXPECT_FALSE(GemvStagedApplicable(b->d_x.as<Bf16>(), b->m, b->n, b->k, b->d_w.as<Bf16>()));
+    EXPECT_EQ(run(*b, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  }
+  absl::StatusOr<std::unique_ptr<GemmContext>> ctx = GemmContext::Create();
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  EXPECT_TRUE((*ctx)->StagedTakes(1, 3072, 4096));
+  EXPECT_FALSE((*ctx)->StagedTakes(2, 3072, 4096));
+  EXPECT_FALSE((*ctx)->StagedTakes(1, 20, 128));
+  for (Problem* b : {&bad_n, &bad_k, &big_k, &bad_m}) {
+    ASSERT_TRUE((*ctx)
+                    ->GemmAfterNorm(b->d_x.as<Bf16>(), b->m, b->k, b->d_w.as<Bf16>(), b->n, nullptr,
+                                    b->d_y.as<Bf16>(), nullptr)
+                    .ok());
+    CheckAgainstReference(*b);
+  }
+  (*ctx)->SetUseStagedGemv(false);
+  EXPECT_FALSE((*ctx)->StagedTakes(1, 3072, 4096));
+}
+
+// The staged GEMV launched right after the RMSNorm that writes its x (the
+// norm lets it start early; it must still read the norm's output, not what
+// x held before): eagerly and from a graph, with a different norm input
+// each round, so a GEMV that read x too early would match the previous
+// round instead.
+TEST(CudaGemvTest, StagedAfterTheNormReadsTheNormsOutput) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  if (!GemvStagedSupported()) GTEST_SKIP() << "the staged GEMV needs SM 9.0+";
+  absl::StatusOr<Stream> stream = Stream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  CudaStream s = stream->get();
+  const int64_t m = 2, k = 4096, n = 3072;
+  Problem p(m, n, k, /*bias=*/false, /*f32=*/false);
+  DeviceBuffer in = Zeros(m * k * sizeof(float));
+  DeviceBuffer norm_w = Upload(std::vector<float>(k, 1.f));
+  auto step = [&]() -> absl::Status {
+    if (absl::Status st =
+            RmsNorm(in.as<float>(), m, k, norm_w.as<float>(), 1e-5f, p.d_x.as<Bf16>(), s);
+        !st.ok()) {
+      return st;
+    }
+    return GemvStagedBf16(p.d_x.as<Bf16>(), m, k, p.d_w.as<Bf16>(), n, nullptr, p.d_y.as<Bf16>(),
+                          s);
+  };
+  CudaGraph graph;
+  ASSERT_TRUE(graph.BeginCapture(s).ok());
+  const absl::Status captured = step();
+  const absl::Status ended = graph.EndCapture();
+  ASSERT_TRUE(captured.ok()) << captured;
+  ASSERT_TRUE(ended.ok()) << ended;
+  for (int round = 0; round < 6; ++round) {
+    SCOPED_TRACE(::testing::Message() << "round " << round);
+    const std::vector<float> v = RandomFloats(m * k, 40 + round, -3.f, 3.f);
+    ASSERT_TRUE(CopyToDevice(in.data(), v.data(), v.size() * sizeof(float), s).ok());
+    ASSERT_TRUE(round % 2 == 0 ? step().ok() : graph.Launch(s).ok());
+    ASSERT_TRUE(Synchronize(s).ok());
+    p.x = Download<Bf16>(p.d_x, m * k);
+    CheckAgainstReference(p);
+  }
 }
 
 TEST(CudaGemvTest, RefusesWhatItCannotTakeAndContextFallsBack) {

@@ -353,6 +353,7 @@ __device__ __forceinline__ uint4 Normalized(float4 a, float4 b, float inv, float
 __global__ void __launch_bounds__(kThreads)
     AllReduceAddRmsNormKernel(const uint16_t* delta, float* residual, int64_t rows, int64_t cols,
                               const float* w, float eps, uint16_t* out, Exchange x) {
+  AllowDependentLaunch();
   constexpr int B = kRowBatch;
   __shared__ float scratch[32];
   const Call c = BeginCall(x);
@@ -430,6 +431,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     AllReduceAddRmsNormRowKernel(const uint16_t* delta, float* residual, int64_t cols,
                                  const float* w, float eps, uint16_t* out, Exchange x) {
+  AllowDependentLaunch();
   constexpr int B = kRowBatch;
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;

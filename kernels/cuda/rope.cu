@@ -58,10 +58,10 @@ __global__ void RopeKernel(uint16_t* __restrict__ q, int64_t q_stride, int num_h
       x1[j] = 0.f;
       x2[j] = 0.f;
       if (i < half) {
-        // In RoPE row order, feature i sits in 16-row group i / 8 at i % 8
-        // and its partner i + half 8 rows after it (gemv.h GemvRopeRow).
-        const int i1 = rope_order ? (i / 8) * 16 + i % 8 : i;
-        const int i2 = rope_order ? i1 + 8 : i + half;
+        // In RoPE row order, feature i sits in 8-row group i / 4 at i % 4
+        // and its partner i + half 4 rows after it (gemv.h GemvRopeRow).
+        const int i1 = rope_order ? (i / 4) * 8 + i % 4 : i;
+        const int i2 = rope_order ? i1 + 4 : i + half;
         x1[j] = Bf16BitsToFloat(head[i1]);
         x2[j] = Bf16BitsToFloat(head[i2]);
         ss += x1[j] * x1[j] + x2[j] * x2[j];

@@ -22,6 +22,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -44,6 +45,9 @@ ABSL_FLAG(std::vector<std::string>, all_reduce_backends, std::vector<std::string
           "all-reduce backends to run each TP > 1 size with");
 ABSL_FLAG(std::vector<std::string>, gemm_autotune, std::vector<std::string>({"1"}),
           "CudaRunnerOptions::gemm_autotune values (0/1) to run every configuration with, in "
+          "order (repeat them to alternate)");
+ABSL_FLAG(std::vector<std::string>, staged_gemv, std::vector<std::string>({"1"}),
+          "CudaRunnerOptions::staged_gemv values (0/1) to run every configuration with, in "
           "order (repeat them to alternate)");
 ABSL_FLAG(int, prompt_len, 128, "prompt tokens per sequence");
 ABSL_FLAG(int, decode_steps, 64, "decode steps timed");
@@ -230,29 +234,34 @@ int Run() {
   const int block = 16;
   const int blocks_per_seq = (prompt_len + steps + 1 + block - 1) / block;
   nlohmann::json results = nlohmann::json::array();
-  std::map<std::pair<int, int>, double> tp1;  // (batch, autotune) -> tok/s at TP=1
-  std::set<std::pair<int, int>> timed;        // (TP, batch) whose collectives were timed
+  // (batch, autotune, staged) -> tok/s at TP=1
+  std::map<std::tuple<int, int, int>, double> tp1;
+  std::set<std::pair<int, int>> timed;  // (TP, batch) whose collectives were timed
   // (TP size, all-reduce backend, GEMM autotune) in run order: TP=1 once
   // per autotune value, larger groups once per backend and value.
   struct Config {
     int tp;
     std::string backend;
     int autotune;
+    int staged;
   };
   std::vector<Config> configs;
-  for (const auto& tune_text : absl::GetFlag(FLAGS_gemm_autotune)) {
-    const int tune = std::stoi(tune_text);
-    for (const auto& tp_text : absl::GetFlag(FLAGS_tp_sizes)) {
-      const int tp = std::stoi(tp_text);
-      if (tp == 1) {
-        configs.push_back({1, "none", tune});
-        continue;
+  for (const auto& staged_text : absl::GetFlag(FLAGS_staged_gemv)) {
+    const int staged = std::stoi(staged_text);
+    for (const auto& tune_text : absl::GetFlag(FLAGS_gemm_autotune)) {
+      const int tune = std::stoi(tune_text);
+      for (const auto& tp_text : absl::GetFlag(FLAGS_tp_sizes)) {
+        const int tp = std::stoi(tp_text);
+        if (tp == 1) {
+          configs.push_back({1, "none", tune, staged});
+          continue;
+        }
+        for (const auto& b : absl::GetFlag(FLAGS_all_reduce_backends))
+          configs.push_back({tp, b, tune, staged});
       }
-      for (const auto& b : absl::GetFlag(FLAGS_all_reduce_backends))
-        configs.push_back({tp, b, tune});
     }
   }
-  for (const auto& [tp, backend, autotune] : configs) {
+  for (const auto& [tp, backend, autotune, staged] : configs) {
     if (tp > static_cast<int>(found.devices.size())) {
       std::fprintf(stderr, "TP=%d skipped: %zu GPUs visible\n", tp, found.devices.size());
       continue;
@@ -262,6 +271,7 @@ int Run() {
     runner::CudaRunnerOptions o;
     if (tp > 1) o.all_reduce_backend = backend;
     o.gemm_autotune = autotune != 0;
+    o.staged_gemv = staged != 0;
     o.block_size = block;
     o.num_kv_blocks = int64_t{max_batch} * blocks_per_seq + 16;
     o.max_num_seqs = max_batch;
@@ -296,7 +306,7 @@ int Run() {
       for (int i = 1; i <= steps; ++i) step(prompt_len + i);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double tps = batch * steps / s;
-      if (tp == 1) tp1[{batch, autotune}] = tps;
+      if (tp == 1) tp1[{batch, autotune, staged}] = tps;
       // The same step's graph replayed back to back: the GPUs' share.
       auto graph_ms = (*runner)->ReplayLastDecodeGraphMs(steps);
       CHECK_OR_DIE(graph_ms.status());
@@ -327,7 +337,9 @@ int Run() {
           {"host_ms_per_step", 1e3 * s / steps - *graph_ms},
           {"decode_tokens_per_second", tps},
           {"gemm_autotune", autotune != 0},
-          {"speedup_vs_tp1", tp1.count({batch, autotune}) ? tps / tp1[{batch, autotune}] : 0.0},
+          {"staged_gemv", staged != 0},
+          {"speedup_vs_tp1",
+           tp1.count({batch, autotune, staged}) ? tps / tp1[{batch, autotune, staged}] : 0.0},
           {"all_reduce_bytes", int64_t{batch} * config->hidden_size * 2},
           {"all_reduce_us_eager", eager_us},
           {"all_reduce_us_in_graph", graph_us},

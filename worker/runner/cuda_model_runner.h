@@ -6,7 +6,9 @@
 // runner, kernels/README.md "A decoder layer, in calls"):
 //   xb = RMSNorm(residual) | FusedAddRmsNorm(delta, residual)      bf16
 //   qkv = xb · W_qkv^T (+b)       one GEMM over fused q/k/v (cuBLASLt, or
-//                                 the GEMV for steps of <= 8 tokens)
+//                                 for steps of <= 8 tokens the GEMV, staged
+//                                 where it applies: gemv.h GemvStagedBf16
+//                                 copies the weights while the norm runs)
 //   rope(q, k) with Qwen3's per-head q/k RMSNorm fused; cache[slots] = k, v
 //          (models without q/k norms keep each q/k head's weight rows in
 //          RoPE order, kernels/cuda/gemv.h GemvRopeRow, so that the GEMV
@@ -17,7 +19,7 @@
 //          whose chunks branch as token trees takes the portable kernel
 //          with per-token ancestor masks)
 //   delta = attn · W_o^T; xb = FusedAddRmsNorm(delta, residual)
-//   delta = silu_mul(xb · W_gate_up^T) · W_down^T
+//   delta = silu_mul(xb · W_gate_up^T) · W_down^T   (gate/up staged as qkv)
 // then the final norm, the rows that want logits, and the LM head.
 //
 // Decode steps (every sequence one token) run as CUDA graphs captured per
@@ -94,6 +96,12 @@ struct CudaRunnerOptions {
   // runs with and without it alternating): batch 64 2.5-4% faster on one
   // GPU and 1.4% with TP=2, batch 1 about 1% (its LM head).
   bool gemm_autotune = true;
+  // Decode steps (<= 8 tokens) run the qkv and gate/up projections, whose
+  // input the RMSNorm (or the all-reduce + RMSNorm) just before them
+  // writes, on the staged GEMV where the device has it (SM 9.0+,
+  // kernels/cuda/gemv.h GemvStagedBf16: its weight copies overlap the
+  // norm). Off: the tiled GEMV or cuBLASLt (benchmarks compare the two).
+  bool staged_gemv = true;
   // Prefill attention, as the registry chose it (kernels/cuda_backend.h):
   // "cuda" = the portable kernel; "cuda-sm90a" = the wgmma kernel
   // (kernels/cuda/prefill_attention_sm90.h) for the shapes it supports
