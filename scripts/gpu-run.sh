@@ -57,7 +57,8 @@ step generate_parity 600 python3 tests/gpu/check_generate.py "$BIN/tessera" --de
 step cluster_on_gpu 400 bash tests/gpu/cluster_on_gpu.sh "$BIN" "$DEV"
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [[ "$GPUS" -ge 2 ]]; then
-  step bench/gpu_tp 400 "$BIN/gpu_tp_bench" --out="$OUT/bench/gpu_tp.json"
+  # With the staged GEMV (the default) and without it, in one run.
+  step bench/gpu_tp 500 "$BIN/gpu_tp_bench" --staged_gemv=1,0 --out="$OUT/bench/gpu_tp.json"
   # Where the time of a TP=1 and a TP=2 step goes, kernel by kernel (CUPTI).
   step bench/gpu_tp_trace 200 "$BIN/gpu_tp_bench" --all_reduce_backends=p2p \
     --kernel_trace_steps=16 --decode_steps=16 --out="$OUT/bench/gpu_tp_trace.json"

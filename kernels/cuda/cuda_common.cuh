@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_types.h"
+#include "kernels/cuda/dependent_launch.cuh"
 
 namespace tessera::kernels::cuda {
 
@@ -34,17 +35,6 @@ inline cudaStream_t AsCuda(CudaStream s) { return reinterpret_cast<cudaStream_t>
 
 // Launch-status check shared by the op wrappers.
 absl::Status CheckLastLaunch(std::string_view what);
-
-// Lets the next kernel on the stream start before this one ends when it
-// is launched as a programmatic dependent (gemv.h's staged GEMV, which
-// copies its weights while this kernel runs and waits for this kernel's
-// results with griddepcontrol.wait). A no-op for other launches and before
-// SM 9.0. Kernels call it first thing.
-__device__ __forceinline__ void AllowDependentLaunch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
 
 __device__ __forceinline__ float Bf16BitsToFloat(uint16_t b) {
   return __uint_as_float(static_cast<uint32_t>(b) << 16);

@@ -21,7 +21,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -164,38 +163,40 @@ void Run() {
   }
   gemm->SetUseGemv(true);
 
-  // ---- RMSNorm then the projection of its output (a decode step's qkv
-  // and gate/up): the staged GEMV (GemmAfterNorm, its weight copies
-  // overlapping the norm) against what Gemm() runs (GEMV or cuBLASLt) ----
+  // ---- RMSNorm then a projection of its output, m = 1: the staged GEMV
+  // (its weight copies overlapping the norm) against what Gemm() runs (the
+  // tiled GEMV or cuBLASLt), with the staged kernel's CTAs per SM; data
+  // for GemmContext::StagedTakes ----
   if (GemvStagedSupported()) {
-    DeviceBuffer norm_in = Filled(8 * 4096 * 4, 0);
+    DeviceBuffer norm_in = Filled(4096 * 4, 0);
     DeviceBuffer norm_w = Filled(4096 * 4, 0);
     for (const NK& sh : shapes) {
-      if (sh.k != 4096 || sh.n > 32768 || std::string_view(sh.name).find("o_proj") == 0) continue;
+      if (sh.k > kStagedMaxK || sh.n > 32768) continue;
       const size_t w_bytes = static_cast<size_t>(sh.n * sh.k * 2);
       const int copies =
           static_cast<int>(std::max<size_t>(1, ((256u << 20) + w_bytes - 1) / w_bytes));
       std::vector<DeviceBuffer> ws;
       for (int c = 0; c < copies; ++c) ws.push_back(Filled(w_bytes, 0x3b));
-      for (int64_t m : {1, 8}) {
-        for (const bool staged : {false, true}) {
-          const double sec = TimeIt(s, [&](int i) {
-            BENCH_CHECK(
-                RmsNorm(norm_in.as<float>(), m, sh.k, norm_w.as<float>(), 1e-5f, x.as<Bf16>(), s));
-            const Bf16* w = ws[i % copies].as<Bf16>();
-            return staged ? gemm->GemmAfterNorm(x.as<Bf16>(), m, sh.k, w, sh.n, nullptr,
-                                                y.as<Bf16>(), s)
-                          : gemm->Gemm(x.as<Bf16>(), m, sh.k, w, sh.n, nullptr, y.as<Bf16>(), s);
-          });
-          const bool gemv = sh.n * sh.k <= kGemvDefaultMaxWeightElems;
-          entries.push_back(absl::StrCat("{\"op\": \"rmsnorm_then_gemm\", \"shape\": \"", sh.name,
-                                         "\", \"path\": \"",
-                                         staged ? "staged"
-                                         : gemv ? "gemv"
-                                                : "cublaslt",
-                                         "\", \"m\": ", m, ", \"n\": ", sh.n, ", \"k\": ", sh.k,
-                                         ", \"us\": ", sec * 1e6, "}"));
-        }
+      int staged_ctas = 0;
+      BENCH_CHECK(GemvStagedResidentCtasPerSm(1, sh.k, &staged_ctas));
+      for (const bool staged : {false, true}) {
+        const double sec = TimeIt(s, [&](int i) {
+          BENCH_CHECK(
+              RmsNorm(norm_in.as<float>(), 1, sh.k, norm_w.as<float>(), 1e-5f, x.as<Bf16>(), s));
+          const Bf16* w = ws[i % copies].as<Bf16>();
+          return staged ? GemvStagedBf16(x.as<Bf16>(), 1, sh.k, w, sh.n, nullptr, y.as<Bf16>(), s)
+                        : gemm->Gemm(x.as<Bf16>(), 1, sh.k, w, sh.n, nullptr, y.as<Bf16>(), s);
+        });
+        const bool gemv = sh.n * sh.k <= kGemvDefaultMaxWeightElems;
+        entries.push_back(absl::StrCat(
+            "{\"op\": \"rmsnorm_then_gemm\", \"shape\": \"", sh.name, "\", \"path\": \"",
+            staged ? "staged"
+            : gemv ? "gemv"
+                   : "cublaslt",
+            "\", \"m\": 1, \"n\": ", sh.n, ", \"k\": ", sh.k, ", \"us\": ", sec * 1e6,
+            ", \"staged_ctas\": ", sh.n / 8,
+            ", \"staged_slots\": ", staged_ctas * prop.multiProcessorCount,
+            ", \"staged_taken\": ", gemm->StagedTakes(1, sh.n, sh.k) ? "true" : "false", "}"));
       }
     }
   }

@@ -105,6 +105,25 @@ struct GemmContext::Impl {
   int64_t autotune_max_m = 0;  // SetAutotune
   std::mutex mu;
   std::map<Key, Plan> plans;
+  std::map<std::pair<int64_t, int64_t>, int> staged_ctas_per_sm;  // (m, k) -> CTAs
+
+  bool StagedTakesLocked(int64_t m, int64_t n, int64_t k) {
+    // One row only (every CTA copies all of x); one wave of CTAs, or a
+    // weight Gemm() would send to cuBLASLt (GemmContext::StagedTakes says
+    // why).
+    if (!use_gemv || !gemv.staged || m != 1 || n <= 0 || n % 8 != 0 || k <= 0 || k % 128 != 0 ||
+        k > kStagedMaxK) {
+      return false;
+    }
+    auto it = staged_ctas_per_sm.find({m, k});
+    if (it == staged_ctas_per_sm.end()) {
+      int ctas = 0;
+      if (!GemvStagedResidentCtasPerSm(m, k, &ctas).ok()) ctas = 0;
+      it = staged_ctas_per_sm.emplace(std::make_pair(m, k), ctas).first;
+    }
+    return n / 8 <= static_cast<int64_t>(it->second) * gemv.num_sms ||
+           n * k > gemv_max_weight_elems;
+  }
 
   ~Impl() {
     for (auto& [key, plan] : plans) Destroy(plan);
@@ -407,7 +426,9 @@ absl::Status GemmContext::QkvRope(const Bf16* x, int64_t m, int64_t k, const Bf1
         absl::StrCat("QkvRope: the GEMV path is off or does not take m=", m, " k=", k));
   }
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return GemvQkvRopeBf16(x, m, k, w_qkv, bias, qkv, rope, impl_->gemv, stream);
+  GemvWorkspace ws = impl_->gemv;
+  ws.staged = impl_->StagedTakesLocked(m, rope.q_rows + 2 * rope.k_rows, k);
+  return GemvQkvRopeBf16(x, m, k, w_qkv, bias, qkv, rope, ws, stream);
 }
 
 absl::Status GemmContext::Gemm(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
@@ -422,15 +443,11 @@ void GemmContext::SetUseStagedGemv(bool use) {
 
 bool GemmContext::StagedTakes(int64_t m, int64_t n, int64_t k) const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  // One row only: every CTA reads all of x from L2 (it must not come
-  // through L1, gemv.cu), which at m = 8 is as many bytes as W (H200,
-  // gpu_tp_bench batch 8: 5.47 ms per step on one GPU against 4.46).
-  return impl_->use_gemv && impl_->gemv.staged && m == 1 && n > 0 && n % 8 == 0 && k > 0 &&
-         k % 128 == 0 && k <= kStagedMaxK;
+  return impl_->StagedTakesLocked(m, n, k);
 }
 
-absl::Status GemmContext::GemmAfterNorm(const Bf16* x, int64_t m, int64_t k, const Bf16* w,
-                                        int64_t n, const float* bias, Bf16* y, CudaStream stream) {
+absl::Status GemmContext::GemmChained(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                                      const float* bias, Bf16* y, CudaStream stream) {
   if (StagedTakes(m, n, k) && GemvStagedApplicable(x, m, n, k, w) && y != nullptr) {
     return GemvStagedBf16(x, m, k, w, n, bias, y, stream);
   }

@@ -79,17 +79,26 @@ class GemmContext {
   absl::Status QkvRope(const Bf16* x, int64_t m, int64_t k, const Bf16* w_qkv, const float* bias,
                        Bf16* qkv, const GemvQkvRope& rope, CudaStream stream);
 
-  // Gemm() for a projection of the RMSNorm output that the kernel just
-  // before it on `stream` writes (decode steps: qkv, gate/up): where
-  // StagedTakes, gemv.h GemvStagedBf16, whose weight copies overlap that
-  // kernel; otherwise Gemm(). Any predecessor is correct; the overlap
-  // needs one that calls AllowDependentLaunch.
-  absl::Status GemmAfterNorm(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
-                             const float* bias, Bf16* y, CudaStream stream);
-  // Whether QkvRope / GemmAfterNorm run the staged kernel for the shape:
-  // the GEMV and the staged kernel are on, m == 1 (decode steps of one
-  // token), n % 8 == 0, k % 128 == 0 and k <= kStagedMaxK (pointer
-  // alignment is not checked).
+  // Gemm() for a projection whose x the kernel just before it on `stream`
+  // writes (decode steps: qkv and gate/up after the RMSNorm or the
+  // all-reduce + RMSNorm, o_proj after attention): where StagedTakes,
+  // gemv.h GemvStagedBf16, whose weight copies overlap that kernel;
+  // otherwise Gemm(). Any predecessor is correct; the overlap needs one
+  // that calls AllowDependentLaunch.
+  absl::Status GemmChained(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
+                           const float* bias, Bf16* y, CudaStream stream);
+  // Whether QkvRope / GemmChained run the staged kernel for the shape: the
+  // GEMV and the staged kernel are on, m == 1 (decode steps of one token),
+  // n % 8 == 0, k % 128 == 0, k <= kStagedMaxK (pointer alignment is not
+  // checked), and either its n / 8 CTAs fit on the device at once or the
+  // weight is one Gemm() sends to cuBLASLt (n * k above the GEMV's limit).
+  // From H200 measurements (cuda_ops_bench, rmsnorm_then_gemm rows): every
+  // CTA copies all of x, which at m = 8 is as many bytes as W; a grid of
+  // one wave requests all of W before the kernel it follows ends; a grid of
+  // two waves lost to the tiled GEMV, whose 16-row tiles fit in one
+  // (Llama-3-8B qkv 19.9 against 18.2 us with the norm, o_proj 16.7 against
+  // 15.4); the many-wave gate/up projections matched cuBLASLt after a norm
+  // and beat it after the all-reduce.
   bool StagedTakes(int64_t m, int64_t n, int64_t k) const;
   // Default: on where the device supports it (SM 9.0+); benchmarks and
   // tests compare it with the other GEMV.

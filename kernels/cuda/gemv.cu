@@ -257,12 +257,14 @@ __global__ void __launch_bounds__(kThreads)
 // rows of W and all of k. Thread 0 copies the 8 rows into shared memory
 // with bulk copies that complete on an mbarrier, before the CTA waits for
 // the kernel it depends on (griddepcontrol.wait, which returns at once
-// when the launch is not programmatic); only then is x read. Here the W
-// rows are the MMA's B operand (its n = 8 columns) and the <= 8 x rows its
-// A operand (rows 8..15 zero), under the same k permutation as above: lane
-// (g, q) reads 16 bytes of W row g and of x row g at k offset 32 t + 8 q.
-// Warp w takes steps [w k / 128, (w + 1) k / 128) with two accumulators;
-// the warps' sums are added in warp order.
+// when the launch is not programmatic); only then does it copy the m rows
+// of x the same way. Here the W rows are the MMA's B operand (its n = 8
+// columns) and the <= 8 x rows its A operand (rows 8..15 zero), under the
+// same k permutation as above: lane (g, q) reads 16 bytes of W row g and
+// of x row g at k offset 32 t + 8 q, from rows padded by 64 bytes so that
+// the 8 lanes of each quarter-warp hit distinct banks. Warp w takes steps
+// [w k / 128, (w + 1) k / 128) with two accumulators; the warps' sums are
+// added in warp order.
 constexpr int kStagedRows = 8;
 constexpr int kStagedPad = 64;  // bytes after each staged row: conflict-free 16-byte reads
 
@@ -272,32 +274,55 @@ __global__ void __launch_bounds__(kThreads)
                      const float* __restrict__ bias, uint16_t* __restrict__ y,
                      const RopeArgs rope) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int kStagedMaxSteps = kStagedMaxK / (32 * kWarps);
   extern __shared__ __align__(128) unsigned char staged[];
-  __shared__ __align__(8) uint64_t bar;
+  __shared__ __align__(8) uint64_t bar[2];  // W landed, x landed
   __shared__ float red[kWarps][8][kStagedRows];
   __shared__ float fin[kStagedRows][8];
   const int n0 = blockIdx.x * kStagedRows;
   const int row_bytes = k * 2;
   const int stride = row_bytes + kStagedPad;
-  const uint32_t bar_a = static_cast<uint32_t>(__cvta_generic_to_shared(&bar));
-  if (threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar_a));
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar_a),
-                 "r"(row_bytes * kStagedRows)
+  unsigned char* xs = staged + kStagedRows * stride;  // m rows of x, same stride
+  const uint32_t w_bar = static_cast<uint32_t>(__cvta_generic_to_shared(&bar[0]));
+  const uint32_t x_bar = static_cast<uint32_t>(__cvta_generic_to_shared(&bar[1]));
+  auto copy_rows = [&](unsigned char* dst, const uint16_t* src, int rows, uint32_t b) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b),
+                 "r"(row_bytes * rows)
                  : "memory");
-    for (int r = 0; r < kStagedRows; ++r) {
-      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(staged + r * stride));
+    for (int r = 0; r < rows; ++r) {
+      const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst + r * stride));
       asm volatile(
           "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-          "[%3];\n" ::"r"(dst),
-          "l"(w + static_cast<int64_t>(n0 + r) * k), "r"(row_bytes), "r"(bar_a)
+          "[%3];\n" ::"r"(d),
+          "l"(src + static_cast<int64_t>(r) * k), "r"(row_bytes), "r"(b)
           : "memory");
     }
+  };
+  auto wait = [](uint32_t b) {
+    uint32_t done = 0;
+    while (!done) {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
+          " selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(b)
+          : "memory");
+    }
+  };
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(w_bar));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(x_bar));
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    copy_rows(staged, w + static_cast<int64_t>(n0) * k, kStagedRows, w_bar);
   }
-  __syncthreads();  // the barrier is initialized before anyone waits on it
+  __syncthreads();  // the barriers are initialized before anyone waits on them
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  // x, which the kernel before this one writes, is copied only now, by the
+  // bulk-copy unit as well (it reads through L2: no stale L1 lines, and one
+  // request per row instead of one load per lane and step).
+  if (threadIdx.x == 0) {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    copy_rows(xs, x, m, x_bar);
+  }
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
@@ -305,35 +330,18 @@ __global__ void __launch_bounds__(kThreads)
   const int per_warp = k / (32 * kWarps);
   const int s0 = warp * per_warp;
   const bool x_ok = g < m;
-  const uint4* xr = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(x_ok ? g : 0) * k) + q;
-  // x does not depend on the copies: its loads go out while they land.
-  // They bypass L1 (ld.global.cg): this grid may have started before the
-  // kernel that writes x, and griddepcontrol.wait orders that kernel's
-  // writes at L2 but leaves lines an earlier kernel's reads put in this
-  // SM's L1 in place.
-  uint4 xb[kStagedMaxSteps];
-#pragma unroll
-  for (int i = 0; i < kStagedMaxSteps; ++i) {
-    xb[i] = (i < per_warp && x_ok) ? __ldcg(xr + (s0 + i) * 4) : make_uint4(0, 0, 0, 0);
-  }
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar_a)
-        : "memory");
-  }
-  const unsigned char* wr = staged + g * stride + q * 16;
+  const unsigned char* wr = staged + g * stride + q * 16 + s0 * 64;
+  const unsigned char* xr = xs + (x_ok ? g : 0) * stride + q * 16 + s0 * 64;
+  wait(w_bar);
+  wait(x_bar);
   float acc0[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < kStagedMaxSteps; ++i) {
-    if (i < per_warp) {
-      const uint4 wv = *reinterpret_cast<const uint4*>(wr + (s0 + i) * 64);
-      MmaBf16(acc0, xb[i].x, 0u, xb[i].y, 0u, wv.x, wv.y);
-      MmaBf16(acc1, xb[i].z, 0u, xb[i].w, 0u, wv.z, wv.w);
-    }
+#pragma unroll 8
+  for (int i = 0; i < per_warp; ++i) {
+    const uint4 wv = *reinterpret_cast<const uint4*>(wr + i * 64);
+    uint4 xv = *reinterpret_cast<const uint4*>(xr + i * 64);
+    if (!x_ok) xv = make_uint4(0, 0, 0, 0);
+    MmaBf16(acc0, xv.x, 0u, xv.y, 0u, wv.x, wv.y);
+    MmaBf16(acc1, xv.z, 0u, xv.w, 0u, wv.z, wv.w);
   }
   // acc[0], acc[1]: x row g, W rows 2q and 2q + 1 (acc[2], acc[3]: the zero rows).
   red[warp][g][2 * q] = acc0[0] + acc1[0];
@@ -357,7 +365,10 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-int StagedSmemBytes(int64_t k) { return static_cast<int>(kStagedRows * (2 * k + kStagedPad)); }
+// The 8 W rows and the m x rows.
+int StagedSmemBytes(int64_t m, int64_t k) {
+  return static_cast<int>((kStagedRows + m) * (2 * k + kStagedPad));
+}
 
 struct SplitPlan {
   int splits = 1;
@@ -453,7 +464,7 @@ absl::Status LaunchStaged(const Bf16* x, int64_t m, int64_t k, const Bf16* w, in
   if (!GemvStagedSupported()) {
     return absl::FailedPreconditionError("GemvStagedBf16: needs a device of SM 9.0 or newer");
   }
-  const int smem = StagedSmemBytes(k);
+  const int smem = StagedSmemBytes(m, k);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(n / kStagedRows));
   cfg.blockDim = dim3(kThreads);
@@ -492,6 +503,20 @@ bool GemvStagedSupported() {
     return false;
   }
   return major >= 9;
+}
+
+absl::Status GemvStagedResidentCtasPerSm(int64_t m, int64_t k, int* ctas) {
+  *ctas = 0;
+  if (m < 1 || m > kGemvMaxRows || k <= 0 || k > kStagedMaxK) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GemvStagedResidentCtasPerSm: bad shape m=", m, " k=", k));
+  }
+  const int smem = StagedSmemBytes(m, k);
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      StagedGemvKernel<Out::kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      ctas, StagedGemvKernel<Out::kBf16>, kThreads, static_cast<size_t>(smem)));
+  return absl::OkStatus();
 }
 
 bool GemvStagedApplicable(const Bf16* x, int64_t m, int64_t n, int64_t k, const Bf16* w) {

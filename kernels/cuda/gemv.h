@@ -121,12 +121,16 @@ absl::Status GemvQkvRopeBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w_
 // let it start at once, any other predecessor when it ends. The sums are
 // the GEMV's (fp32, bias in fp32, one rounding), in another order. Needs
 // GemvStagedApplicable: m <= 8, n % 8 == 0, k % 128 == 0, k <= kStagedMaxK
-// (8 rows of k values fit in shared memory three times per SM), aligned x
-// and W. No workspace; captures into CUDA graphs. INVALID_ARGUMENT for
+// (at m = 1 the 8 W rows and x fit in shared memory three times per SM),
+// aligned x and W. No workspace; captures into CUDA graphs. INVALID_ARGUMENT for
 // shapes it does not take, FAILED_PRECONDITION below SM 9.0.
 inline constexpr int64_t kStagedMaxK = 4096;
 bool GemvStagedSupported();  // the current device is SM 9.0 or newer
 bool GemvStagedApplicable(const Bf16* x, int64_t m, int64_t n, int64_t k, const Bf16* w);
+// CTAs of the staged kernel for m rows and k inputs one SM holds at once
+// (the occupancy calculator, with its shared memory: 3 on the H200 at m = 1,
+// k = 4096); a grid of n / 8 CTAs.
+absl::Status GemvStagedResidentCtasPerSm(int64_t m, int64_t k, int* ctas);
 absl::Status GemvStagedBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
                             const float* bias, Bf16* y, CudaStream stream);
 

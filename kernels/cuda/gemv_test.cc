@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/reference_ops.h"
 #include "kernels/cuda/cuda_test_util.h"
+#include "kernels/cuda/device_query.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/rmsnorm.h"
@@ -411,7 +412,7 @@ TEST(CudaGemvTest, RopeOrderRefusesQkNormsAndUnpairedHeads) {
 // The staged GEMV (SM 9.0+) against the reference: m = 1..8, with and
 // without bias, from one 8-row tile to Llama-3-8B's qkv shard and a
 // 4104-row weight; repeat and graph replay give the same bytes; shapes it
-// does not take are refused and GemmContext::GemmAfterNorm sends them to
+// does not take are refused and GemmContext::GemmChained sends them to
 // Gemm().
 TEST(CudaGemvTest, StagedMatchesReferenceAndRefusesWhatItCannotTake) {
   TESSERA_REQUIRE_CUDA_DEVICE();
@@ -459,18 +460,27 @@ TEST(CudaGemvTest, StagedMatchesReferenceAndRefusesWhatItCannotTake) {
   }
   absl::StatusOr<std::unique_ptr<GemmContext>> ctx = GemmContext::Create();
   ASSERT_TRUE(ctx.ok()) << ctx.status();
-  EXPECT_TRUE((*ctx)->StagedTakes(1, 3072, 4096));
-  EXPECT_FALSE((*ctx)->StagedTakes(2, 3072, 4096));
+  int per_sm = 0;
+  ASSERT_TRUE(GemvStagedResidentCtasPerSm(1, 4096, &per_sm).ok());
+  ASSERT_GE(per_sm, 1);
+  const CudaQueryResult devices = QueryCudaDevices();
+  ASSERT_FALSE(devices.info.devices.empty());
+  const int64_t sms = devices.info.devices[0].sm_count;  // the test runs on device 0
+  const int64_t one_wave = 8 * per_sm * sms;             // rows of n the staged grid holds at once
+  EXPECT_TRUE((*ctx)->StagedTakes(1, one_wave, 4096));
+  EXPECT_FALSE((*ctx)->StagedTakes(1, one_wave + 8, 4096));  // a second wave
+  EXPECT_TRUE((*ctx)->StagedTakes(1, 14336, 4096));  // past the GEMV's size: else cuBLASLt
+  EXPECT_FALSE((*ctx)->StagedTakes(2, 1024, 4096));
   EXPECT_FALSE((*ctx)->StagedTakes(1, 20, 128));
   for (Problem* b : {&bad_n, &bad_k, &big_k, &bad_m}) {
     ASSERT_TRUE((*ctx)
-                    ->GemmAfterNorm(b->d_x.as<Bf16>(), b->m, b->k, b->d_w.as<Bf16>(), b->n, nullptr,
-                                    b->d_y.as<Bf16>(), nullptr)
+                    ->GemmChained(b->d_x.as<Bf16>(), b->m, b->k, b->d_w.as<Bf16>(), b->n, nullptr,
+                                  b->d_y.as<Bf16>(), nullptr)
                     .ok());
     CheckAgainstReference(*b);
   }
   (*ctx)->SetUseStagedGemv(false);
-  EXPECT_FALSE((*ctx)->StagedTakes(1, 3072, 4096));
+  EXPECT_FALSE((*ctx)->StagedTakes(1, 1024, 4096));
 }
 
 // The staged GEMV launched right after the RMSNorm that writes its x (the

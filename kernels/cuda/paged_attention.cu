@@ -28,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/paged_attention.cuh"
 
 namespace tessera::kernels::cuda {
@@ -257,6 +258,7 @@ struct DecodeExtra {
 template <int D>
 __global__ void __launch_bounds__(DecodeThreads<D>())
     DecodeKernel(PagedAttentionParams p, DecodeExtra x) {
+  AllowDependentLaunch();  // the o_proj GEMV may stage its weights meanwhile
   constexpr int TK = KeyTile<D>();
   constexpr int NW = TK / 16;
   constexpr int NT = NW * 32;
@@ -391,6 +393,7 @@ __global__ void __launch_bounds__(DecodeThreads<D>())
 // D / 2 threads, two dims each.
 template <int D>
 __global__ void __launch_bounds__(D / 2) DecodeReduceKernel(PagedAttentionParams p, DecodeExtra x) {
+  AllowDependentLaunch();
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int token = p.query_start_loc != nullptr ? p.query_start_loc[seq] : seq;

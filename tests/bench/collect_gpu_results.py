@@ -130,8 +130,13 @@ def ops(out, results):
 
 def tensor_parallel(out, results):
     wrap(out, results, "bench/gpu_tp.json", "gpu_tp_h200x2.json",
-         "GPU machine with 2 GPUs: bash scripts/gpu-run.sh OUT (tests/bench/gpu_tp_bench)",
-         {"note": "NCCL_NVLS_ENABLE=0. TP=2 runs once per all-reduce backend: nccl (every "
+         "GPU machine with 2 GPUs: bash scripts/gpu-run.sh OUT (tests/bench/gpu_tp_bench "
+         "--staged_gemv=1,0)",
+         {"note": "NCCL_NVLS_ENABLE=0. Every configuration runs with the staged GEMV "
+                  "(staged_gemv true, the default: kernels/cuda/gemv.h GemvStagedBf16 for the "
+                  "one-token projections GemmContext::StagedTakes accepts) and then without it; "
+                  "speedup_vs_tp1 is against the TP=1 row with the same setting. "
+                  "TP=2 runs once per all-reduce backend: nccl (every "
                   "all-reduce through NCCL) and p2p (the registry's choice with peer access: "
                   "kernels/cuda/p2p_all_reduce.h for bf16 messages up to 1 MiB, each fused "
                   "with the residual add and RMSNorm that follow it; NCCL for the fp32 "

@@ -750,7 +750,7 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
       RETURN_IF_ERROR(m.gemm->QkvRope(xb, T, H, l.qkv_w.as<Bf16>(), f32(l.qkv_b), qkv, rope, st));
     } else {
       RETURN_IF_ERROR(
-          m.gemm->GemmAfterNorm(xb, T, H, l.qkv_w.as<Bf16>(), QKV, f32(l.qkv_b), qkv, st));
+          m.gemm->GemmChained(xb, T, H, l.qkv_w.as<Bf16>(), QKV, f32(l.qkv_b), qkv, st));
       // RoPE (and Qwen3's q/k norm) in place, and K/V into the paged cache,
       // in one kernel.
       kcu::RopeKvWrite kv_write;
@@ -797,10 +797,10 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
                         ? kcu::PrefillAttentionSm90(p, st)
                         : kcu::PagedAttentionPrefill(p, st));
     RETURN_IF_ERROR(
-        m.gemm->Gemm(m.attn.as<Bf16>(), T, Q, l.o_w.as<Bf16>(), H, f32(l.o_b), delta, st));
+        m.gemm->GemmChained(m.attn.as<Bf16>(), T, Q, l.o_w.as<Bf16>(), H, f32(l.o_b), delta, st));
     RETURN_IF_ERROR(reduce_add_norm(l.post_norm));
-    RETURN_IF_ERROR(m.gemm->GemmAfterNorm(xb, T, H, l.gate_up_w.as<Bf16>(), 2 * I, f32(l.gate_up_b),
-                                          m.gate_up.as<Bf16>(), st));
+    RETURN_IF_ERROR(m.gemm->GemmChained(xb, T, H, l.gate_up_w.as<Bf16>(), 2 * I, f32(l.gate_up_b),
+                                        m.gate_up.as<Bf16>(), st));
     RETURN_IF_ERROR(kcu::SiluMul(m.gate_up.as<Bf16>(), T, I, m.act.as<Bf16>(), st));
     RETURN_IF_ERROR(
         m.gemm->Gemm(m.act.as<Bf16>(), T, I, l.down_w.as<Bf16>(), H, f32(l.down_b), delta, st));

@@ -6,9 +6,7 @@
 // runner, kernels/README.md "A decoder layer, in calls"):
 //   xb = RMSNorm(residual) | FusedAddRmsNorm(delta, residual)      bf16
 //   qkv = xb · W_qkv^T (+b)       one GEMM over fused q/k/v (cuBLASLt, or
-//                                 for steps of <= 8 tokens the GEMV, staged
-//                                 where it applies: gemv.h GemvStagedBf16
-//                                 copies the weights while the norm runs)
+//                                 the GEMV for steps of <= 8 tokens)
 //   rope(q, k) with Qwen3's per-head q/k RMSNorm fused; cache[slots] = k, v
 //          (models without q/k norms keep each q/k head's weight rows in
 //          RoPE order, kernels/cuda/gemv.h GemvRopeRow, so that the GEMV
@@ -19,7 +17,10 @@
 //          whose chunks branch as token trees takes the portable kernel
 //          with per-token ancestor masks)
 //   delta = attn · W_o^T; xb = FusedAddRmsNorm(delta, residual)
-//   delta = silu_mul(xb · W_gate_up^T) · W_down^T   (gate/up staged as qkv)
+//   delta = silu_mul(xb · W_gate_up^T) · W_down^T
+// (qkv, o_proj and gate/up through GemmContext::GemmChained: on one-token
+// steps, the staged GEMV where it applies, kernels/cuda/gemv.h
+// GemvStagedBf16, whose weight copies overlap the kernel before it)
 // then the final norm, the rows that want logits, and the LM head.
 //
 // Decode steps (every sequence one token) run as CUDA graphs captured per
@@ -96,11 +97,12 @@ struct CudaRunnerOptions {
   // runs with and without it alternating): batch 64 2.5-4% faster on one
   // GPU and 1.4% with TP=2, batch 1 about 1% (its LM head).
   bool gemm_autotune = true;
-  // Decode steps (<= 8 tokens) run the qkv and gate/up projections, whose
-  // input the RMSNorm (or the all-reduce + RMSNorm) just before them
-  // writes, on the staged GEMV where the device has it (SM 9.0+,
-  // kernels/cuda/gemv.h GemvStagedBf16: its weight copies overlap the
-  // norm). Off: the tiled GEMV or cuBLASLt (benchmarks compare the two).
+  // One-token decode steps run the qkv, o_proj and gate/up projections,
+  // whose input the kernel just before them writes (the RMSNorm or the
+  // all-reduce + RMSNorm, attention), on the staged GEMV where the device
+  // has it and the shape takes it (kernels/cuda/gemm.h
+  // GemmContext::StagedTakes: its weight copies overlap that kernel). Off:
+  // the tiled GEMV or cuBLASLt (benchmarks compare the two).
   bool staged_gemv = true;
   // Prefill attention, as the registry chose it (kernels/cuda_backend.h):
   // "cuda" = the portable kernel; "cuda-sm90a" = the wgmma kernel
