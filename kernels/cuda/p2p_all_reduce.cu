@@ -431,7 +431,6 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     AllReduceAddRmsNormRowKernel(const uint16_t* delta, float* residual, int64_t cols,
                                  const float* w, float eps, uint16_t* out, Exchange x) {
-  AllowDependentLaunch();
   constexpr int B = kRowBatch;
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
@@ -458,6 +457,10 @@ __global__ void __launch_bounds__(kThreads)
     own[j] = NoNegZero(own[j]);
     if (valid[j]) PushUnit(x, c, row * row_units + threadIdx.x + j * kThreads, own[j]);
   }
+  // Only now, with this rank's inputs loaded and sent, may a dependent
+  // (the staged GEMV) start streaming its weights: earlier, its copies
+  // delay those loads.
+  AllowDependentLaunch();
   Reclear(x, c);
   bool timed_out = false;
   const uint16_t* box = c.t.inbox[x.rank] + c.recv;
