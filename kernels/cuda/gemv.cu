@@ -317,8 +317,8 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();  // the barriers are initialized before anyone waits on them
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   // x, which the kernel before this one writes, is copied only now, by the
-  // bulk-copy unit as well (it reads through L2: no stale L1 lines, and one
-  // request per row instead of one load per lane and step).
+  // bulk-copy unit as well (through L2; one request per row instead of a
+  // load per lane and step).
   if (threadIdx.x == 0) {
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
     copy_rows(xs, x, m, x_bar);
@@ -462,7 +462,8 @@ absl::Status LaunchStaged(const Bf16* x, int64_t m, int64_t k, const Bf16* w, in
   }
   if (y == nullptr) return absl::InvalidArgumentError("GemvStagedBf16: null output");
   if (!GemvStagedSupported()) {
-    return absl::FailedPreconditionError("GemvStagedBf16: needs a device of SM 9.0 or newer");
+    return absl::FailedPreconditionError(
+        "GemvStagedBf16: needs a device of SM 9.0 or newer and a build with an image for it");
   }
   const int smem = StagedSmemBytes(m, k);
   cudaLaunchConfig_t cfg{};
@@ -496,13 +497,15 @@ absl::Status LaunchStaged(const Bf16* x, int64_t m, int64_t k, const Bf16* w, in
 }  // namespace
 
 bool GemvStagedSupported() {
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+  // The image of the kernel this device runs must have been compiled for
+  // SM 9.0+ (its body is empty below that): a build that reaches a Hopper
+  // GPU only through older PTX has no staged GEMV.
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, StagedGemvKernel<Out::kBf16>) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
-  return major >= 9;
+  return attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
 }
 
 absl::Status GemvStagedResidentCtasPerSm(int64_t m, int64_t k, int* ctas) {

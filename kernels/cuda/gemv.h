@@ -123,9 +123,11 @@ absl::Status GemvQkvRopeBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w_
 // GemvStagedApplicable: m <= 8, n % 8 == 0, k % 128 == 0, k <= kStagedMaxK
 // (at m = 1 the 8 W rows and x fit in shared memory three times per SM),
 // aligned x and W. No workspace; captures into CUDA graphs. INVALID_ARGUMENT for
-// shapes it does not take, FAILED_PRECONDITION below SM 9.0.
+// shapes it does not take, FAILED_PRECONDITION without GemvStagedSupported().
 inline constexpr int64_t kStagedMaxK = 4096;
-bool GemvStagedSupported();  // the current device is SM 9.0 or newer
+// The current device runs an image of the staged kernel compiled for SM
+// 9.0 or newer.
+bool GemvStagedSupported();
 bool GemvStagedApplicable(const Bf16* x, int64_t m, int64_t n, int64_t k, const Bf16* w);
 // CTAs of the staged kernel for m rows and k inputs one SM holds at once
 // (the occupancy calculator, with its shared memory: 3 on the H200 at m = 1,
