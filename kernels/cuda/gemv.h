@@ -117,8 +117,9 @@ absl::Status GemvQkvRopeBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w_
 // shared memory with bulk copies, and only then waits for the kernel's
 // results (griddepcontrol.wait) and reads x. The weight stream so overlaps
 // the kernel before it; kernels that call AllowDependentLaunch
-// (cuda_common.cuh: RmsNorm, FusedAddRmsNorm, the p2p all-reduce + norm)
-// let it start at once, any other predecessor when it ends. The sums are
+// (dependent_launch.cuh: RmsNorm, FusedAddRmsNorm, the p2p all-reduce +
+// norm, decode attention) let it start early, any other predecessor when
+// it ends. The sums are
 // the GEMV's (fp32, bias in fp32, one rounding), in another order. Needs
 // GemvStagedApplicable: m <= 8, n % 8 == 0, k % 128 == 0, k <= kStagedMaxK
 // (at m = 1 the 8 W rows and x fit in shared memory three times per SM),
