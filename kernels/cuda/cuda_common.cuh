@@ -36,6 +36,9 @@ inline cudaStream_t AsCuda(CudaStream s) { return reinterpret_cast<cudaStream_t>
 // Launch-status check shared by the op wrappers.
 absl::Status CheckLastLaunch(std::string_view what);
 
+// silu(g) * u in fp32, as every SiLU-and-multiply kernel computes it.
+__device__ __forceinline__ float SiluTimes(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 __device__ __forceinline__ float Bf16BitsToFloat(uint16_t b) {
   return __uint_as_float(static_cast<uint32_t>(b) << 16);
 }

@@ -19,6 +19,7 @@
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gather_rows.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/kv_cache_write.h"
 #include "kernels/cuda/logits.h"
 #include "kernels/cuda/rmsnorm.h"
@@ -238,6 +239,21 @@ TEST(CudaOpsTest, SiluMul) {
       for (size_t i = 0; i < got.size(); ++i) {
         ASSERT_NEAR(got[i], want[i], kBf16Eps * std::fabs(want[i]) + 1e-5) << i;
       }
+      if (inter % 4 != 0) {
+        EXPECT_EQ(SiluMul(d_gu.as<Bf16>(), rows, inter, d_out.as<Bf16>(), nullptr, true).code(),
+                  absl::StatusCode::kInvalidArgument);
+        continue;
+      }
+      // The same rows in the gate/up GEMV order give the same bits.
+      std::vector<float> gu_ord(gu.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < 2 * inter; ++c)
+          gu_ord[r * 2 * inter + GemvGateUpRow(c, inter)] = gu[r * 2 * inter + c];
+      }
+      DeviceBuffer d_ord = Upload(ToBf16(gu_ord));
+      DeviceBuffer d_out_ord = Zeros(rows * inter * sizeof(Bf16));
+      ASSERT_TRUE(SiluMul(d_ord.as<Bf16>(), rows, inter, d_out_ord.as<Bf16>(), nullptr, true).ok());
+      EXPECT_EQ(Download<Bf16>(d_out_ord, rows * inter), Download<Bf16>(d_out, rows * inter));
     }
   }
 }

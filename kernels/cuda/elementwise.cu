@@ -199,8 +199,6 @@ absl::Status LaunchRmsNorm(const float* x, const Bf16* delta, float* residual, i
 
 // ---- silu_mul ----
 
-__device__ __forceinline__ float SiluTimes(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-
 // Grid-stride over rows * (inter / width) chunks.
 template <bool VEC>
 __global__ void SiluMulKernel(const uint16_t* __restrict__ gate_up, int64_t rows, int64_t inter,
@@ -232,6 +230,31 @@ __global__ void SiluMulKernel(const uint16_t* __restrict__ gate_up, int64_t rows
     } else {
       out[r * inter + c] = FloatToBf16Bits(SiluTimes(Bf16BitsToFloat(g[c]), Bf16BitsToFloat(u[c])));
     }
+  }
+}
+
+// The gate/up rows in GEMV order (gemv.h GemvGateUpRow): every 8 columns
+// hold gate j .. j + 3, then up j .. j + 3. One 16-byte load, 4 outputs.
+__global__ void SiluMulInterleavedKernel(const uint16_t* __restrict__ gate_up, int64_t rows,
+                                         int64_t inter, uint16_t* __restrict__ out) {
+  const int64_t per_row = inter / 4;
+  const int64_t total = rows * per_row;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / per_row;
+    const int64_t c = idx - r * per_row;
+    const uint4 v = reinterpret_cast<const uint4*>(gate_up + r * 2 * inter)[c];
+    const uint32_t g[2] = {v.x, v.y}, u[2] = {v.z, v.w};
+    uint32_t res[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float lo = SiluTimes(__uint_as_float(g[j] << 16), __uint_as_float(u[j] << 16));
+      const float hi =
+          SiluTimes(__uint_as_float(g[j] & 0xffff0000u), __uint_as_float(u[j] & 0xffff0000u));
+      res[j] = static_cast<uint32_t>(FloatToBf16Bits(lo)) |
+               (static_cast<uint32_t>(FloatToBf16Bits(hi)) << 16);
+    }
+    reinterpret_cast<uint2*>(out + r * inter)[c] = make_uint2(res[0], res[1]);
   }
 }
 
@@ -324,8 +347,8 @@ absl::Status FusedAddRmsNorm(const Bf16* delta, float* residual, int64_t rows, i
   return LaunchRmsNorm(nullptr, delta, residual, rows, cols, w, eps, out, stream, /*fused=*/true);
 }
 
-absl::Status SiluMul(const Bf16* gate_up, int64_t rows, int64_t inter, Bf16* out,
-                     CudaStream stream) {
+absl::Status SiluMul(const Bf16* gate_up, int64_t rows, int64_t inter, Bf16* out, CudaStream stream,
+                     bool interleaved) {
   if (rows < 0 || inter <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("SiluMul: bad shape rows=", rows, " inter=", inter));
@@ -334,8 +357,18 @@ absl::Status SiluMul(const Bf16* gate_up, int64_t rows, int64_t inter, Bf16* out
   if (gate_up == nullptr || out == nullptr) {
     return absl::InvalidArgumentError("SiluMul: null pointer");
   }
-  const bool vec = inter % 8 == 0 && Aligned(gate_up, 16) && Aligned(out, 16);
   constexpr int kThreads = 256;
+  if (interleaved) {
+    if (inter % 4 != 0 || !Aligned(gate_up, 16) || !Aligned(out, 8)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SiluMul: interleaved gate/up needs inter % 4 == 0 and aligned rows (inter=", inter,
+          ")"));
+    }
+    SiluMulInterleavedKernel<<<GridFor(rows * inter / 4, kThreads), kThreads, 0, AsCuda(stream)>>>(
+        gate_up, rows, inter, out);
+    return CheckLastLaunch("SiluMul");
+  }
+  const bool vec = inter % 8 == 0 && Aligned(gate_up, 16) && Aligned(out, 16);
   const int64_t items = rows * (vec ? inter / 8 : inter);
   const int grid = GridFor(items, kThreads);
   if (vec) {

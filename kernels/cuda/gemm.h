@@ -96,9 +96,9 @@ class GemmContext {
   // CTA copies all of x, which at m = 8 is as many bytes as W; a grid of
   // one wave requests all of W before the kernel it follows ends; a grid of
   // two waves lost to the tiled GEMV, whose 16-row tiles fit in one
-  // (Llama-3-8B qkv 20.0 against 18.4 us with the norm, o_proj 16.9 against
+  // (Llama-3-8B qkv 20.0 against 18.4 us with the norm, o_proj 16.7 against
   // 15.6); the many-wave gate/up projections matched cuBLASLt after a norm
-  // (61.2 against 61.4 us, one TP=2 rank's 35.4 against 35.7).
+  // (61.0 against 61.7 us, one TP=2 rank's 35.3 against 35.7).
   bool StagedTakes(int64_t m, int64_t n, int64_t k) const;
   // Default: on where the device supports it (SM 9.0+); benchmarks and
   // tests compare it with the other GEMV.

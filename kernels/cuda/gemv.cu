@@ -90,7 +90,7 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], uint32_t a0, uint32_t a1,
 }
 
 // What the kernel does with a tile's sums.
-enum class Out { kBf16, kF32, kQkvRope };
+enum class Out { kBf16, kF32, kQkvRope, kSiluMul };
 
 // kQkvRope: RoPE and the KV-cache write on the tile (see GemvQkvRope).
 struct RopeArgs {
@@ -357,6 +357,15 @@ __global__ void __launch_bounds__(kThreads)
   if (bias != nullptr) v += bias[out_n];
   if constexpr (kOut == Out::kBf16) {
     if (col < m) y[static_cast<int64_t>(col) * n + out_n] = FloatToBf16Bits(v);
+  } else if constexpr (kOut == Out::kSiluMul) {
+    // Rows 0..3: gate j0 .. j0 + 3; rows 4..7 their up rows (GemvGateUpRow).
+    // Both rounded to bf16 as the GEMV stores them, then as SiluMul does.
+    fin[row][col] = v;
+    asm volatile("bar.sync 1, 64;\n" ::: "memory");  // the 64 threads left
+    if (row < 4 && col < m) {
+      const float g = RoundBf16(fin[row][col]), u = RoundBf16(fin[row + 4][col]);
+      y[static_cast<int64_t>(col) * (n / 2) + n0 / 2 + row] = FloatToBf16Bits(SiluTimes(g, u));
+    }
   } else {
     fin[row][col] = v;
     asm volatile("bar.sync 1, 64;\n" ::: "memory");  // the 64 threads left
@@ -485,6 +494,11 @@ absl::Status LaunchStaged(const Bf16* x, int64_t m, int64_t k, const Bf16* w, in
         StagedGemvKernel<Out::kQkvRope>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     TESSERA_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, StagedGemvKernel<Out::kQkvRope>, xs, mi,
                                                     ki, ws, ni, bias, ys, rope));
+  } else if (out == Out::kSiluMul) {
+    TESSERA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        StagedGemvKernel<Out::kSiluMul>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    TESSERA_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, StagedGemvKernel<Out::kSiluMul>, xs, mi,
+                                                    ki, ws, ni, bias, ys, rope));
   } else {
     TESSERA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         StagedGemvKernel<Out::kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -530,6 +544,21 @@ bool GemvStagedApplicable(const Bf16* x, int64_t m, int64_t n, int64_t k, const 
 absl::Status GemvStagedBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
                             const float* bias, Bf16* y, CudaStream stream) {
   return LaunchStaged(x, m, k, w, n, bias, y, Out::kBf16, RopeArgs{}, stream);
+}
+
+int64_t GemvGateUpRow(int64_t r, int64_t inter) {
+  const int64_t j = r < inter ? r : r - inter;
+  return (j / 4) * 8 + (r < inter ? 0 : 4) + j % 4;
+}
+
+absl::Status GemvStagedGateUpSiluBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w_gate_up,
+                                      int64_t inter, const float* bias, Bf16* act,
+                                      CudaStream stream) {
+  if (inter <= 0 || inter % 4 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GemvStagedGateUpSiluBf16: needs inter % 4 == 0 (inter=", inter, ")"));
+  }
+  return LaunchStaged(x, m, k, w_gate_up, 2 * inter, bias, act, Out::kSiluMul, RopeArgs{}, stream);
 }
 
 absl::Status GemvResidentCtasPerSm(int* ctas) {

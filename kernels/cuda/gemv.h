@@ -137,4 +137,18 @@ absl::Status GemvStagedResidentCtasPerSm(int64_t m, int64_t k, int* ctas);
 absl::Status GemvStagedBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
                             const float* bias, Bf16* y, CudaStream stream);
 
+// Where row r of a fused [gate; up] weight (inter rows each) sits in the
+// gate/up GEMV order: gate rows j .. j + 3 at 8 (j / 4) .. + 3, their up
+// rows four after them, so an 8-row tile holds both halves of 4 outputs.
+int64_t GemvGateUpRow(int64_t r, int64_t inter);
+
+// The staged GEMV on a gate/up weight (and bias) in GemvGateUpRow order,
+// with SiLU-and-multiply in its epilogue: act[m, inter] = silu(gate) * up,
+// each projection rounded to bf16 first, as the GEMV followed by SiluMul
+// (silu_mul.h) computes it; no gate_up buffer, one kernel less. Needs
+// inter % 4 == 0 and what GemvStagedBf16 needs (n = 2 inter).
+absl::Status GemvStagedGateUpSiluBf16(const Bf16* x, int64_t m, int64_t k, const Bf16* w_gate_up,
+                                      int64_t inter, const float* bias, Bf16* act,
+                                      CudaStream stream);
+
 }  // namespace tessera::kernels::cuda

@@ -91,6 +91,14 @@ std::vector<int64_t> RopeRowOrder(int64_t q_rows, int64_t k_rows, int64_t head_d
   return order;
 }
 
+// The fused [gate; up] rows (inter each) in the gate/up GEMV order
+// (kernels/cuda/gemv.h GemvGateUpRow): entry i is the source row.
+std::vector<int64_t> GateUpRowOrder(int64_t inter) {
+  std::vector<int64_t> order(2 * inter);
+  for (int64_t r = 0; r < 2 * inter; ++r) order[kcu::GemvGateUpRow(r, inter)] = r;
+  return order;
+}
+
 absl::StatusOr<DeviceBuffer> Alloc(size_t bytes, std::string_view what) {
   absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(bytes);
   if (!b.ok()) {
@@ -169,6 +177,11 @@ struct CudaModelRunner::Impl {
   // GemvRopeRow), so that steps of <= 8 tokens rotate in the qkv GEMV's
   // epilogue; models with q/k norms keep the normal order.
   bool qkv_rope_order = false;
+  // gate_up_w (and gate_up_b) rows in the gate/up GEMV order (gemv.h
+  // GemvGateUpRow) when the intermediate size is a multiple of 4, so that
+  // one-token steps run SiLU·mul in the staged GEMV's epilogue; SiluMul
+  // reads that order otherwise.
+  bool gate_up_interleaved = false;
   int rank = 0;
   kcu::NcclGroup* nccl = nullptr;  // null: one rank
   kcu::Stream stream;
@@ -348,6 +361,10 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   const std::vector<int64_t> qkv_order =
       m.qkv_rope_order ? RopeRowOrder(q_rows.size, kv_rows.size, D) : std::vector<int64_t>{};
   const std::vector<int64_t>* qkv_rows = m.qkv_rope_order ? &qkv_order : nullptr;
+  m.gate_up_interleaved = plan.intermediate.size % 4 == 0;
+  const std::vector<int64_t> gate_up_order =
+      m.gate_up_interleaved ? GateUpRowOrder(plan.intermediate.size) : std::vector<int64_t>{};
+  const std::vector<int64_t>* gate_up_rows = m.gate_up_interleaved ? &gate_up_order : nullptr;
   for (int64_t i = 0; i < r->config_.num_hidden_layers; ++i) {
     const model::LayerWeights& lw = w.layers[i];
     Impl::Layer& l = m.layers[i];
@@ -369,7 +386,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
         RowSlice(lw.gate_proj, plan.intermediate.start, plan.intermediate.size);
     const model::TensorView up =
         RowSlice(lw.up_proj, plan.intermediate.start, plan.intermediate.size);
-    RETURN_IF_ERROR(upload_bf16({&gate, &up}, &l.gate_up_w, name));
+    RETURN_IF_ERROR(upload_bf16({&gate, &up}, &l.gate_up_w, name, gate_up_rows));
     if (plan.sharded()) {
       RETURN_IF_ERROR(upload_columns(lw.down_proj, plan.intermediate, &l.down_w, name));
     } else {
@@ -391,7 +408,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
           VectorSlice(*lw.gate_bias, plan.intermediate.start, plan.intermediate.size);
       const model::TensorView ub =
           VectorSlice(*lw.up_bias, plan.intermediate.start, plan.intermediate.size);
-      RETURN_IF_ERROR(upload_f32({&gb, &ub}, &l.gate_up_b, name));
+      RETURN_IF_ERROR(upload_f32({&gb, &ub}, &l.gate_up_b, name, gate_up_rows));
     }
     if (lw.down_bias && plan.add_row_bias) {
       RETURN_IF_ERROR(upload_f32({&*lw.down_bias}, &l.down_b, name));
@@ -443,6 +460,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::CreateWithRand
       kcu::CopyToDevice(freq->data(), inv_freq->data(), inv_freq->size() * sizeof(float)));
   m.inv_freq = std::move(*freq);
   m.qkv_rope_order = !c.qk_norm && c.head_dim % 16 == 0;  // random rows: any order
+  m.gate_up_interleaved = I % 4 == 0;
   for (Impl::Layer& l : m.layers) {
     RETURN_IF_ERROR(random((Q + 2 * K) * H, &l.qkv_w, "qkv"));
     RETURN_IF_ERROR(random(H * Q, &l.o_w, "o_proj"));
@@ -799,9 +817,16 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
     RETURN_IF_ERROR(
         m.gemm->GemmChained(m.attn.as<Bf16>(), T, Q, l.o_w.as<Bf16>(), H, f32(l.o_b), delta, st));
     RETURN_IF_ERROR(reduce_add_norm(l.post_norm));
-    RETURN_IF_ERROR(m.gemm->GemmChained(xb, T, H, l.gate_up_w.as<Bf16>(), 2 * I, f32(l.gate_up_b),
-                                        m.gate_up.as<Bf16>(), st));
-    RETURN_IF_ERROR(kcu::SiluMul(m.gate_up.as<Bf16>(), T, I, m.act.as<Bf16>(), st));
+    if (m.gate_up_interleaved && m.gemm->StagedTakes(T, 2 * I, H)) {
+      // SiLU·mul in the staged GEMV's epilogue: one kernel less.
+      RETURN_IF_ERROR(kcu::GemvStagedGateUpSiluBf16(xb, T, H, l.gate_up_w.as<Bf16>(), I,
+                                                    f32(l.gate_up_b), m.act.as<Bf16>(), st));
+    } else {
+      RETURN_IF_ERROR(m.gemm->GemmChained(xb, T, H, l.gate_up_w.as<Bf16>(), 2 * I, f32(l.gate_up_b),
+                                          m.gate_up.as<Bf16>(), st));
+      RETURN_IF_ERROR(
+          kcu::SiluMul(m.gate_up.as<Bf16>(), T, I, m.act.as<Bf16>(), st, m.gate_up_interleaved));
+    }
     RETURN_IF_ERROR(
         m.gemm->Gemm(m.act.as<Bf16>(), T, I, l.down_w.as<Bf16>(), H, f32(l.down_b), delta, st));
   }
