@@ -20,7 +20,9 @@
 //   delta = silu_mul(xb · W_gate_up^T) · W_down^T
 // (qkv, o_proj and gate/up through GemmContext::GemmChained: on one-token
 // steps, the staged GEMV where it applies, kernels/cuda/gemv.h
-// GemvStagedBf16, whose weight copies overlap the kernel before it)
+// GemvStagedBf16, whose weight copies overlap the kernel before it; gate/up
+// rows in GemvGateUpRow order when the intermediate size is a multiple of
+// 4, so that the staged gate/up GEMV applies silu_mul in its epilogue)
 // then the final norm, the rows that want logits, and the LM head.
 //
 // Decode steps (every sequence one token) run as CUDA graphs captured per
