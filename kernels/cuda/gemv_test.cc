@@ -577,6 +577,43 @@ TEST(CudaGemvTest, StagedGateUpSiluEqualsStagedGemvThenSiluMul) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// What the staged kernels refuse, before any launch (so no device is
+// needed): more than 8 rows, n not a multiple of 8, k not a multiple of 128
+// or above kStagedMaxK, a misaligned x, an intermediate size that is not a
+// multiple of 4; SiluMul on the interleaved order with such a size.
+TEST(CudaGemvTest, StagedRefusesBadShapesOnTheHost) {
+  alignas(16) static Bf16 x[8 * 256];
+  alignas(16) static Bf16 w[64 * 256];
+  alignas(16) static Bf16 y[8 * 64];
+  EXPECT_TRUE(GemvStagedApplicable(x, 1, 64, 256, w));
+  EXPECT_FALSE(GemvStagedApplicable(x, 9, 64, 256, w));
+  EXPECT_FALSE(GemvStagedApplicable(x, 0, 64, 256, w));
+  EXPECT_FALSE(GemvStagedApplicable(x, 1, 60, 256, w));
+  EXPECT_FALSE(GemvStagedApplicable(x, 1, 64, 200, w));
+  EXPECT_FALSE(GemvStagedApplicable(x, 1, 64, kStagedMaxK + 128, w));
+  EXPECT_FALSE(GemvStagedApplicable(x + 1, 1, 64, 256, w));
+  EXPECT_EQ(GemvStagedBf16(x, 9, 256, w, 64, nullptr, y, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GemvStagedBf16(x, 1, 256, w, 60, nullptr, y, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GemvStagedBf16(x, 1, 256, w, 64, nullptr, nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GemvStagedGateUpSiluBf16(x, 1, 256, w, 30, nullptr, y, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  int ctas = -1;
+  EXPECT_EQ(GemvStagedResidentCtasPerSm(9, 256, &ctas).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ctas, 0);
+  EXPECT_EQ(SiluMul(w, 2, 30, y, nullptr, /*interleaved=*/true).code(),
+            absl::StatusCode::kInvalidArgument);
+  // The gate/up order: gate j at 8 (j / 4) + j % 4, up j four rows later.
+  EXPECT_EQ(GemvGateUpRow(0, 8), 0);
+  EXPECT_EQ(GemvGateUpRow(5, 8), 9);
+  EXPECT_EQ(GemvGateUpRow(8, 8), 4);
+  EXPECT_EQ(GemvGateUpRow(13, 8), 13);
+  EXPECT_EQ(GemvRopeRow(5, 16), 9);
+  EXPECT_EQ(GemvRopeRow(8 + 5, 16), 13);
+}
+
 TEST(CudaGemvTest, RefusesWhatItCannotTakeAndContextFallsBack) {
   TESSERA_REQUIRE_CUDA_DEVICE();
   TestWorkspace tw;
