@@ -16,6 +16,11 @@
 // Requirements (GemvApplicable): 1 <= m <= 8, k % 8 == 0, x and W 16-byte
 // aligned. Other shapes go to cuBLASLt (GemmContext does that).
 //
+// The staged form (GemvStagedBf16, below; SM 9.0+) copies each CTA's 8
+// rows of W into shared memory while the kernel before it still runs
+// (programmatic dependent launch), for projections whose x that kernel
+// writes; GemvStagedGateUpSiluBf16 adds SiLU·mul to its gate/up epilogue.
+//
 // Thread-safety: a GemvWorkspace may be used by one stream at a time
 // (concurrent calls sharing one would mix their partials).
 #pragma once
