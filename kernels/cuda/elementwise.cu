@@ -199,6 +199,15 @@ absl::Status LaunchRmsNorm(const float* x, const Bf16* delta, float* residual, i
 
 // ---- silu_mul ----
 
+// Two packed bf16 gate values and their two up values -> two packed bf16
+// silu(gate) * up.
+__device__ __forceinline__ uint32_t SiluTimesPair(uint32_t g, uint32_t u) {
+  const float lo = SiluTimes(__uint_as_float(g << 16), __uint_as_float(u << 16));
+  const float hi = SiluTimes(__uint_as_float(g & 0xffff0000u), __uint_as_float(u & 0xffff0000u));
+  return static_cast<uint32_t>(FloatToBf16Bits(lo)) |
+         (static_cast<uint32_t>(FloatToBf16Bits(hi)) << 16);
+}
+
 // Grid-stride over rows * (inter / width) chunks.
 template <bool VEC>
 __global__ void SiluMulKernel(const uint16_t* __restrict__ gate_up, int64_t rows, int64_t inter,
@@ -219,13 +228,7 @@ __global__ void SiluMulKernel(const uint16_t* __restrict__ gate_up, int64_t rows
       const uint32_t ua[4] = {uv.x, uv.y, uv.z, uv.w};
       uint32_t res[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float lo = SiluTimes(__uint_as_float(ga[j] << 16), __uint_as_float(ua[j] << 16));
-        const float hi =
-            SiluTimes(__uint_as_float(ga[j] & 0xffff0000u), __uint_as_float(ua[j] & 0xffff0000u));
-        res[j] = static_cast<uint32_t>(FloatToBf16Bits(lo)) |
-                 (static_cast<uint32_t>(FloatToBf16Bits(hi)) << 16);
-      }
+      for (int j = 0; j < 4; ++j) res[j] = SiluTimesPair(ga[j], ua[j]);
       reinterpret_cast<uint4*>(out + r * inter)[c] = make_uint4(res[0], res[1], res[2], res[3]);
     } else {
       out[r * inter + c] = FloatToBf16Bits(SiluTimes(Bf16BitsToFloat(g[c]), Bf16BitsToFloat(u[c])));
@@ -247,13 +250,7 @@ __global__ void SiluMulInterleavedKernel(const uint16_t* __restrict__ gate_up, i
     const uint32_t g[2] = {v.x, v.y}, u[2] = {v.z, v.w};
     uint32_t res[2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const float lo = SiluTimes(__uint_as_float(g[j] << 16), __uint_as_float(u[j] << 16));
-      const float hi =
-          SiluTimes(__uint_as_float(g[j] & 0xffff0000u), __uint_as_float(u[j] & 0xffff0000u));
-      res[j] = static_cast<uint32_t>(FloatToBf16Bits(lo)) |
-               (static_cast<uint32_t>(FloatToBf16Bits(hi)) << 16);
-    }
+    for (int j = 0; j < 2; ++j) res[j] = SiluTimesPair(g[j], u[j]);
     reinterpret_cast<uint2*>(out + r * inter)[c] = make_uint2(res[0], res[1]);
   }
 }
