@@ -237,8 +237,9 @@ int Run() {
   // (batch, autotune, staged) -> tok/s at TP=1
   std::map<std::tuple<int, int, int>, double> tp1;
   std::set<std::pair<int, int>> timed;  // (TP, batch) whose collectives were timed
-  // (TP size, all-reduce backend, GEMM autotune) in run order: TP=1 once
-  // per autotune value, larger groups once per backend and value.
+  // (TP size, all-reduce backend, GEMM autotune, staged GEMV) in run order:
+  // TP=1 once per autotune and staged value, larger groups once per backend
+  // and values.
   struct Config {
     int tp;
     std::string backend;
