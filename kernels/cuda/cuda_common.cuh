@@ -36,6 +36,14 @@ inline cudaStream_t AsCuda(CudaStream s) { return reinterpret_cast<cudaStream_t>
 // Launch-status check shared by the op wrappers.
 absl::Status CheckLastLaunch(std::string_view what);
 
+// The GPU's nanosecond clock (%globaltimer; it ticks coarsely), for the
+// timeouts of waits on other CTAs, peers or copies.
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
 // silu(g) * u in fp32, as every SiLU-and-multiply kernel computes it.
 __device__ __forceinline__ float SiluTimes(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 

@@ -121,6 +121,11 @@ CUBLAS_FWD(cublasLtMatmulAlgoGetHeuristic,
             cublasLtMatmulPreference_t p, int requested, cublasLtMatmulHeuristicResult_t results[],
             int* returned),
            (h, d, A, B, C, D, p, requested, results, returned))
+CUBLAS_FWD(cublasLtMatmulAlgoCheck,
+           (cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t A,
+            cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D,
+            const cublasLtMatmulAlgo_t* algo, cublasLtMatmulHeuristicResult_t* result),
+           (h, d, A, B, C, D, algo, result))
 
 NCCL_FWD(ncclGetVersion, (int* v), (v))
 NCCL_FWD(ncclCommInitAll, (ncclComm_t * comms, int n, const int* devs), (comms, n, devs))

@@ -11,7 +11,6 @@
 //   softmax: 1e-5 |ref| + 1e-7; log_softmax: 1e-5 (1 + |ref|)
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -78,7 +77,22 @@ TEST(CudaOpsTest, Embedding) {
     std::vector<float> got = Download<float>(d_out, ids_bad.size() * hidden);
     for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "hidden " << hidden;
     for (size_t i = want.size(); i < got.size(); ++i) ASSERT_EQ(got[i], 0.0f);
+
+    // The bf16 form: the table's bits, zero rows for the bad ids.
+    DeviceBuffer d_bf = Upload(std::vector<Bf16>(ids_bad.size() * hidden, 0x7fc0));  // NaNs
+    ASSERT_TRUE(EmbeddingBf16(d_table.as<Bf16>(), vocab, hidden, d_ids.as<int32_t>(),
+                              static_cast<int64_t>(ids_bad.size()), d_bf.as<Bf16>(), nullptr)
+                    .ok());
+    std::vector<Bf16> got_bf = Download<Bf16>(d_bf, ids_bad.size() * hidden);
+    for (size_t r = 0; r < ids_bad.size(); ++r) {
+      const bool valid = ids_bad[r] >= 0 && ids_bad[r] < vocab;
+      for (int64_t c = 0; c < hidden; ++c) {
+        ASSERT_EQ(got_bf[r * hidden + c], valid ? table_bf[ids_bad[r] * hidden + c] : Bf16{0})
+            << "hidden " << hidden << " row " << r;
+      }
+    }
   }
+  EXPECT_FALSE(EmbeddingBf16(nullptr, 1, 1, nullptr, 1, nullptr, nullptr).ok());
   EXPECT_FALSE(Embedding(nullptr, 1, 1, nullptr, 1, nullptr, nullptr).ok());
   EXPECT_FALSE(Embedding(nullptr, 0, 1, nullptr, 0, nullptr, nullptr).ok());
 }

@@ -1,18 +1,79 @@
-// AllowDependentLaunch: the device side of programmatic dependent launch
-// for the kernels whose successor may start early. Included by .cu files.
+// Programmatic dependent launch (SM 9.0+): a kernel launched with
+// LaunchDependent may start while the kernel before it on the stream still
+// runs, once that kernel calls AllowDependentLaunch (or its CTAs exit), and
+// must call WaitForPrimary before it reads what that kernel writes or
+// writes what it reads. Work before the wait (loads of constant weights,
+// of buffers older kernels wrote, launch latency) overlaps the end of the
+// kernel before. Included by .cu files.
 #pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <utility>
 
 namespace tessera::kernels::cuda {
 
 // Lets the next kernel on the stream start before this one ends when it
-// is launched as a programmatic dependent (gemv.h's staged GEMV, which
-// copies its weights while this kernel runs and waits for this kernel's
-// results with griddepcontrol.wait). A no-op for other launches and before
-// SM 9.0. Kernels call it first thing.
+// is launched as a programmatic dependent (gemv.h's staged GEMV, the p2p
+// all-reduce + RMSNorm, FusedAddRmsNorm). A no-op for other launches and
+// before SM 9.0.
 __device__ __forceinline__ void AllowDependentLaunch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+
+// Waits until the kernel before this one on the stream has completed and
+// its writes are visible; returns at once when this kernel was not
+// launched as a programmatic dependent. A no-op before SM 9.0 (where no
+// launch is programmatic).
+__device__ __forceinline__ void WaitForPrimary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Whether the current device takes programmatic dependent launches (SM
+// 9.0+), cached per device ordinal.
+inline bool DependentLaunchSupported() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];  // 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
+    cudaGetLastError();
+    return false;
+  }
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    v = major >= 9 ? 2 : 1;
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) as a programmatic
+// dependent of the kernel before it where the device supports that, else
+// as a normal launch. The kernel must call WaitForPrimary (see above).
+template <class... Params, class... Args>
+cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                            cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = DependentLaunchSupported() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 }  // namespace tessera::kernels::cuda

@@ -2,6 +2,7 @@
 // embedding.h, rmsnorm.h, silu_mul.h, gather_rows.h, kv_cache_write.h).
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_common.cuh"
@@ -26,32 +27,40 @@ absl::Status CheckRows(int64_t rows, std::string_view op) {
 
 // ---- embedding ----
 
-// VEC: 8 bf16 (16 bytes) in, two float4 out.
-template <bool VEC>
+// VEC: 8 bf16 (16 bytes) in, two float4 (fp32 out) or one 16-byte vector
+// (bf16 out) out.
+template <bool VEC, class OutT>
 __global__ void EmbeddingKernel(const uint16_t* __restrict__ table, int64_t vocab, int64_t hidden,
-                                const int32_t* __restrict__ ids, float* __restrict__ out) {
+                                const int32_t* __restrict__ ids, OutT* __restrict__ out) {
+  constexpr bool kF32 = std::is_same_v<OutT, float>;
   const int64_t row = blockIdx.x;
   const int32_t id = ids[row];
-  float* dst = out + row * hidden;
+  OutT* dst = out + row * hidden;
   const bool valid = id >= 0 && id < vocab;
   const uint16_t* src = table + (valid ? static_cast<int64_t>(id) * hidden : 0);
   if constexpr (VEC) {
     const int64_t chunks = hidden / 8;
     for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-      float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
-      if (valid) {
-        const uint4 v = reinterpret_cast<const uint4*>(src)[c];
-        a = make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
+      const uint4 v = valid ? reinterpret_cast<const uint4*>(src)[c] : make_uint4(0, 0, 0, 0);
+      if constexpr (kF32) {
+        reinterpret_cast<float4*>(dst)[2 * c] =
+            make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
                         __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
-        b = make_float4(__uint_as_float(v.z << 16), __uint_as_float(v.z & 0xffff0000u),
+        reinterpret_cast<float4*>(dst)[2 * c + 1] =
+            make_float4(__uint_as_float(v.z << 16), __uint_as_float(v.z & 0xffff0000u),
                         __uint_as_float(v.w << 16), __uint_as_float(v.w & 0xffff0000u));
+      } else {
+        reinterpret_cast<uint4*>(dst)[c] = v;
       }
-      reinterpret_cast<float4*>(dst)[2 * c] = a;
-      reinterpret_cast<float4*>(dst)[2 * c + 1] = b;
     }
   } else {
     for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
-      dst[i] = valid ? Bf16BitsToFloat(src[i]) : 0.0f;
+      const uint16_t v = valid ? src[i] : uint16_t{0};
+      if constexpr (kF32) {
+        dst[i] = Bf16BitsToFloat(v);
+      } else {
+        dst[i] = v;
+      }
     }
   }
 }
@@ -74,9 +83,15 @@ __global__ void RmsNormKernel(const float* __restrict__ x, const uint16_t* delta
   const uint16_t* d = FUSED ? delta + row * cols : nullptr;
   uint16_t* o = out + row * cols;
   float ss = 0.f;
+  // Launched as a programmatic dependent (LaunchDependent): the fused form
+  // with its row in registers reads the residual and weights before the
+  // kernel before it ends (the rmsnorm.h contract), everything else waits
+  // first.
+  const bool in_registers = VEC && cols / 4 <= kRegChunks * static_cast<int64_t>(blockDim.x);
+  if (!FUSED || !in_registers) WaitForPrimary();
   if constexpr (VEC) {
     const int64_t n4 = cols / 4;
-    if (n4 <= kRegChunks * static_cast<int64_t>(blockDim.x)) {
+    if (in_registers) {
       // Each thread's chunks (at most kRegChunks) stay in registers, and the
       // weights are read up front with the inputs: one memory round trip
       // before the reduction instead of three (a decode step's 1-row norms
@@ -88,6 +103,12 @@ __global__ void RmsNormKernel(const float* __restrict__ x, const uint16_t* delta
         if (c >= n4) continue;
         v[j] = reinterpret_cast<const float4*>(in)[c];
         g[j] = reinterpret_cast<const float4*>(w)[c];
+      }
+      if constexpr (FUSED) WaitForPrimary();
+#pragma unroll
+      for (int j = 0; j < kRegChunks; ++j) {
+        const int64_t c = threadIdx.x + int64_t{j} * blockDim.x;
+        if (c >= n4) continue;
         if constexpr (FUSED) {
           const uint2 dv = reinterpret_cast<const uint2*>(d)[c];
           v[j].x += __uint_as_float(dv.x << 16);
@@ -181,19 +202,10 @@ absl::Status LaunchRmsNorm(const float* x, const Bf16* delta, float* residual, i
   const dim3 grid(static_cast<unsigned>(rows));
   const cudaStream_t s = AsCuda(stream);
   const uint16_t* d = delta;
-  if (fused) {
-    if (vec) {
-      RmsNormKernel<true, true><<<grid, threads, 0, s>>>(nullptr, d, residual, cols, w, eps, out);
-    } else {
-      RmsNormKernel<false, true><<<grid, threads, 0, s>>>(nullptr, d, residual, cols, w, eps, out);
-    }
-  } else {
-    if (vec) {
-      RmsNormKernel<true, false><<<grid, threads, 0, s>>>(x, nullptr, nullptr, cols, w, eps, out);
-    } else {
-      RmsNormKernel<false, false><<<grid, threads, 0, s>>>(x, nullptr, nullptr, cols, w, eps, out);
-    }
-  }
+  auto* kernel = fused ? (vec ? RmsNormKernel<true, true> : RmsNormKernel<false, true>)
+                       : (vec ? RmsNormKernel<true, false> : RmsNormKernel<false, false>);
+  TESSERA_CUDA_RETURN_IF_ERROR(LaunchDependent(kernel, grid, threads, 0, s, fused ? nullptr : x, d,
+                                               fused ? residual : nullptr, cols, w, eps, out));
   return CheckLastLaunch(op);
 }
 
@@ -310,10 +322,9 @@ __global__ void WriteKvCacheKernel(const uint16_t* __restrict__ k, int64_t k_str
   }
 }
 
-}  // namespace
-
-absl::Status Embedding(const Bf16* table, int64_t vocab, int64_t hidden, const int32_t* ids,
-                       int64_t n, float* out, CudaStream stream) {
+template <class OutT>
+absl::Status LaunchEmbedding(const Bf16* table, int64_t vocab, int64_t hidden, const int32_t* ids,
+                             int64_t n, OutT* out, CudaStream stream) {
   if (vocab <= 0 || hidden <= 0 || n < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("Embedding: bad shape vocab=", vocab, " hidden=", hidden, " n=", n));
@@ -326,12 +337,27 @@ absl::Status Embedding(const Bf16* table, int64_t vocab, int64_t hidden, const i
   const bool vec = hidden % 8 == 0 && Aligned(table, 16) && Aligned(out, 16);
   const int threads = RowThreads(vec ? hidden / 8 : hidden);
   const dim3 grid(static_cast<unsigned>(n));
+  const auto* t = reinterpret_cast<const uint16_t*>(table);
   if (vec) {
-    EmbeddingKernel<true><<<grid, threads, 0, AsCuda(stream)>>>(table, vocab, hidden, ids, out);
+    EmbeddingKernel<true, OutT>
+        <<<grid, threads, 0, AsCuda(stream)>>>(t, vocab, hidden, ids, out);
   } else {
-    EmbeddingKernel<false><<<grid, threads, 0, AsCuda(stream)>>>(table, vocab, hidden, ids, out);
+    EmbeddingKernel<false, OutT>
+        <<<grid, threads, 0, AsCuda(stream)>>>(t, vocab, hidden, ids, out);
   }
   return CheckLastLaunch("Embedding");
+}
+
+}  // namespace
+
+absl::Status Embedding(const Bf16* table, int64_t vocab, int64_t hidden, const int32_t* ids,
+                       int64_t n, float* out, CudaStream stream) {
+  return LaunchEmbedding(table, vocab, hidden, ids, n, out, stream);
+}
+
+absl::Status EmbeddingBf16(const Bf16* table, int64_t vocab, int64_t hidden, const int32_t* ids,
+                           int64_t n, Bf16* out, CudaStream stream) {
+  return LaunchEmbedding(table, vocab, hidden, ids, n, reinterpret_cast<uint16_t*>(out), stream);
 }
 
 absl::Status RmsNorm(const float* x, int64_t rows, int64_t cols, const float* w, float eps,

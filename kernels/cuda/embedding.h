@@ -21,4 +21,10 @@ namespace tessera::kernels::cuda {
 absl::Status Embedding(const Bf16* table, int64_t vocab, int64_t hidden, const int32_t* ids,
                        int64_t n, float* out, CudaStream stream);
 
+// The same lookup into bf16 (the table's values, bit for bit; zeros for an
+// id outside [0, vocab)), for a vocabulary-parallel embedding that a bf16
+// all-reduce sums: exactly one rank holds each id, so the sum is exact.
+absl::Status EmbeddingBf16(const Bf16* table, int64_t vocab, int64_t hidden, const int32_t* ids,
+                           int64_t n, Bf16* out, CudaStream stream);
+
 }  // namespace tessera::kernels::cuda

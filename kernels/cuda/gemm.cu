@@ -8,8 +8,10 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 #include <vector>
@@ -24,7 +26,6 @@ namespace tessera::kernels::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
-constexpr int kAutotuneCandidates = 8;  // heuristic results timed per shape
 constexpr int kAutotuneReps = 5;
 constexpr size_t kScratchBytes = 32u << 20;
 
@@ -81,9 +82,26 @@ unsigned ElementwiseBlocks(int64_t total, int threads) {
 
 }  // namespace
 
+// Key: m, n, k, fp32 output, bias, alignments of x, w, y, bias.
+using GemmKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, int>;
+
+struct GemmTuningTable::Impl {
+  struct Entry {
+    bool done = false;   // the tuning context has finished
+    bool found = false;  // and timed at least one candidate
+    cublasLtMatmulAlgo_t algo{};
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  // (shape, bias in the epilogue) -> the pick.
+  std::map<std::pair<GemmKey, bool>, Entry> entries;
+};
+
+GemmTuningTable::GemmTuningTable() : impl_(std::make_unique<Impl>()) {}
+GemmTuningTable::~GemmTuningTable() = default;
+
 struct GemmContext::Impl {
-  // Key: m, n, k, fp32 output, bias, alignments of x, w, y, bias.
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, int>;
+  using Key = GemmKey;
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
@@ -102,7 +120,10 @@ struct GemmContext::Impl {
   bool use_gemv = true;
   bool staged_supported = false;  // GemvStagedSupported() on the context's device
   int64_t gemv_max_weight_elems = kGemvDefaultMaxWeightElems;
-  int64_t autotune_max_m = 0;  // SetAutotune
+  int64_t autotune_max_m = 0;                         // SetAutotune
+  int autotune_candidates = kGemmAutotuneCandidates;  // SetAutotuneCandidates
+  std::shared_ptr<GemmTuningTable> tuning;            // ShareTuning
+  int shapes_timed = 0;
   std::mutex mu;
   std::map<Key, Plan> plans;
   std::map<std::pair<int64_t, int64_t>, int> staged_ctas_per_sm;  // (m, k) -> CTAs
@@ -121,6 +142,9 @@ struct GemmContext::Impl {
       if (!GemvStagedResidentCtasPerSm(m, k, &ctas).ok()) ctas = 0;
       it = staged_ctas_per_sm.emplace(std::make_pair(m, k), ctas).first;
     }
+    // No resident CTA: the device cannot hold the staged kernel's shared
+    // memory for this k.
+    if (it->second == 0) return false;
     return n / 8 <= static_cast<int64_t>(it->second) * gemv.num_sms ||
            n * k > gemv_max_weight_elems;
   }
@@ -188,11 +212,11 @@ struct GemmContext::Impl {
       st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                 &ay, sizeof(ay));
     }
-    cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates] = {};
+    std::vector<cublasLtMatmulHeuristicResult_t> results(autotune_candidates);
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS) {
       st = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->d, plan->d,
-                                          pref, kAutotuneCandidates, results, &found);
+                                          pref, autotune_candidates, results.data(), &found);
     }
     cublasLtMatmulPreferenceDestroy(pref);
     TESSERA_LT_RETURN_IF_ERROR(st);
@@ -210,23 +234,78 @@ struct GemmContext::Impl {
   }
 
   // Times the plan's candidates on this call's operands (each once to warm
-  // up, then kAutotuneReps times between two events) and keeps the fastest;
+  // up, then kAutotuneReps times, each between two events after an L2
+  // flush) and keeps the fastest;
   // a candidate cuBLASLt refuses here is skipped. During stream capture
   // nothing can be timed: the heuristic's first choice stays, for good, so
   // that graphs and eager calls of a shape run the same algorithm.
-  absl::Status Tune(Plan& p, const Bf16* x, const Bf16* w, void* y, CudaStream stream) {
+  absl::Status Tune(const Key& key, Plan& p, const Bf16* x, const Bf16* w, void* y,
+                    CudaStream stream) {
     p.tuned = true;
     std::vector<cublasLtMatmulAlgo_t> candidates = std::move(p.candidates);
     p.candidates.clear();
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     TESSERA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(AsCuda(stream), &capture));
     if (capture != cudaStreamCaptureStatusNone || candidates.size() < 2) return absl::OkStatus();
+    if (tuning == nullptr) return TimeCandidates(candidates, p, x, w, y, stream, nullptr);
+    // Shared: take another context's pick, or make it for all.
+    GemmTuningTable::Impl& t = tuning->impl();
+    std::unique_lock<std::mutex> lock(t.mu);
+    auto [it, first] = t.entries.try_emplace({key, p.bias_in_epilogue});
+    if (!first) {
+      t.cv.wait(lock, [&] { return it->second.done; });
+      cublasLtMatmulHeuristicResult_t check{};
+      if (it->second.found &&
+          cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.d, p.d, &it->second.algo, &check) ==
+              CUBLAS_STATUS_SUCCESS) {
+        p.algo = it->second.algo;
+        return absl::OkStatus();
+      }
+      lock.unlock();
+      return TimeCandidates(candidates, p, x, w, y, stream, nullptr);
+    }
+    lock.unlock();
+    bool found = false;
+    absl::Status status = TimeCandidates(candidates, p, x, w, y, stream, &found);
+    lock.lock();
+    it->second.done = true;
+    it->second.found = found && status.ok();
+    it->second.algo = p.algo;
+    t.cv.notify_all();
+    return status;
+  }
+
+  // Times `candidates` (see Tune) and sets p.algo to the fastest; `found`
+  // (optional): whether any could be timed.
+  absl::Status TimeCandidates(const std::vector<cublasLtMatmulAlgo_t>& candidates, Plan& p,
+                              const Bf16* x, const Bf16* w, void* y, CudaStream stream,
+                              bool* found) {
+    ++shapes_timed;
     cudaEvent_t start = nullptr, stop = nullptr;
     TESSERA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
     if (const cudaError_t err = cudaEventCreate(&stop); err != cudaSuccess) {
       cudaEventDestroy(start);
       return CudaError(err, "GEMM autotune");
     }
+    // A decode step streams every weight from HBM once, but back-to-back
+    // runs of one GEMM would find a weight that fits in L2 (a TP rank's
+    // qkv or o_proj) already there, and pick for that. So each timed run
+    // follows a write of twice the L2 size (where that much memory can be
+    // had for the tuning).
+    int l2_bytes = 0;
+    void* flush = nullptr;
+    size_t flush_bytes = 0;
+    int dev = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, dev) == cudaSuccess &&
+        l2_bytes > 0) {
+      flush_bytes = 2 * static_cast<size_t>(l2_bytes);
+      if (cudaMalloc(&flush, flush_bytes) != cudaSuccess) {
+        flush = nullptr;
+        flush_bytes = 0;
+      }
+    }
+    cudaGetLastError();  // a failed query or allocation only means no flush
     const float alpha = 1.0f, beta = 0.0f;
     float best_ms = 0.f;
     bool have_best = false;
@@ -237,24 +316,30 @@ struct GemmContext::Impl {
                               workspace, kWorkspaceBytes, AsCuda(stream));
       };
       if (run() != CUBLAS_STATUS_SUCCESS) continue;
-      cudaError_t err = cudaEventRecord(start, AsCuda(stream));
+      float total_ms = 0.f;
+      cudaError_t err = cudaSuccess;
       for (int i = 0; i < kAutotuneReps && err == cudaSuccess; ++i) {
-        if (run() != CUBLAS_STATUS_SUCCESS) err = cudaErrorUnknown;
+        if (flush != nullptr) err = cudaMemsetAsync(flush, i & 0xff, flush_bytes, AsCuda(stream));
+        if (err == cudaSuccess) err = cudaEventRecord(start, AsCuda(stream));
+        if (err == cudaSuccess && run() != CUBLAS_STATUS_SUCCESS) err = cudaErrorUnknown;
+        if (err == cudaSuccess) err = cudaEventRecord(stop, AsCuda(stream));
+        if (err == cudaSuccess) err = cudaEventSynchronize(stop);
+        float ms = 0.f;
+        if (err == cudaSuccess) err = cudaEventElapsedTime(&ms, start, stop);
+        total_ms += ms;
       }
-      if (err == cudaSuccess) err = cudaEventRecord(stop, AsCuda(stream));
-      if (err == cudaSuccess) err = cudaEventSynchronize(stop);
-      float ms = 0.f;
-      if (err == cudaSuccess) err = cudaEventElapsedTime(&ms, start, stop);
       if (err != cudaSuccess) {
         status.Update(CudaError(err, "GEMM autotune"));
         break;
       }
-      if (!have_best || ms < best_ms) {
-        best_ms = ms;
+      if (!have_best || total_ms < best_ms) {
+        best_ms = total_ms;
         p.algo = algo;
         have_best = true;
       }
     }
+    if (flush != nullptr) cudaFree(flush);
+    if (found != nullptr) *found = have_best;
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
     return status;
@@ -352,7 +437,7 @@ struct GemmContext::Impl {
           p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
     if (!p.tuned && m <= autotune_max_m) {
-      if (absl::Status s = Tune(p, x, w, y, stream); !s.ok()) return s;
+      if (absl::Status s = Tune(key, p, x, w, y, stream); !s.ok()) return s;
     }
     const float alpha = 1.0f, beta = 0.0f;
     TESSERA_LT_RETURN_IF_ERROR(cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.d,
@@ -401,6 +486,21 @@ absl::StatusOr<std::unique_ptr<GemmContext>> GemmContext::Create() {
 void GemmContext::SetAutotune(int64_t max_m) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->autotune_max_m = max_m;
+}
+
+void GemmContext::SetAutotuneCandidates(int candidates) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->autotune_candidates = std::clamp(candidates, 1, kGemmMaxAutotuneCandidates);
+}
+
+void GemmContext::ShareTuning(std::shared_ptr<GemmTuningTable> table) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->tuning = std::move(table);
+}
+
+int GemmContext::shapes_timed() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->shapes_timed;
 }
 
 void GemmContext::SetUseGemv(bool use) {

@@ -38,6 +38,29 @@ namespace tessera::kernels::cuda {
 // elements (64 MiB of bf16), cuBLASLt above.
 inline constexpr int64_t kGemvDefaultMaxWeightElems = int64_t{1} << 25;
 
+inline constexpr int kGemmAutotuneCandidates = 32;
+inline constexpr int kGemmMaxAutotuneCandidates = 64;
+
+// Autotuning picks shared by the GemmContexts of a tensor-parallel group
+// (GemmContext::ShareTuning). The first context to tune a shape times the
+// candidates and records the fastest; the others wait for that pick and
+// take it (where cuBLASLt accepts it for their operands) instead of timing
+// their own. Every rank then runs the same kernel for a shape: ranks that
+// meet at an all-reduce after each projection do not wait for a peer whose
+// timing happened to pick a slower one. Thread-safe.
+class GemmTuningTable {
+ public:
+  GemmTuningTable();
+  ~GemmTuningTable();
+  GemmTuningTable(const GemmTuningTable&) = delete;
+  GemmTuningTable& operator=(const GemmTuningTable&) = delete;
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
 class GemmContext {
  public:
   // Creates the handle and workspace on the current device.
@@ -55,16 +78,27 @@ class GemmContext {
                     const float* bias, float* y, CudaStream stream);
 
   // While set (max_m > 0), the next cuBLASLt call of each shape with
-  // m <= max_m that has not been tuned yet is: of the up to 8 algorithms
-  // cuBLASLt's heuristic offers, each is timed on the call's own operands
-  // and the fastest is kept for the shape from then on (a one-time cost of
-  // ~50 GEMMs; during stream capture nothing can be timed, and the shape
+  // m <= max_m that has not been tuned yet is: of the algorithms cuBLASLt's
+  // heuristic offers (up to SetAutotuneCandidates' number), each is timed
+  // on the call's own operands, every run after an L2 flush (a step streams
+  // its weights from HBM), and the fastest is kept for the shape from then
+  // on (a one-time cost of a few hundred GEMMs and flushes, milliseconds
+  // per shape; during stream capture nothing can be timed, and the shape
   // keeps the heuristic's first choice for good). Rounding may then differ
   // between processes, never between calls of one context. Default 0: the
   // heuristic's first choice. The CUDA runner opens this window for one
   // eager decode step per batch bucket, before it captures that bucket's
   // first graph.
   void SetAutotune(int64_t max_m);
+  // How many of the heuristic's algorithms autotuning times per shape
+  // (clamped to 1 .. kGemmMaxAutotuneCandidates); applies to shapes first
+  // seen after the call. Default kGemmAutotuneCandidates.
+  void SetAutotuneCandidates(int candidates);
+  // Tunes through `table` from now on (null: alone).
+  void ShareTuning(std::shared_ptr<GemmTuningTable> table);
+  // Shapes this context timed candidates for itself (not those it took
+  // from a shared table).
+  int shapes_timed() const;
 
   // Default true: m <= 8 GEMMs use the GEMV kernel when it applies.
   void SetUseGemv(bool use);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -185,6 +186,52 @@ TEST(CudaGemmTest, ShapeFirstSeenInCaptureKeepsTheHeuristicAlgorithm) {
   ASSERT_TRUE(Synchronize(st).ok());
   ExpectSameBf16(ref, in_graph, m * n);
   ExpectSameBf16(ref, eager, m * n);
+}
+
+// Contexts sharing a GemmTuningTable (the ranks of a tensor-parallel group):
+// a shape one of them tuned is not timed again by another, which runs the
+// same algorithm (the same bits); two contexts meeting a new shape at once
+// time it once between them. A context outside the table times for itself.
+TEST(CudaGemmTest, SharedTuningTimesEachShapeOnce) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  auto table = std::make_shared<GemmTuningTable>();
+  std::vector<std::unique_ptr<GemmContext>> ctx;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<std::unique_ptr<GemmContext>> c = GemmContext::Create();
+    ASSERT_TRUE(c.ok()) << c.status();
+    (*c)->SetAutotune(64);
+    if (i < 2) (*c)->ShareTuning(table);
+    ctx.push_back(std::move(*c));
+  }
+  const int64_t m = 64, n = 3072, k = 1024;
+  DeviceBuffer x = Upload(FastRandomBf16(m * k, 27)), w = Upload(FastRandomBf16(n * k, 28));
+  std::vector<DeviceBuffer> y;
+  for (int i = 0; i < 3; ++i) y.push_back(Zeros(m * n * 2));
+  auto run = [&](int i, int64_t cols) {
+    absl::StatusOr<Stream> stream = Stream::Create();
+    if (!stream.ok()) return stream.status();
+    absl::Status s = ctx[i]->Gemm(x.as<Bf16>(), m, k, w.as<Bf16>(), cols, nullptr, y[i].as<Bf16>(),
+                                  stream->get());
+    if (!s.ok()) return s;
+    return Synchronize(stream->get());
+  };
+  ASSERT_TRUE(run(0, n).ok());
+  ASSERT_TRUE(run(1, n).ok());
+  ASSERT_TRUE(run(2, n).ok());
+  EXPECT_EQ(ctx[0]->shapes_timed(), 1);
+  EXPECT_EQ(ctx[1]->shapes_timed(), 0);  // took context 0's pick
+  EXPECT_EQ(ctx[2]->shapes_timed(), 1);  // not in the table
+  ExpectSameBf16(y[0], y[1], m * n);
+  // A new shape met by both sharing contexts at once, from two threads.
+  absl::Status s0, s1;
+  std::thread t0([&] { s0 = run(0, n / 2); });
+  std::thread t1([&] { s1 = run(1, n / 2); });
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(s0.ok()) << s0;
+  ASSERT_TRUE(s1.ok()) << s1;
+  EXPECT_EQ(ctx[0]->shapes_timed() + ctx[1]->shapes_timed(), 2);
+  ExpectSameBf16(y[0], y[1], m * n / 2);
 }
 
 // Captures embedding -> rmsnorm -> gemm (+bias) on a stream, replays the graph with

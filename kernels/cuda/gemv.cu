@@ -25,10 +25,13 @@
 // split order, adds the bias, writes y and resets the counter.
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/mbarrier.cuh"
 
 namespace tessera::kernels::cuda {
 namespace {
@@ -151,6 +154,10 @@ __global__ void __launch_bounds__(kThreads)
                const float* __restrict__ bias, void* __restrict__ y, int steps_per_split,
                int splits, float* __restrict__ partials, uint32_t* __restrict__ counters,
                const RopeArgs rope) {
+  // A programmatic dependent (the p2p all-reduce + RMSNorm, FusedAddRmsNorm)
+  // may launch now: it loads what does not depend on this kernel, then
+  // waits for it.
+  AllowDependentLaunch();
   __shared__ float red[kWarps][kTileRows][8];
   __shared__ uint32_t is_last;
   const int lane = threadIdx.x & 31;
@@ -267,6 +274,7 @@ __global__ void __launch_bounds__(kThreads)
 // added in warp order.
 constexpr int kStagedRows = 8;
 constexpr int kStagedPad = 64;  // bytes after each staged row: conflict-free 16-byte reads
+constexpr uint64_t kStagedTimeoutNs = 4000000000ull;
 
 template <Out kOut>
 __global__ void __launch_bounds__(kThreads)
@@ -274,6 +282,7 @@ __global__ void __launch_bounds__(kThreads)
                      const float* __restrict__ bias, uint16_t* __restrict__ y,
                      const RopeArgs rope) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  AllowDependentLaunch();  // as GemvKernel
   extern __shared__ __align__(128) unsigned char staged[];
   __shared__ __align__(8) uint64_t bar[2];  // W landed, x landed
   __shared__ float red[kWarps][8][kStagedRows];
@@ -282,40 +291,26 @@ __global__ void __launch_bounds__(kThreads)
   const int row_bytes = k * 2;
   const int stride = row_bytes + kStagedPad;
   unsigned char* xs = staged + kStagedRows * stride;  // m rows of x, same stride
-  const uint32_t w_bar = static_cast<uint32_t>(__cvta_generic_to_shared(&bar[0]));
-  const uint32_t x_bar = static_cast<uint32_t>(__cvta_generic_to_shared(&bar[1]));
+  const uint32_t w_bar = SharedAddress(&bar[0]);
+  const uint32_t x_bar = SharedAddress(&bar[1]);
   auto copy_rows = [&](unsigned char* dst, const uint16_t* src, int rows, uint32_t b) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b),
-                 "r"(row_bytes * rows)
-                 : "memory");
+    MbarArriveExpectTx(b, static_cast<uint32_t>(row_bytes * rows));
     for (int r = 0; r < rows; ++r) {
-      const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst + r * stride));
       asm volatile(
           "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-          "[%3];\n" ::"r"(d),
+          "[%3];\n" ::"r"(SharedAddress(dst + r * stride)),
           "l"(src + static_cast<int64_t>(r) * k), "r"(row_bytes), "r"(b)
           : "memory");
     }
   };
-  auto wait = [](uint32_t b) {
-    uint32_t done = 0;
-    while (!done) {
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n"
-          " selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(b)
-          : "memory");
-    }
-  };
   if (threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(w_bar));
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(x_bar));
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    MbarInit(w_bar, 1);
+    MbarInit(x_bar, 1);
+    MbarFenceInit();
     copy_rows(staged, w + static_cast<int64_t>(n0) * k, kStagedRows, w_bar);
   }
   __syncthreads();  // the barriers are initialized before anyone waits on them
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  WaitForPrimary();
   // x, which the kernel before this one writes, is copied only now, by the
   // bulk-copy unit as well (through L2; one request per row instead of a
   // load per lane and step).
@@ -332,8 +327,11 @@ __global__ void __launch_bounds__(kThreads)
   const bool x_ok = g < m;
   const unsigned char* wr = staged + g * stride + q * 16 + s0 * 64;
   const unsigned char* xr = xs + (x_ok ? g : 0) * stride + q * 16 + s0 * 64;
-  wait(w_bar);
-  wait(x_bar);
+  // A copy that never lands ends the kernel (with wrong sums) after 4 s
+  // instead of hanging the stream.
+  bool timed_out = false;
+  MbarWait(w_bar, 0, kStagedTimeoutNs, timed_out);
+  MbarWait(x_bar, 0, kStagedTimeoutNs, timed_out);
   float acc0[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 8
   for (int i = 0; i < per_warp; ++i) {
@@ -456,8 +454,86 @@ absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t 
                                                           plan.steps_per_split, plan.splits,
                                                           ws.partials, ws.counters, rope);
       break;
+    case Out::kSiluMul:  // the staged kernel's epilogue only
+      return absl::InvalidArgumentError("GemvBf16: no SiLU-mul epilogue in the tiled GEMV");
   }
   return CheckLastLaunch("GemvBf16");
+}
+
+// The staged kernels' per-device set-up, done once per device: whether
+// the device runs an SM 9.0+ image of them, and their dynamic shared-memory
+// limit raised to what the largest staged shape needs (capped by the
+// device's per-block limit), so that launches do no host work beyond the
+// launch itself.
+constexpr int kMaxDevices = 64;
+constexpr int kStagedMaxSmem =
+    static_cast<int>((kStagedRows + kGemvMaxRows) * (2 * kStagedMaxK + kStagedPad));
+
+struct StagedDevice {
+  std::once_flag once;
+  bool supported = false;
+  int max_smem = 0;     // the raised limit (bytes); launches needing more are refused
+  absl::Status status;  // of raising it
+};
+
+// Raises kernel kOut's dynamic shared-memory limit to `bytes`.
+template <Out kOut>
+absl::Status RaiseStagedSmemLimit(int bytes) {
+  return CudaError(cudaFuncSetAttribute(StagedGemvKernel<kOut>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+                   "staged GEMV: shared-memory limit");
+}
+
+// The largest static shared memory of the staged kernels.
+absl::Status StagedStaticSmem(int* bytes) {
+  *bytes = 0;
+  for (const void* f : {reinterpret_cast<const void*>(StagedGemvKernel<Out::kBf16>),
+                        reinterpret_cast<const void*>(StagedGemvKernel<Out::kSiluMul>),
+                        reinterpret_cast<const void*>(StagedGemvKernel<Out::kQkvRope>)}) {
+    cudaFuncAttributes attr{};
+    TESSERA_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attr, f));
+    *bytes = std::max(*bytes, static_cast<int>(attr.sharedSizeBytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const StagedDevice*> PreparedStagedDevice() {
+  static StagedDevice devices[kMaxDevices];
+  int dev = 0;
+  if (const cudaError_t err = cudaGetDevice(&dev); err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("staged GEMV: no usable CUDA device (", cudaGetErrorName(err), ")"));
+  }
+  if (dev < 0 || dev >= kMaxDevices) {
+    return absl::InternalError(absl::StrCat("staged GEMV: device ordinal ", dev, " out of range"));
+  }
+  StagedDevice& d = devices[dev];
+  std::call_once(d.once, [&d, dev] {
+    // The image of the kernel this device runs must have been compiled for
+    // SM 9.0+ (its body is empty below that): a build that reaches a
+    // Hopper GPU only through older PTX has no staged GEMV.
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, StagedGemvKernel<Out::kBf16>) != cudaSuccess) {
+      cudaGetLastError();
+      return;
+    }
+    d.supported = attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
+    if (!d.supported) return;
+    int optin = 0, static_smem = 0;
+    d.status.Update(
+        CudaError(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                  "staged GEMV: shared-memory limit"));
+    d.status.Update(StagedStaticSmem(&static_smem));
+    // Static and dynamic shared memory count against the same per-block limit.
+    const int limit = std::min(kStagedMaxSmem, optin - static_smem);
+    if (!d.status.ok() || limit <= 0) return;
+    d.status.Update(RaiseStagedSmemLimit<Out::kBf16>(limit));
+    d.status.Update(RaiseStagedSmemLimit<Out::kSiluMul>(limit));
+    d.status.Update(RaiseStagedSmemLimit<Out::kQkvRope>(limit));
+    if (d.status.ok()) d.max_smem = limit;
+  });
+  return &d;
 }
 
 absl::Status LaunchStaged(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
@@ -470,40 +546,36 @@ absl::Status LaunchStaged(const Bf16* x, int64_t m, int64_t k, const Bf16* w, in
                                                    " k=", k, ")"));
   }
   if (y == nullptr) return absl::InvalidArgumentError("GemvStagedBf16: null output");
-  if (!GemvStagedSupported()) {
+  absl::StatusOr<const StagedDevice*> dev = PreparedStagedDevice();
+  if (!dev.ok()) return dev.status();
+  if (!(*dev)->supported) {
     return absl::FailedPreconditionError(
         "GemvStagedBf16: needs a device of SM 9.0 or newer and a build with an image for it");
   }
+  if (!(*dev)->status.ok()) return (*dev)->status;
   const int smem = StagedSmemBytes(m, k);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(n / kStagedRows));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = AsCuda(stream);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  if (smem > (*dev)->max_smem) {
+    return absl::InvalidArgumentError(absl::StrCat("GemvStagedBf16: m=", m, " k=", k, " needs ",
+                                                   smem,
+                                                   " bytes of shared memory per CTA; the "
+                                                   "device allows ",
+                                                   (*dev)->max_smem));
+  }
   const auto* xs = reinterpret_cast<const uint16_t*>(x);
   const auto* ws = reinterpret_cast<const uint16_t*>(w);
   auto* ys = reinterpret_cast<uint16_t*>(y);
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  const dim3 grid(static_cast<unsigned>(n / kStagedRows));
+  const cudaStream_t s = AsCuda(stream);
   if (out == Out::kQkvRope) {
-    TESSERA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        StagedGemvKernel<Out::kQkvRope>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    TESSERA_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, StagedGemvKernel<Out::kQkvRope>, xs, mi,
-                                                    ki, ws, ni, bias, ys, rope));
+    TESSERA_CUDA_RETURN_IF_ERROR(LaunchDependent(StagedGemvKernel<Out::kQkvRope>, grid, kThreads,
+                                                 smem, s, xs, mi, ki, ws, ni, bias, ys, rope));
   } else if (out == Out::kSiluMul) {
-    TESSERA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        StagedGemvKernel<Out::kSiluMul>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    TESSERA_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, StagedGemvKernel<Out::kSiluMul>, xs, mi,
-                                                    ki, ws, ni, bias, ys, rope));
+    TESSERA_CUDA_RETURN_IF_ERROR(LaunchDependent(StagedGemvKernel<Out::kSiluMul>, grid, kThreads,
+                                                 smem, s, xs, mi, ki, ws, ni, bias, ys, rope));
   } else {
-    TESSERA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        StagedGemvKernel<Out::kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    TESSERA_CUDA_RETURN_IF_ERROR(
-        cudaLaunchKernelEx(&cfg, StagedGemvKernel<Out::kBf16>, xs, mi, ki, ws, ni, bias, ys, rope));
+    TESSERA_CUDA_RETURN_IF_ERROR(LaunchDependent(StagedGemvKernel<Out::kBf16>, grid, kThreads, smem,
+                                                 s, xs, mi, ki, ws, ni, bias, ys, rope));
   }
   return CheckLastLaunch("GemvStagedBf16");
 }
@@ -511,15 +583,8 @@ absl::Status LaunchStaged(const Bf16* x, int64_t m, int64_t k, const Bf16* w, in
 }  // namespace
 
 bool GemvStagedSupported() {
-  // The image of the kernel this device runs must have been compiled for
-  // SM 9.0+ (its body is empty below that): a build that reaches a Hopper
-  // GPU only through older PTX has no staged GEMV.
-  cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, StagedGemvKernel<Out::kBf16>) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
+  absl::StatusOr<const StagedDevice*> dev = PreparedStagedDevice();
+  return dev.ok() && (*dev)->supported && (*dev)->status.ok();
 }
 
 absl::Status GemvStagedResidentCtasPerSm(int64_t m, int64_t k, int* ctas) {
@@ -528,9 +593,11 @@ absl::Status GemvStagedResidentCtasPerSm(int64_t m, int64_t k, int* ctas) {
     return absl::InvalidArgumentError(
         absl::StrCat("GemvStagedResidentCtasPerSm: bad shape m=", m, " k=", k));
   }
+  absl::StatusOr<const StagedDevice*> dev = PreparedStagedDevice();
+  if (!dev.ok()) return dev.status();
+  if (!(*dev)->status.ok()) return (*dev)->status;
   const int smem = StagedSmemBytes(m, k);
-  TESSERA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-      StagedGemvKernel<Out::kBf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  if (!(*dev)->supported || smem > (*dev)->max_smem) return absl::OkStatus();  // none
   TESSERA_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       ctas, StagedGemvKernel<Out::kBf16>, kThreads, static_cast<size_t>(smem)));
   return absl::OkStatus();

@@ -89,12 +89,6 @@ __device__ __forceinline__ bool Filled(uint4 v) {
 }
 __device__ __forceinline__ bool Filled(uint16_t h) { return h != 0x8000u; }
 
-__device__ __forceinline__ uint64_t GlobalTimerNs() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
-}
-
 // Whether a wait that began at `start` (0: not yet stamped; set on the
 // first check) has passed kTimeoutNs; the clock is read every 256 spins.
 __device__ __forceinline__ bool WaitedTooLong(uint32_t spins, uint64_t& start) {
@@ -347,12 +341,13 @@ __device__ __forceinline__ uint4 Normalized(float4 a, float4 b, float inv, float
 }
 
 // The fused form: rows of `cols` values (cols % 8 == 0), CTA b owns rows
-// b, b + grid, ...; per row: sum, residual += bf16(sum), RMSNorm into out
-// (FusedAddRmsNorm's arithmetic). A thread takes units threadIdx.x +
-// j * blockDim.x of a row.
+// b, b + grid, ...; per row: sum, residual += bf16(sum) (= without
+// `accumulate`), RMSNorm into out (FusedAddRmsNorm's arithmetic). A thread takes units threadIdx.x
+// + j * blockDim.x of a row.
 __global__ void __launch_bounds__(kThreads)
     AllReduceAddRmsNormKernel(const uint16_t* delta, float* residual, int64_t rows, int64_t cols,
-                              const float* w, float eps, uint16_t* out, Exchange x) {
+                              const float* w, float eps, uint16_t* out, bool accumulate,
+                              Exchange x) {
   AllowDependentLaunch();
   constexpr int B = kRowBatch;
   __shared__ float scratch[32];
@@ -381,8 +376,9 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t k = k0 + j * stride;
         valid[j] = k < row_units;
         own[j] = valid[j] ? NoNegZero(own_row[k]) : make_uint4(0, 0, 0, 0);
-        a[j] = valid[j] ? res[2 * k] : make_float4(0.f, 0.f, 0.f, 0.f);
-        b[j] = valid[j] ? res[2 * k + 1] : make_float4(0.f, 0.f, 0.f, 0.f);
+        const bool load = valid[j] && accumulate;
+        a[j] = load ? res[2 * k] : make_float4(0.f, 0.f, 0.f, 0.f);
+        b[j] = load ? res[2 * k + 1] : make_float4(0.f, 0.f, 0.f, 0.f);
       }
       float acc[B][8];
       SumBatch<B>(x, box, row * row_units + k0, stride, valid, own, acc, timed_out);
@@ -424,13 +420,19 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The fused form when every CTA owns one row that its threads cover in one
-// pass (rows <= grid, cols <= 8 * kRowBatch * kThreads): all the row's
-// loads (own values, residual, norm weights) are issued before the call
-// state is read, so they overlap that round trip, and the summed residual
-// stays in registers for the normalization instead of being read back.
+// pass (rows <= grid, cols <= 8 * kRowBatch * kThreads). It is launched as
+// a programmatic dependent of the projection before it (LaunchDependent):
+// the residual (with `accumulate`) and norm weights, which that kernel must
+// not write,
+// the call state, and re-marking the previous call's inbox slots come
+// before WaitForPrimary, overlapping the projection's end; only the row's
+// own values, the projection's output, are loaded after it. The summed
+// residual stays in registers for the normalization instead of being read
+// back.
 __global__ void __launch_bounds__(kThreads)
     AllReduceAddRmsNormRowKernel(const uint16_t* delta, float* residual, int64_t cols,
-                                 const float* w, float eps, uint16_t* out, Exchange x) {
+                                 const float* w, float eps, uint16_t* out, bool accumulate,
+                                 Exchange x) {
   constexpr int B = kRowBatch;
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
@@ -445,23 +447,24 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < B; ++j) {
     const int64_t k = threadIdx.x + j * kThreads;
     valid[j] = k < row_units;
-    own[j] = valid[j] ? own_row[k] : make_uint4(0, 0, 0, 0);
-    a[j] = valid[j] ? res[2 * k] : make_float4(0.f, 0.f, 0.f, 0.f);
-    b[j] = valid[j] ? res[2 * k + 1] : make_float4(0.f, 0.f, 0.f, 0.f);
+    const bool load = valid[j] && accumulate;
+    a[j] = load ? res[2 * k] : make_float4(0.f, 0.f, 0.f, 0.f);
+    b[j] = load ? res[2 * k + 1] : make_float4(0.f, 0.f, 0.f, 0.f);
     ga[j] = valid[j] ? g[2 * k] : make_float4(0.f, 0.f, 0.f, 0.f);
     gb[j] = valid[j] ? g[2 * k + 1] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   const Call c = BeginCall(x);
+  Reclear(x, c);
+  WaitForPrimary();
 #pragma unroll
   for (int j = 0; j < B; ++j) {
-    own[j] = NoNegZero(own[j]);
+    own[j] = valid[j] ? NoNegZero(own_row[threadIdx.x + j * kThreads]) : make_uint4(0, 0, 0, 0);
     if (valid[j]) PushUnit(x, c, row * row_units + threadIdx.x + j * kThreads, own[j]);
   }
   // Only now, with this rank's inputs loaded and sent, may a dependent
   // (the staged GEMV) start streaming its weights: earlier, its copies
   // delay those loads.
   AllowDependentLaunch();
-  Reclear(x, c);
   bool timed_out = false;
   const uint16_t* box = c.t.inbox[x.rank] + c.recv;
   float acc[B][8];
@@ -590,6 +593,18 @@ bool P2pAllReduce::AddRmsNormSupports(const Bf16* delta, const float* residual, 
 absl::Status P2pAllReduce::AllReduceAddRmsNorm(int rank, const Bf16* delta, float* residual,
                                                int64_t rows, int64_t cols, const float* w,
                                                float eps, Bf16* out, CudaStream stream) {
+  return LaunchRmsNorm(rank, delta, residual, rows, cols, w, eps, out, true, stream);
+}
+
+absl::Status P2pAllReduce::AllReduceRmsNorm(int rank, const Bf16* delta, float* residual,
+                                            int64_t rows, int64_t cols, const float* w, float eps,
+                                            Bf16* out, CudaStream stream) {
+  return LaunchRmsNorm(rank, delta, residual, rows, cols, w, eps, out, false, stream);
+}
+
+absl::Status P2pAllReduce::LaunchRmsNorm(int rank, const Bf16* delta, float* residual, int64_t rows,
+                                         int64_t cols, const float* w, float eps, Bf16* out,
+                                         bool accumulate, CudaStream stream) {
   if (rows < 0 || cols <= 0 || rows > max_count_ / cols) {
     return absl::InvalidArgumentError(absl::StrCat("P2P all-reduce + RMSNorm of ", rows, " x ",
                                                    cols, " values (at most ", max_count_, ")"));
@@ -607,14 +622,15 @@ absl::Status P2pAllReduce::AllReduceAddRmsNorm(int rank, const Bf16* delta, floa
                    size()};
   const int ctas = static_cast<int>(std::min<int64_t>(rows, kMaxCtas));  // a row per CTA
   if (rows <= kMaxCtas && cols <= int64_t{8} * kRowBatch * kThreads) {
-    AllReduceAddRmsNormRowKernel<<<ctas, kThreads, 0, AsCuda(stream)>>>(
-        reinterpret_cast<const uint16_t*>(delta), residual, cols, w, eps,
-        reinterpret_cast<uint16_t*>(out), x);
-    return CudaError(cudaGetLastError(), "P2P all-reduce + RMSNorm");
+    return CudaError(
+        LaunchDependent(AllReduceAddRmsNormRowKernel, ctas, kThreads, 0, AsCuda(stream),
+                        reinterpret_cast<const uint16_t*>(delta), residual, cols, w, eps,
+                        reinterpret_cast<uint16_t*>(out), accumulate, x),
+        "P2P all-reduce + RMSNorm");
   }
   AllReduceAddRmsNormKernel<<<ctas, kThreads, 0, AsCuda(stream)>>>(
       reinterpret_cast<const uint16_t*>(delta), residual, rows, cols, w, eps,
-      reinterpret_cast<uint16_t*>(out), x);
+      reinterpret_cast<uint16_t*>(out), accumulate, x);
   return CudaError(cudaGetLastError(), "P2P all-reduce + RMSNorm");
 }
 

@@ -57,9 +57,19 @@ class P2pAllReduce {
   // ranks' sum of delta (rounded to bf16 first, as the all-reduce's result);
   // out = RmsNorm(residual) * w in bf16. `delta` keeps this rank's values.
   // Needs AddRmsNormSupports(); rows * cols <= max_count.
+  // When every CTA takes one row (rows <= 128, cols <= 8192), the kernel is
+  // launched as a programmatic dependent of the kernel before it on the
+  // stream (dependent_launch.cuh) and reads `residual` and `w` before that
+  // kernel ends: they must not be its outputs (delta may be).
   absl::Status AllReduceAddRmsNorm(int rank, const Bf16* delta, float* residual, int64_t rows,
                                    int64_t cols, const float* w, float eps, Bf16* out,
                                    CudaStream stream);
+  // The same with residual = the ranks' sum (its old values are not read):
+  // the first norm after a vocabulary-parallel embedding, whose ranks
+  // contribute zeros for the ids they do not hold.
+  absl::Status AllReduceRmsNorm(int rank, const Bf16* delta, float* residual, int64_t rows,
+                                int64_t cols, const float* w, float eps, Bf16* out,
+                                CudaStream stream);
   // cols a multiple of 8, every pointer 16-byte aligned.
   static bool AddRmsNormSupports(const Bf16* delta, const float* residual, int64_t cols,
                                  const float* w, const Bf16* out);
@@ -70,6 +80,9 @@ class P2pAllReduce {
  private:
   P2pAllReduce() = default;
   absl::Status CheckCall(int rank, int64_t count, bool null_data) const;
+  absl::Status LaunchRmsNorm(int rank, const Bf16* delta, float* residual, int64_t rows,
+                             int64_t cols, const float* w, float eps, Bf16* out, bool accumulate,
+                             CudaStream stream);
   std::vector<int> ordinals_;
   int64_t max_count_ = 0;
   int64_t cap_ = 0;                   // max_count rounded up to 8 values

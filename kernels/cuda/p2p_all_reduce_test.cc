@@ -8,6 +8,7 @@
 // as +0.0; the fused residual add + RMSNorm matches the all-reduce followed
 // by FusedAddRmsNorm; a rank whose peer never calls times out instead of
 // hanging.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -192,6 +193,8 @@ TEST(P2pAllReduceTest, NegativeZeroIsAValue) {
 // rounding (the sum of squares is reduced in a different order). Row counts
 // from one row (one CTA) to more rows than CTAs, interleaved with plain
 // all-reduces of other sizes (the rotating inboxes), eager and from a graph.
+// AllReduceRmsNorm the same way against a zero residual, its own residual
+// filled with NaNs first (it must not read them).
 TEST(P2pAllReduceTest, FusedAddRmsNormMatchesAllReduceThenNorm) {
   TESSERA_REQUIRE_CUDA_DEVICE();
   Group g;
@@ -226,9 +229,12 @@ TEST(P2pAllReduceTest, FusedAddRmsNormMatchesAllReduceThenNorm) {
   for (const Shape& shape :
        {Shape{1, 4096}, Shape{3, 4096}, Shape{64, 4096}, Shape{300, 1024}, Shape{1, 4096}}) {
     const int64_t rows = shape.rows, cols = shape.cols;
-    for (bool via_graph : {false, true}) {
+    for (const int mode : {0, 1, 2}) {
+      const bool via_graph = mode == 1;
+      const bool accumulate = mode != 2;
       SCOPED_TRACE(::testing::Message()
-                   << rows << " rows of " << cols << (via_graph ? " from a graph" : ""));
+                   << rows << " rows of " << cols << (via_graph ? " from a graph" : "")
+                   << (accumulate ? "" : ", residual set"));
       const int64_t count = rows * cols;
       // Inputs: delta differs per rank; the residual is the same on every rank.
       for (int r = 0; r < n; ++r) {
@@ -241,8 +247,13 @@ TEST(P2pAllReduceTest, FusedAddRmsNormMatchesAllReduceThenNorm) {
         }
         ASSERT_TRUE(
             CopyToDevice(b[r].delta.data(), delta.data(), count * 2, g.streams[r].get()).ok());
+        std::vector<float> residual_in = residual;
+        if (!accumulate) {
+          std::fill(residual.begin(), residual.end(), 0.f);
+          std::fill(residual_in.begin(), residual_in.end(), std::nanf(""));
+        }
         ASSERT_TRUE(
-            CopyToDevice(b[r].residual.data(), residual.data(), count * 4, g.streams[r].get())
+            CopyToDevice(b[r].residual.data(), residual_in.data(), count * 4, g.streams[r].get())
                 .ok());
         ASSERT_TRUE(
             CopyToDevice(b[r].residual_ref.data(), residual.data(), count * 4, g.streams[r].get())
@@ -271,9 +282,13 @@ TEST(P2pAllReduceTest, FusedAddRmsNormMatchesAllReduceThenNorm) {
       }
       std::vector<CudaGraph> graphs(n);
       auto fused = [&](int r) {
-        return g.p2p->AllReduceAddRmsNorm(r, b[r].delta.as<Bf16>(), b[r].residual.as<float>(), rows,
-                                          cols, b[r].w.as<float>(), eps, b[r].out.as<Bf16>(),
-                                          g.streams[r].get());
+        return accumulate
+                   ? g.p2p->AllReduceAddRmsNorm(r, b[r].delta.as<Bf16>(), b[r].residual.as<float>(),
+                                                rows, cols, b[r].w.as<float>(), eps,
+                                                b[r].out.as<Bf16>(), g.streams[r].get())
+                   : g.p2p->AllReduceRmsNorm(r, b[r].delta.as<Bf16>(), b[r].residual.as<float>(),
+                                             rows, cols, b[r].w.as<float>(), eps,
+                                             b[r].out.as<Bf16>(), g.streams[r].get());
       };
       if (via_graph) {
         for (int r = 0; r < n; ++r) {

@@ -47,6 +47,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/mbarrier.cuh"
 #include "kernels/cuda/paged_attention.cuh"
 
 namespace tessera::kernels::cuda {
@@ -595,45 +596,13 @@ constexpr size_t WsSmemBytes() {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void MbarArrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
-               : "memory");
-}
 // A waiting thread sleeps until the phase completes or this long passes
 // (instead of spinning: the spinning waits of an earlier version issued a
 // third of the kernel's instructions, on the consumers' schedulers).
 constexpr uint32_t kMbarSuspendHintNs = 1000000;
-__device__ __forceinline__ bool MbarTryWait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity), "n"(kMbarSuspendHintNs)
-      : "memory");
-  return done != 0;
-}
-__device__ __forceinline__ uint64_t GlobalTimerNs() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
-}
-// Waits until the phase of parity `parity` of barrier `bar` has completed,
-// at most 4 s: then sets `timed_out` and returns (and returns at once while
-// it is set). No trap here: see the warp-specialized kernel's comment.
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity, bool& timed_out) {
-  if (timed_out || MbarTryWait(bar, parity)) return;
-  const uint64_t start = GlobalTimerNs();
-  while (!MbarTryWait(bar, parity)) {
-    if (GlobalTimerNs() - start > 4000000000ull) {
-      timed_out = true;
-      return;
-    }
-  }
-}
+// Waits (mbarrier.cuh MbarWait) give up after 4 s. No trap then: see the
+// warp-specialized kernel's comment.
+constexpr uint64_t kMbarTimeoutNs = 4000000000ull;
 // One arrival on `bar` once every cp.async this thread issued before has
 // completed (the barrier's expected count includes it: .noinc).
 __device__ __forceinline__ void CpAsyncMbarArriveNoinc(uint32_t bar) {
@@ -765,7 +734,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // flight. The query tile rides with tile 0.
     for (int j = 0; j < n_tiles; ++j) {
       const int s = j % kStages;
-      if (j >= kStages) MbarWait(empty(s), ((j / kStages) + 1) & 1, timed_out);
+      if (j >= kStages)
+        MbarWait<kMbarSuspendHintNs>(empty(s), ((j / kStages) + 1) & 1, kMbarTimeoutNs, timed_out);
       const uint32_t k_dst = SmemAddr(stages + s * kStageElems) + thread_dst;
       WsGatherKv<D>(k_dst, k_dst + kKeys * D * 2, reinterpret_cast<const char*>(k_thread),
                     v_minus_k, src, j * kKeys, n_keys, first_row);
@@ -902,7 +872,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if constexpr (kPingPong) {
     if (cwg == 1) NamedBarArrive(1, 256);  // consumer 0 goes first
   }
-  MbarWait(full(0), 0, timed_out);
+  MbarWait<kMbarSuspendHintNs>(full(0), 0, kMbarTimeoutNs, timed_out);
   FenceProxyAsync();
   if constexpr (kPingPong) NamedBarSync(my_bar, 256);
   pin_s();
@@ -916,7 +886,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
   // Tiles 1 .. n_tiles - 1: S_j and P_{j-1} V_{j-1} in flight together.
   auto step = [&](int j, auto masked) {
-    MbarWait(full(j % kStages), (j / kStages) & 1, timed_out);  // K_j, V_j (V_{j-1} before)
+    MbarWait<kMbarSuspendHintNs>(full(j % kStages), (j / kStages) & 1, kMbarTimeoutNs,
+                                 timed_out);  // K_j, V_j (V_{j-1} before)
     FenceProxyAsync();
     if constexpr (kPingPong) NamedBarSync(my_bar, 256);
     pin_s();

@@ -9,6 +9,13 @@
 // block per row; 16-byte vector loads when cols % 4 == 0 and the pointers
 // allow, else scalar.
 //
+// Both launch as programmatic dependents of the kernel before them on the
+// stream (dependent_launch.cuh, SM 9.0+), so their launch overlaps its end.
+// FusedAddRmsNorm on the vector path with cols <= 16384 reads `residual`
+// and `w` before that kernel ends: they must not be its outputs
+// (delta may be, as after a projection; the decode steps' residual was
+// written kernels earlier).
+//
 // Thread-safety: enqueues on `stream`; concurrent calls must not write
 // overlapping outputs.
 #pragma once

@@ -44,8 +44,10 @@ ABSL_FLAG(std::vector<std::string>, batch_sizes, std::vector<std::string>({"1", 
 ABSL_FLAG(std::vector<std::string>, all_reduce_backends, std::vector<std::string>({"nccl", "p2p"}),
           "all-reduce backends to run each TP > 1 size with");
 ABSL_FLAG(std::vector<std::string>, gemm_autotune, std::vector<std::string>({"1"}),
-          "CudaRunnerOptions::gemm_autotune values (0/1) to run every configuration with, in "
-          "order (repeat them to alternate)");
+          "GEMM autotuning to run every configuration with, in order (repeat values to "
+          "alternate): 0 off, 1 on (CudaRunnerOptions::gemm_autotune) with the default "
+          "number of candidates, N > 1 on with N candidates per shape "
+          "(gemm_autotune_candidates)");
 ABSL_FLAG(std::vector<std::string>, staged_gemv, std::vector<std::string>({"1"}),
           "CudaRunnerOptions::staged_gemv values (0/1) to run every configuration with, in "
           "order (repeat them to alternate)");
@@ -272,6 +274,7 @@ int Run() {
     runner::CudaRunnerOptions o;
     if (tp > 1) o.all_reduce_backend = backend;
     o.gemm_autotune = autotune != 0;
+    if (autotune > 1) o.gemm_autotune_candidates = autotune;
     o.staged_gemv = staged != 0;
     o.block_size = block;
     o.num_kv_blocks = int64_t{max_batch} * blocks_per_seq + 16;
@@ -338,6 +341,7 @@ int Run() {
           {"host_ms_per_step", 1e3 * s / steps - *graph_ms},
           {"decode_tokens_per_second", tps},
           {"gemm_autotune", autotune != 0},
+          {"gemm_autotune_candidates", autotune > 1 ? autotune : o.gemm_autotune_candidates},
           {"staged_gemv", staged != 0},
           {"speedup_vs_tp1",
            tp1.count({batch, autotune, staged}) ? tps / tp1[{batch, autotune, staged}] : 0.0},

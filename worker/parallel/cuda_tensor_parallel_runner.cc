@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/nccl_group.h"
 #include "kernels/cuda/p2p_all_reduce.h"
 #include "kernels/cuda_backend.h"
@@ -47,6 +49,8 @@ absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunn
                        options.all_reduce_backend, "'"));
     }
   }
+  // One set of GEMM tuning picks for all ranks (gemm.h GemmTuningTable).
+  auto tuning = std::make_shared<kernels::cuda::GemmTuningTable>();
   for (int r = 0; r < n; ++r) {
     auto plan = PlanShard(config, r, n);
     if (!plan.ok()) return plan.status();
@@ -54,6 +58,7 @@ absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunn
     ro.shard = *plan;
     ro.nccl = tp->nccl_.get();
     ro.p2p = tp->p2p_.get();
+    if (ro.gemm_tuning == nullptr) ro.gemm_tuning = tuning;
     auto rank = model != nullptr ? runner::CudaModelRunner::Create(model, devices[r], ro)
                                  : runner::CudaModelRunner::CreateWithRandomWeights(
                                        config, devices[r], ro, random_seed + 7919 * r);

@@ -274,6 +274,8 @@ absl::Status CudaModelRunner::Init(const kernels::DeviceDescription& device) {
   if (!gemm.ok()) return gemm.status();
   impl_->gemm = std::move(*gemm);
   impl_->gemm->SetUseStagedGemv(options_.staged_gemv);
+  impl_->gemm->SetAutotuneCandidates(options_.gemm_autotune_candidates);
+  if (options_.gemm_tuning != nullptr) impl_->gemm->ShareTuning(options_.gemm_tuning);
   impl_->layers.resize(config_.num_hidden_layers);
   return absl::OkStatus();
 }
@@ -723,11 +725,14 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
   // delta (this rank's partial sums) summed over the ranks and added to the
   // residual stream, then xb = RMSNorm(residual) * w: one kernel with the
   // peer-to-peer all-reduce, else the all-reduce and FusedAddRmsNorm.
+  auto p2p_add_norm = [&](const DeviceBuffer& norm_w) {
+    return m.nccl != nullptr && options_.p2p != nullptr &&
+           T * H * 2 <= kernels::kP2pAllReduceMaxBytes && T * H <= options_.p2p->max_count() &&
+           kcu::P2pAllReduce::AddRmsNormSupports(delta, residual, H, norm_w.as<float>(), xb);
+  };
   auto reduce_add_norm = [&](const DeviceBuffer& norm_w) -> absl::Status {
     const float* w = norm_w.as<float>();
-    if (m.nccl != nullptr && options_.p2p != nullptr &&
-        T * H * 2 <= kernels::kP2pAllReduceMaxBytes && T * H <= options_.p2p->max_count() &&
-        kcu::P2pAllReduce::AddRmsNormSupports(delta, residual, H, w, xb)) {
+    if (p2p_add_norm(norm_w)) {
       return options_.p2p->AllReduceAddRmsNorm(m.rank, delta, residual, T, H, w, eps, xb, st);
     }
     RETURN_IF_ERROR(all_reduce(delta, T * H, kcu::NcclGroup::DType::kBf16));
@@ -738,15 +743,30 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
   auto f32 = [](const DeviceBuffer& b) { return b.size() == 0 ? nullptr : b.as<float>(); };
 
   Bf16* qkv = m.qkv.as<Bf16>();
-  RETURN_IF_ERROR(
-      kcu::Embedding(m.embed.as<Bf16>(), V, H, m.MetaPtr<int32_t>(m.off_tokens), T, residual, st));
-  RETURN_IF_ERROR(all_reduce(residual, T * H, kcu::NcclGroup::DType::kF32));
+  // The embedding. With the p2p all-reduce, each rank looks its vocabulary
+  // slice up in bf16 (other ids: zeros) and the first layer's input norm is
+  // the fused all-reduce + RMSNorm that sets the residual to the sum:
+  // exactly one rank holds each id, so the residual gets the table's
+  // values as the fp32 path gives them, in one p2p kernel instead of an
+  // fp32 NCCL all-reduce and a norm. Otherwise fp32 rows, summed over the
+  // ranks, then the norm.
+  const bool p2p_embedding = !m.layers.empty() && p2p_add_norm(m.layers[0].input_norm);
+  const int32_t* tokens = m.MetaPtr<int32_t>(m.off_tokens);
+  if (p2p_embedding) {
+    RETURN_IF_ERROR(kcu::EmbeddingBf16(m.embed.as<Bf16>(), V, H, tokens, T, delta, st));
+  } else {
+    RETURN_IF_ERROR(kcu::Embedding(m.embed.as<Bf16>(), V, H, tokens, T, residual, st));
+    RETURN_IF_ERROR(all_reduce(residual, T * H, kcu::NcclGroup::DType::kF32));
+  }
   // RoPE-ordered q/k rows (Impl::qkv_rope_order) and a step the GEMV takes:
   // the qkv GEMV rotates and writes the KV cache itself.
   const bool fuse_rope = m.qkv_rope_order && m.gemm->GemvTakes(T, H);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const Impl::Layer& l = m.layers[i];
-    if (i == 0) {
+    if (i == 0 && p2p_embedding) {
+      RETURN_IF_ERROR(options_.p2p->AllReduceRmsNorm(m.rank, delta, residual, T, H,
+                                                     l.input_norm.as<float>(), eps, xb, st));
+    } else if (i == 0) {
       RETURN_IF_ERROR(kcu::RmsNorm(residual, T, H, l.input_norm.as<float>(), eps, xb, st));
     } else {
       RETURN_IF_ERROR(reduce_add_norm(l.input_norm));  // the previous layer's MLP output

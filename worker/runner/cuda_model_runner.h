@@ -62,6 +62,7 @@
 #include "worker/runner/model_runner.h"
 
 namespace tessera::kernels::cuda {
+class GemmTuningTable;
 class NcclGroup;
 class P2pAllReduce;
 }  // namespace tessera::kernels::cuda
@@ -99,6 +100,13 @@ struct CudaRunnerOptions {
   // runs with and without it alternating): batch 64 2.5-4% faster on one
   // GPU and 1.4% with TP=2, batch 1 about 1% (its LM head).
   bool gemm_autotune = true;
+  // How many of cuBLASLt's heuristic algorithms that tuning times per shape
+  // (kernels/cuda/gemm.h GemmContext::SetAutotuneCandidates).
+  int gemm_autotune_candidates = 32;
+  // Tuning picks shared with the other ranks of a tensor-parallel group
+  // (kernels/cuda/gemm.h GemmTuningTable; set by the tensor-parallel
+  // runner), so every rank runs the same GEMM kernels.
+  std::shared_ptr<kernels::cuda::GemmTuningTable> gemm_tuning;
   // One-token decode steps run the qkv, o_proj and gate/up projections,
   // whose input the kernel just before them writes (the RMSNorm or the
   // all-reduce + RMSNorm, attention), on the staged GEMV where the device
