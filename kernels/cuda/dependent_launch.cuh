@@ -5,6 +5,23 @@
 // writes what it reads. Work before the wait (loads of constant weights,
 // of buffers older kernels wrote, launch latency) overlaps the end of the
 // kernel before. Included by .cu files.
+//
+// "Older kernels" needs care: a dependent kernel that calls
+// AllowDependentLaunch before its own WaitForPrimary (the staged GEMV, the
+// RMSNorms) lets the kernel after it start while the kernel before it may
+// still run. A kernel that reads buffers before its wait (the p2p
+// all-reduce + RMSNorm: the residual, the call state, the inbox it
+// re-marks; FusedAddRmsNorm: the residual) must therefore be preceded,
+// somewhere between it and the last writer of those buffers, by a kernel
+// that is launched normally or waits before it allows dependents. The
+// decode step keeps that: the all-reduce after the staged o_proj follows
+// attention, a normal launch after the previous all-reduce's consumers.
+// Launching the tiled GEMV as a dependent too (loading its first weights
+// before the wait) broke the tensor-parallel tests (TP=2 logits far from
+// TP=1). The likely cause, inferred and not traced: with one-wave grids
+// every CTA of the staged gate/up and then of the down GEMV let its
+// successor start at once, so the next all-reduce could read its call
+// state and re-mark inbox slots before the previous one had finished.
 #pragma once
 
 #include <cuda_runtime.h>
