@@ -614,6 +614,26 @@ TEST(CudaGemvTest, StagedRefusesBadShapesOnTheHost) {
   EXPECT_EQ(GemvRopeRow(8 + 5, 16), 13);
 }
 
+// Without a CUDA device (CI) the staged kernels are unsupported and a
+// well-formed call is a FAILED_PRECONDITION, not an internal error or a
+// launch (on a GPU machine this test has nothing to check).
+TEST(CudaGemvTest, StagedWithoutADeviceIsAPreconditionError) {
+  std::string why;
+  if (CudaDeviceCount(&why) > 0) GTEST_SKIP() << "a CUDA device is present";
+  alignas(16) static Bf16 x[256];
+  alignas(16) static Bf16 w[64 * 256];
+  alignas(16) static Bf16 y[64];
+  EXPECT_FALSE(GemvStagedSupported());
+  EXPECT_EQ(GemvStagedBf16(x, 1, 256, w, 64, nullptr, y, nullptr).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(GemvStagedGateUpSiluBf16(x, 1, 256, w, 32, nullptr, y, nullptr).code(),
+            absl::StatusCode::kFailedPrecondition);
+  int ctas = -1;
+  EXPECT_EQ(GemvStagedResidentCtasPerSm(1, 256, &ctas).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ctas, 0);
+}
+
 TEST(CudaGemvTest, RefusesWhatItCannotTakeAndContextFallsBack) {
   TESSERA_REQUIRE_CUDA_DEVICE();
   TestWorkspace tw;
