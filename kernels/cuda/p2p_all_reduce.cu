@@ -342,8 +342,8 @@ __device__ __forceinline__ uint4 Normalized(float4 a, float4 b, float inv, float
 
 // The fused form: rows of `cols` values (cols % 8 == 0), CTA b owns rows
 // b, b + grid, ...; per row: sum, residual += bf16(sum) (= without
-// `accumulate`), RMSNorm into out (FusedAddRmsNorm's arithmetic). A thread takes units threadIdx.x
-// + j * blockDim.x of a row.
+// `accumulate`), RMSNorm into out (FusedAddRmsNorm's arithmetic). A thread
+// takes units threadIdx.x + j * blockDim.x of a row.
 __global__ void __launch_bounds__(kThreads)
     AllReduceAddRmsNormKernel(const uint16_t* delta, float* residual, int64_t rows, int64_t cols,
                               const float* w, float eps, uint16_t* out, bool accumulate,
@@ -422,13 +422,13 @@ __global__ void __launch_bounds__(kThreads)
 // The fused form when every CTA owns one row that its threads cover in one
 // pass (rows <= grid, cols <= 8 * kRowBatch * kThreads). It is launched as
 // a programmatic dependent of the projection before it (LaunchDependent):
-// the residual (with `accumulate`) and norm weights, which that kernel must
-// not write,
-// the call state, and re-marking the previous call's inbox slots come
-// before WaitForPrimary, overlapping the projection's end; only the row's
-// own values, the projection's output, are loaded after it. The summed
-// residual stays in registers for the normalization instead of being read
-// back.
+// the loads of the residual (with `accumulate`) and norm weights, which
+// that kernel must not write, the call state, and re-marking the previous
+// call's inbox slots come before WaitForPrimary, overlapping the
+// projection's end (dependent_launch.cuh says what else must hold); only
+// the row's own values, the projection's output, are loaded after it. The
+// summed residual stays in registers for the normalization instead of
+// being read back.
 __global__ void __launch_bounds__(kThreads)
     AllReduceAddRmsNormRowKernel(const uint16_t* delta, float* residual, int64_t cols,
                                  const float* w, float eps, uint16_t* out, bool accumulate,
