@@ -339,11 +339,9 @@ absl::Status LaunchEmbedding(const Bf16* table, int64_t vocab, int64_t hidden, c
   const dim3 grid(static_cast<unsigned>(n));
   const auto* t = reinterpret_cast<const uint16_t*>(table);
   if (vec) {
-    EmbeddingKernel<true, OutT>
-        <<<grid, threads, 0, AsCuda(stream)>>>(t, vocab, hidden, ids, out);
+    EmbeddingKernel<true, OutT><<<grid, threads, 0, AsCuda(stream)>>>(t, vocab, hidden, ids, out);
   } else {
-    EmbeddingKernel<false, OutT>
-        <<<grid, threads, 0, AsCuda(stream)>>>(t, vocab, hidden, ids, out);
+    EmbeddingKernel<false, OutT><<<grid, threads, 0, AsCuda(stream)>>>(t, vocab, hidden, ids, out);
   }
   return CheckLastLaunch("Embedding");
 }
