@@ -124,6 +124,19 @@ struct GemmContext::Impl {
   int autotune_candidates = kGemmAutotuneCandidates;  // SetAutotuneCandidates
   std::shared_ptr<GemmTuningTable> tuning;            // ShareTuning
   int shapes_timed = 0;
+  // The L2 flush buffer of tuning (2 x L2), allocated by the first shape
+  // timed in an autotune window and freed when the window closes, so that
+  // serving does not keep it; flush_tried: allocated or failed this window.
+  void* flush = nullptr;
+  size_t flush_bytes = 0;
+  bool flush_tried = false;
+
+  void FreeFlush() {
+    if (flush != nullptr) cudaFree(flush);
+    flush = nullptr;
+    flush_bytes = 0;
+    flush_tried = false;
+  }
   std::mutex mu;
   std::map<Key, Plan> plans;
   std::map<std::pair<int64_t, int64_t>, int> staged_ctas_per_sm;  // (m, k) -> CTAs
@@ -155,6 +168,7 @@ struct GemmContext::Impl {
     if (scratch != nullptr) cudaFree(scratch);
     if (gemv.partials != nullptr) cudaFree(gemv.partials);
     if (gemv.counters != nullptr) cudaFree(gemv.counters);
+    FreeFlush();
     if (handle != nullptr) cublasLtDestroy(handle);
   }
 
@@ -292,20 +306,18 @@ struct GemmContext::Impl {
     // qkv or o_proj) already there, and pick for that. So each timed run
     // follows a write of twice the L2 size (where that much memory can be
     // had for the tuning).
-    int l2_bytes = 0;
-    void* flush = nullptr;
-    size_t flush_bytes = 0;
-    int dev = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, dev) == cudaSuccess &&
-        l2_bytes > 0) {
-      flush_bytes = 2 * static_cast<size_t>(l2_bytes);
-      if (cudaMalloc(&flush, flush_bytes) != cudaSuccess) {
+    if (!flush_tried) {
+      flush_tried = true;
+      int l2_bytes = 0, dev = 0;
+      if (cudaGetDevice(&dev) == cudaSuccess &&
+          cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, dev) == cudaSuccess &&
+          l2_bytes > 0 && cudaMalloc(&flush, 2 * static_cast<size_t>(l2_bytes)) == cudaSuccess) {
+        flush_bytes = 2 * static_cast<size_t>(l2_bytes);
+      } else {
         flush = nullptr;
-        flush_bytes = 0;
       }
+      cudaGetLastError();  // a failed query or allocation only means no flush
     }
-    cudaGetLastError();  // a failed query or allocation only means no flush
     const float alpha = 1.0f, beta = 0.0f;
     float best_ms = 0.f;
     bool have_best = false;
@@ -338,7 +350,6 @@ struct GemmContext::Impl {
         have_best = true;
       }
     }
-    if (flush != nullptr) cudaFree(flush);
     if (found != nullptr) *found = have_best;
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
@@ -486,6 +497,7 @@ absl::StatusOr<std::unique_ptr<GemmContext>> GemmContext::Create() {
 void GemmContext::SetAutotune(int64_t max_m) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->autotune_max_m = max_m;
+  if (max_m <= 0) impl_->FreeFlush();  // the window closed
 }
 
 void GemmContext::SetAutotuneCandidates(int candidates) {
