@@ -25,6 +25,17 @@ namespace tessera::kernels::cuda::cuda_testing {
     ASSERT_TRUE(::tessera::kernels::cuda::SetDevice(0).ok());            \
   } while (0)
 
+// Captures what `body` (returning absl::Status) enqueues on `stream` into
+// `graph`. EndCapture runs even when the body fails, so the stream leaves
+// capture mode; the body's error comes first, then the capture's.
+template <class F>
+absl::Status CaptureGraph(CudaStream stream, CudaGraph* graph, F&& body) {
+  if (absl::Status s = graph->BeginCapture(stream); !s.ok()) return s;
+  const absl::Status captured = body();
+  const absl::Status ended = graph->EndCapture();
+  return captured.ok() ? ended : captured;
+}
+
 template <class T>
 DeviceBuffer Upload(const std::vector<T>& host) {
   absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(host.size() * sizeof(T));

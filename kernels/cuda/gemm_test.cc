@@ -23,6 +23,7 @@
 namespace tessera::kernels::cuda {
 namespace {
 
+using cuda_testing::CaptureGraph;
 using cuda_testing::Download;
 using cuda_testing::FastRandomBf16;
 using cuda_testing::FromBf16;
@@ -278,11 +279,8 @@ TEST(CudaGraphTest, CaptureAndReplayMatchesDirectCalls) {
   EXPECT_NE(direct[0], direct[1]);
   // Capture (the GEMM plan is already warm), then replay with each input.
   CudaGraph graph;
-  ASSERT_TRUE(graph.BeginCapture(s).ok());
-  const absl::Status captured = run();
-  const absl::Status ended = graph.EndCapture();
+  const absl::Status captured = CaptureGraph(s, &graph, [&] { return run(); });
   ASSERT_TRUE(captured.ok()) << captured;
-  ASSERT_TRUE(ended.ok()) << ended;
   for (int rep = 0; rep < 2; ++rep) {
     for (size_t i = 0; i < 2; ++i) {
       const std::vector<int32_t>& v = i == 0 ? ids_a : ids_b;

@@ -34,6 +34,7 @@
 namespace tessera::kernels::cuda {
 namespace {
 
+using cuda_testing::CaptureGraph;
 using cuda_testing::Download;
 using cuda_testing::FastRandomBf16;
 using cuda_testing::FromBf16;
@@ -240,11 +241,8 @@ TEST(CudaGemvTest, RepeatableAndGraphReplayGivesTheSameBytes) {
     EXPECT_EQ(p.OutputBytes(), first) << "direct call " << i;
   }
   CudaGraph graph;
-  ASSERT_TRUE(graph.BeginCapture(s).ok());
-  const absl::Status captured = RunContext(p, **ctx, s);
-  const absl::Status ended = graph.EndCapture();
+  const absl::Status captured = CaptureGraph(s, &graph, [&] { return RunContext(p, **ctx, s); });
   ASSERT_TRUE(captured.ok()) << captured;
-  ASSERT_TRUE(ended.ok()) << ended;
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(MemsetDevice(p.d_y.data(), 0, p.d_y.size(), s).ok());
     ASSERT_TRUE(graph.Launch(s).ok());
@@ -443,11 +441,8 @@ TEST(CudaGemvTest, StagedMatchesReferenceAndRefusesWhatItCannotTake) {
   ASSERT_TRUE(Synchronize(s).ok());
   const std::vector<uint8_t> first = p.OutputBytes();
   CudaGraph graph;
-  ASSERT_TRUE(graph.BeginCapture(s).ok());
-  const absl::Status captured = run(p, s);
-  const absl::Status ended = graph.EndCapture();
+  const absl::Status captured = CaptureGraph(s, &graph, [&] { return run(p, s); });
   ASSERT_TRUE(captured.ok()) << captured;
-  ASSERT_TRUE(ended.ok()) << ended;
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(MemsetDevice(p.d_y.data(), 0, p.d_y.size(), s).ok());
     ASSERT_TRUE(i == 0 ? run(p, s).ok() : graph.Launch(s).ok());
@@ -511,11 +506,8 @@ TEST(CudaGemvTest, StagedAfterTheNormReadsTheNormsOutput) {
                           s);
   };
   CudaGraph graph;
-  ASSERT_TRUE(graph.BeginCapture(s).ok());
-  const absl::Status captured = step();
-  const absl::Status ended = graph.EndCapture();
+  const absl::Status captured = CaptureGraph(s, &graph, [&] { return step(); });
   ASSERT_TRUE(captured.ok()) << captured;
-  ASSERT_TRUE(ended.ok()) << ended;
   for (int round = 0; round < 6; ++round) {
     SCOPED_TRACE(::testing::Message() << "round " << round);
     const std::vector<float> v = RandomFloats(m * k, 40 + round, -3.f, 3.f);
