@@ -18,10 +18,18 @@
 // attention, a normal launch after the previous all-reduce's consumers.
 // Launching the tiled GEMV as a dependent too (loading its first weights
 // before the wait) broke the tensor-parallel tests (TP=2 logits far from
-// TP=1). The likely cause, inferred and not traced: with one-wave grids
+// TP=1) while it still allowed dependents at entry: with one-wave grids
 // every CTA of the staged gate/up and then of the down GEMV let its
 // successor start at once, so the next all-reduce could read its call
 // state and re-mark inbox slots before the previous one had finished.
+// Allowing them only after its wait, with decode attention, Rope and
+// SiLU-mul launched as dependents that wait at entry, passed every CUDA
+// test on 2 x H200 but made steps slower, in the same run: TP=2 batch-1
+// graph steps 3.45 ms against 2.65, TP=1 4.41 against 4.32-4.35, TP=2
+// batch 64 3.57 against 3.51-3.53. In the batch-1 trace the down GEMV,
+// attention and the all-reduces each took 15-30 us more per call; not
+// traced further. At batch 64 the ~0.45 us gap a TP=2 step shows before
+// Rope, attention and SiLU-mul only moved into their own time. Reverted.
 #pragma once
 
 #include <cuda_runtime.h>
