@@ -7,7 +7,8 @@
 #   OUT_DIR/doctor.txt               `tessera doctor` (devices, images, backend table, preflight)
 #   OUT_DIR/tests/<test>.json|.log   gtest results of the CUDA tests
 #   OUT_DIR/bench/*.json             kernel microbenchmarks, TP=1 vs TP=2 (and a
-#                                    kernel-by-kernel trace of their steps), torch SDPA's prefill
+#                                    kernel-by-kernel trace of their steps, and what GEMM
+#                                    autotuning adds to start-up), torch SDPA's prefill
 #                                    attention on the bench's shapes, decode vs the
 #                                    roofline (with GPU-only time per step), and
 #                                    transformers' decode on the same shapes
@@ -62,6 +63,9 @@ if [[ "$GPUS" -ge 2 ]]; then
   # Where the time of a TP=1 and a TP=2 step goes, kernel by kernel (CUPTI).
   step bench/gpu_tp_trace 200 "$BIN/gpu_tp_bench" --all_reduce_backends=p2p \
     --kernel_trace_steps=16 --decode_steps=16 --out="$OUT/bench/gpu_tp_trace.json"
+  # What GEMM autotuning adds to each batch's first decode step.
+  step bench/gpu_tp_tuning 300 "$BIN/gpu_tp_bench" --all_reduce_backends=p2p --gemm_autotune=0,1 \
+    --out="$OUT/bench/gpu_tp_tuning.json"
 fi
 if [[ "${ROUTER_BENCH:-1}" == 1 ]]; then
   # Route-decision latency at ~1,000 in flight on this many-core host.

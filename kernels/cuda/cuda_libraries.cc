@@ -126,6 +126,16 @@ CUBLAS_FWD(cublasLtMatmulAlgoCheck,
             cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D,
             const cublasLtMatmulAlgo_t* algo, cublasLtMatmulHeuristicResult_t* result),
            (h, d, A, B, C, D, algo, result))
+CUBLAS_FWD(cublasLtMatmulAlgoGetIds,
+           (cublasLtHandle_t h, cublasComputeType_t c, cudaDataType_t s, cudaDataType_t A,
+            cudaDataType_t B, cudaDataType_t C, cudaDataType_t D, int requested, int ids[],
+            int* returned),
+           (h, c, s, A, B, C, D, requested, ids, returned))
+CUBLAS_FWD(cublasLtMatmulAlgoInit,
+           (cublasLtHandle_t h, cublasComputeType_t c, cudaDataType_t s, cudaDataType_t A,
+            cudaDataType_t B, cudaDataType_t C, cudaDataType_t D, int id,
+            cublasLtMatmulAlgo_t* algo),
+           (h, c, s, A, B, C, D, id, algo))
 
 NCCL_FWD(ncclGetVersion, (int* v), (v))
 NCCL_FWD(ncclCommInitAll, (ncclComm_t * comms, int n, const int* devs), (comms, n, devs))

@@ -34,8 +34,9 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <utility>
+
+#include "kernels/cuda/per_device.cuh"
 
 namespace tessera::kernels::cuda {
 
@@ -60,34 +61,25 @@ __device__ __forceinline__ void WaitForPrimary() {
 }
 
 // Whether the current device takes programmatic dependent launches (SM
-// 9.0+), cached per device ordinal.
+// 9.0+), found once per device.
 inline bool DependentLaunchSupported() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices];  // 0 unknown, 1 no, 2 yes
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
-    cudaGetLastError();
-    return false;
-  }
-  int v = cache[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
+  static PerDevice<bool> supported;
+  const bool* v = supported.Current([](bool& yes, int dev) {
     int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    v = major >= 9 ? 2 : 1;
-    cache[dev].store(v, std::memory_order_relaxed);
-  }
-  return v == 2;
+    yes = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+          major >= 9;
+    cudaGetLastError();
+  });
+  return v != nullptr && *v;
 }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...) as a programmatic
-// dependent of the kernel before it where the device supports that, else
-// as a normal launch. The kernel must call WaitForPrimary (see above).
+// dependent of the kernel before it when `programmatic` (the device takes
+// such launches: the caller knows), else as a normal launch. The kernel
+// must call WaitForPrimary (see above).
 template <class... Params, class... Args>
-cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                            cudaStream_t stream, Args&&... args) {
+cudaError_t LaunchDependentIf(bool programmatic, void (*kernel)(Params...), dim3 grid, dim3 block,
+                              size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -97,8 +89,16 @@ cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, si
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = DependentLaunchSupported() ? 1 : 0;
+  cfg.numAttrs = programmatic ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// LaunchDependentIf where the current device supports it.
+template <class... Params, class... Args>
+cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                            cudaStream_t stream, Args&&... args) {
+  return LaunchDependentIf(DependentLaunchSupported(), kernel, grid, block, smem, stream,
+                           std::forward<Args>(args)...);
 }
 
 }  // namespace tessera::kernels::cuda

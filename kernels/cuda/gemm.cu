@@ -95,10 +95,35 @@ struct GemmTuningTable::Impl {
   std::condition_variable cv;
   // (shape, bias in the epilogue) -> the pick.
   std::map<std::pair<GemmKey, bool>, Entry> entries;
+  TestOutcome next_outcome = TestOutcome::kPick;  // SetNextOutcomeForTest
 };
 
 GemmTuningTable::GemmTuningTable() : impl_(std::make_unique<Impl>()) {}
 GemmTuningTable::~GemmTuningTable() = default;
+
+void GemmTuningTable::SetNextOutcomeForTest(TestOutcome outcome) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->next_outcome = outcome;
+}
+
+namespace {
+
+// An algorithm set up for an fp64 GEMM, which cuBLASLt refuses for the
+// bf16 operations here (SetNextOutcomeForTest); zeros where no fp64
+// algorithm can be set up.
+cublasLtMatmulAlgo_t Fp64Algo(cublasLtHandle_t handle) {
+  cublasLtMatmulAlgo_t algo{};
+  int id = 0, found = 0;
+  if (cublasLtMatmulAlgoGetIds(handle, CUBLAS_COMPUTE_64F, CUDA_R_64F, CUDA_R_64F, CUDA_R_64F,
+                               CUDA_R_64F, CUDA_R_64F, 1, &id, &found) == CUBLAS_STATUS_SUCCESS &&
+      found == 1) {
+    cublasLtMatmulAlgoInit(handle, CUBLAS_COMPUTE_64F, CUDA_R_64F, CUDA_R_64F, CUDA_R_64F,
+                           CUDA_R_64F, CUDA_R_64F, id, &algo);
+  }
+  return algo;
+}
+
+}  // namespace
 
 struct GemmContext::Impl {
   using Key = GemmKey;
@@ -124,6 +149,7 @@ struct GemmContext::Impl {
   int autotune_candidates = kGemmAutotuneCandidates;  // SetAutotuneCandidates
   std::shared_ptr<GemmTuningTable> tuning;            // ShareTuning
   int shapes_timed = 0;
+  int picks_refused = 0;  // shared picks cublasLtMatmulAlgoCheck refused
   // The L2 flush buffer of tuning (2 x L2), allocated by the first shape
   // timed in an autotune window and freed when the window closes, so that
   // serving does not keep it; flush_tried: allocated or failed this window.
@@ -265,8 +291,9 @@ struct GemmContext::Impl {
     // Shared: take another context's pick, or make it for all.
     GemmTuningTable::Impl& t = tuning->impl();
     std::unique_lock<std::mutex> lock(t.mu);
-    auto [it, first] = t.entries.try_emplace({key, p.bias_in_epilogue});
-    if (!first) {
+    const auto inserted = t.entries.try_emplace({key, p.bias_in_epilogue});
+    const auto it = inserted.first;
+    if (!inserted.second) {
       t.cv.wait(lock, [&] { return it->second.done; });
       cublasLtMatmulHeuristicResult_t check{};
       if (it->second.found &&
@@ -275,6 +302,7 @@ struct GemmContext::Impl {
         p.algo = it->second.algo;
         return absl::OkStatus();
       }
+      if (it->second.found) ++picks_refused;
       lock.unlock();
       return TimeCandidates(candidates, p, x, w, y, stream, nullptr);
     }
@@ -285,6 +313,12 @@ struct GemmContext::Impl {
     it->second.done = true;
     it->second.found = found && status.ok();
     it->second.algo = p.algo;
+    if (t.next_outcome == GemmTuningTable::TestOutcome::kNothingTimed) {
+      it->second.found = false;
+    } else if (t.next_outcome == GemmTuningTable::TestOutcome::kUnusablePick) {
+      it->second.algo = Fp64Algo(handle);
+    }
+    t.next_outcome = GemmTuningTable::TestOutcome::kPick;
     t.cv.notify_all();
     return status;
   }
@@ -513,6 +547,11 @@ void GemmContext::ShareTuning(std::shared_ptr<GemmTuningTable> table) {
 int GemmContext::shapes_timed() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->shapes_timed;
+}
+
+int GemmContext::picks_refused() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->picks_refused;
 }
 
 void GemmContext::SetUseGemv(bool use) {

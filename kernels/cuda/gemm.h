@@ -54,6 +54,15 @@ class GemmTuningTable {
   ~GemmTuningTable();
   GemmTuningTable(const GemmTuningTable&) = delete;
   GemmTuningTable& operator=(const GemmTuningTable&) = delete;
+
+  // Tests: what the next shape tuned through this table tells the contexts
+  // waiting for its pick. kNothingTimed: that the tuner could time no
+  // candidate (they time their own); kUnusablePick: an algorithm cuBLASLt
+  // refuses for their operands (one set up for fp64), which they must
+  // detect and time their own. The tuner itself keeps its real pick.
+  enum class TestOutcome { kPick, kNothingTimed, kUnusablePick };
+  void SetNextOutcomeForTest(TestOutcome outcome);
+
   struct Impl;
   Impl& impl() { return *impl_; }
 
@@ -99,6 +108,9 @@ class GemmContext {
   // Shapes this context timed candidates for itself (not those it took
   // from a shared table).
   int shapes_timed() const;
+  // Shared picks this context could not use because cuBLASLt refused them
+  // for its operands (it timed its own candidates instead).
+  int picks_refused() const;
 
   // Default true: m <= 8 GEMMs use the GEMV kernel when it applies.
   void SetUseGemv(bool use);

@@ -235,6 +235,39 @@ TEST(CudaGemmTest, SharedTuningTimesEachShapeOnce) {
   ExpectSameBf16(y[0], y[1], m * n / 2);
 }
 
+// The contexts waiting for a shared pick time their own candidates when the
+// tuner could time none or when cuBLASLt refuses its pick for their
+// operands, and still compute the right product.
+TEST(CudaGemmTest, SharedTuningTimesLocallyWhenThePickIsMissingOrRefused) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  using Outcome = GemmTuningTable::TestOutcome;
+  for (const Outcome outcome : {Outcome::kNothingTimed, Outcome::kUnusablePick}) {
+    SCOPED_TRACE(outcome == Outcome::kNothingTimed ? "nothing timed" : "unusable pick");
+    auto table = std::make_shared<GemmTuningTable>();
+    table->SetNextOutcomeForTest(outcome);
+    std::vector<std::unique_ptr<GemmContext>> ctx;
+    for (int i = 0; i < 2; ++i) {
+      absl::StatusOr<std::unique_ptr<GemmContext>> c = GemmContext::Create();
+      ASSERT_TRUE(c.ok()) << c.status();
+      (*c)->SetAutotune(64);
+      (*c)->ShareTuning(table);
+      ctx.push_back(std::move(*c));
+    }
+    const Shape shape{64, 1536, 1024, false, false};
+    CheckGemm(*ctx[0], shape);  // tunes the shape for the table
+    CheckGemm(*ctx[1], shape);  // cannot take the pick
+    EXPECT_EQ(ctx[0]->shapes_timed(), 1);
+    EXPECT_EQ(ctx[1]->shapes_timed(), 1);
+    EXPECT_EQ(ctx[1]->picks_refused(), outcome == Outcome::kUnusablePick ? 1 : 0);
+    // The next shape is published normally again and taken.
+    const Shape next{64, 768, 1024, false, false};
+    CheckGemm(*ctx[0], next);
+    CheckGemm(*ctx[1], next);
+    EXPECT_EQ(ctx[0]->shapes_timed(), 2);
+    EXPECT_EQ(ctx[1]->shapes_timed(), 1);
+  }
+}
+
 // Captures embedding -> rmsnorm -> gemm (+bias) on a stream, replays the graph with
 // new ids written into the same input buffer, and compares with direct calls.
 TEST(CudaGraphTest, CaptureAndReplayMatchesDirectCalls) {

@@ -25,7 +25,6 @@
 // split order, adds the bias, writes y and resets the counter.
 #include <algorithm>
 #include <cstdint>
-#include <mutex>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -465,12 +464,10 @@ absl::Status Launch(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t 
 // limit raised to what the largest staged shape needs (capped by the
 // device's per-block limit), so that launches do no host work beyond the
 // launch itself.
-constexpr int kMaxDevices = 64;
 constexpr int kStagedMaxSmem =
     static_cast<int>((kStagedRows + kGemvMaxRows) * (2 * kStagedMaxK + kStagedPad));
 
 struct StagedDevice {
-  std::once_flag once;
   bool supported = false;
   int max_smem = 0;     // the raised limit (bytes); launches needing more are refused
   absl::Status status;  // of raising it
@@ -497,43 +494,44 @@ absl::Status StagedStaticSmem(int* bytes) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<const StagedDevice*> PreparedStagedDevice() {
-  static StagedDevice devices[kMaxDevices];
-  int dev = 0;
-  if (const cudaError_t err = cudaGetDevice(&dev); err != cudaSuccess) {
+// Sets d up for device `dev` (the current device).
+void PrepareStagedDevice(StagedDevice& d, int dev) {
+  // The image of the kernel this device runs must have been compiled for
+  // SM 9.0+ (its body is empty below that): a build that reaches a Hopper
+  // GPU only through older PTX has no staged GEMV. Such an image also
+  // means the device takes programmatic dependent launches.
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, StagedGemvKernel<Out::kBf16>) != cudaSuccess) {
     cudaGetLastError();
+    return;
+  }
+  d.supported = attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
+  if (!d.supported) return;
+  int optin = 0, static_smem = 0;
+  d.status.Update(
+      CudaError(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                "staged GEMV: shared-memory limit"));
+  d.status.Update(StagedStaticSmem(&static_smem));
+  // Static and dynamic shared memory count against the same per-block limit.
+  const int limit = std::min(kStagedMaxSmem, optin - static_smem);
+  if (!d.status.ok() || limit <= 0) return;
+  d.status.Update(RaiseStagedSmemLimit<Out::kBf16>(limit));
+  d.status.Update(RaiseStagedSmemLimit<Out::kSiluMul>(limit));
+  d.status.Update(RaiseStagedSmemLimit<Out::kQkvRope>(limit));
+  if (d.status.ok()) d.max_smem = limit;
+}
+
+absl::StatusOr<const StagedDevice*> PreparedStagedDevice() {
+  static PerDevice<StagedDevice> devices;
+  cudaError_t err = cudaSuccess;
+  const StagedDevice* d = devices.Current(PrepareStagedDevice, &err);
+  if (d != nullptr) return d;
+  if (err != cudaSuccess) {
     return absl::FailedPreconditionError(
         absl::StrCat("staged GEMV: no usable CUDA device (", cudaGetErrorName(err), ")"));
   }
-  if (dev < 0 || dev >= kMaxDevices) {
-    return absl::InternalError(absl::StrCat("staged GEMV: device ordinal ", dev, " out of range"));
-  }
-  StagedDevice& d = devices[dev];
-  std::call_once(d.once, [&d, dev] {
-    // The image of the kernel this device runs must have been compiled for
-    // SM 9.0+ (its body is empty below that): a build that reaches a
-    // Hopper GPU only through older PTX has no staged GEMV.
-    cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, StagedGemvKernel<Out::kBf16>) != cudaSuccess) {
-      cudaGetLastError();
-      return;
-    }
-    d.supported = attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
-    if (!d.supported) return;
-    int optin = 0, static_smem = 0;
-    d.status.Update(
-        CudaError(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-                  "staged GEMV: shared-memory limit"));
-    d.status.Update(StagedStaticSmem(&static_smem));
-    // Static and dynamic shared memory count against the same per-block limit.
-    const int limit = std::min(kStagedMaxSmem, optin - static_smem);
-    if (!d.status.ok() || limit <= 0) return;
-    d.status.Update(RaiseStagedSmemLimit<Out::kBf16>(limit));
-    d.status.Update(RaiseStagedSmemLimit<Out::kSiluMul>(limit));
-    d.status.Update(RaiseStagedSmemLimit<Out::kQkvRope>(limit));
-    if (d.status.ok()) d.max_smem = limit;
-  });
-  return &d;
+  return absl::InternalError(absl::StrCat("staged GEMV: device ordinal out of range (at most ",
+                                          PerDevice<StagedDevice>::kMaxDevices, " devices)"));
 }
 
 absl::Status LaunchStaged(const Bf16* x, int64_t m, int64_t k, const Bf16* w, int64_t n,
@@ -568,14 +566,17 @@ absl::Status LaunchStaged(const Bf16* x, int64_t m, int64_t k, const Bf16* w, in
   const dim3 grid(static_cast<unsigned>(n / kStagedRows));
   const cudaStream_t s = AsCuda(stream);
   if (out == Out::kQkvRope) {
-    TESSERA_CUDA_RETURN_IF_ERROR(LaunchDependent(StagedGemvKernel<Out::kQkvRope>, grid, kThreads,
-                                                 smem, s, xs, mi, ki, ws, ni, bias, ys, rope));
+    TESSERA_CUDA_RETURN_IF_ERROR(LaunchDependentIf(true, StagedGemvKernel<Out::kQkvRope>, grid,
+                                                   kThreads, smem, s, xs, mi, ki, ws, ni, bias, ys,
+                                                   rope));
   } else if (out == Out::kSiluMul) {
-    TESSERA_CUDA_RETURN_IF_ERROR(LaunchDependent(StagedGemvKernel<Out::kSiluMul>, grid, kThreads,
-                                                 smem, s, xs, mi, ki, ws, ni, bias, ys, rope));
+    TESSERA_CUDA_RETURN_IF_ERROR(LaunchDependentIf(true, StagedGemvKernel<Out::kSiluMul>, grid,
+                                                   kThreads, smem, s, xs, mi, ki, ws, ni, bias, ys,
+                                                   rope));
   } else {
-    TESSERA_CUDA_RETURN_IF_ERROR(LaunchDependent(StagedGemvKernel<Out::kBf16>, grid, kThreads, smem,
-                                                 s, xs, mi, ki, ws, ni, bias, ys, rope));
+    TESSERA_CUDA_RETURN_IF_ERROR(LaunchDependentIf(true, StagedGemvKernel<Out::kBf16>, grid,
+                                                   kThreads, smem, s, xs, mi, ki, ws, ni, bias, ys,
+                                                   rope));
   }
   return CheckLastLaunch("GemvStagedBf16");
 }

@@ -10,6 +10,7 @@ tests/bench/results/, each with the command that produced it:
   cuda_ops_h200.json          kernel microbenchmarks
   gpu_tp_h200x2.json          TP=1 vs TP=2 per all-reduce backend (2 GPUs)
   gpu_tp_trace_h200x2.json    the same steps kernel by kernel (CUPTI trace)
+  gpu_tp_tuning_h200x2.json   what GEMM autotuning adds to a batch's first step
   spec_decode_h200.json       speculative decoding with the trained pair
   spec_decode_h200_trees.json the same with token trees
   router_route_decision_live_h200_host.json
@@ -161,6 +162,20 @@ def tensor_parallel_trace(out, results):
                   "this file are not throughput figures (gpu_tp_h200x2.json has those)"})
 
 
+TUNING_NOTE = ("first_step_ms: a batch's first decode step (eager, with GEMM autotuning when "
+               "gemm_autotune is true, then the capture of its graph); second_step_ms: the "
+               "next step, which only captures the other context bucket's graph. The "
+               "difference between the gemm_autotune false and true rows of one TP size and "
+               "batch is what tuning adds to a worker's start-up, once per batch bucket")
+
+
+def tensor_parallel_tuning(out, results):
+    wrap(out, results, "bench/gpu_tp_tuning.json", "gpu_tp_tuning_h200x2.json",
+         "GPU machine with 2 GPUs: bash scripts/gpu-run.sh OUT (tests/bench/gpu_tp_bench "
+         "--all_reduce_backends=p2p --gemm_autotune=0,1)",
+         {"note": TUNING_NOTE})
+
+
 def speculative(out, results):
     wrap(out, results, "bench/spec_decode_h200.json", "spec_decode_h200.json",
          "GPU machine: bash scripts/gpu-run.sh OUT (spec_decode_bench --device=cuda:<bus id> "
@@ -217,7 +232,8 @@ def main():
     out = sys.argv[1]
     results = sys.argv[2] if len(sys.argv) > 2 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results")
-    for step in (decode, attention, ops, tensor_parallel, tensor_parallel_trace, speculative,
+    for step in (decode, attention, ops, tensor_parallel, tensor_parallel_trace,
+                 tensor_parallel_tuning, speculative,
                  speculative_trees, router, generate_parity, doctor):
         step(out, results)
 

@@ -13,6 +13,10 @@
 // tracing slows launches, so take throughput from a run without it.
 // graph_ms_per_step: the last step's graphs replayed back to back on every
 // rank (no host work, no argmax); host_ms_per_step: the step time minus that.
+// first_step_ms: the batch's first decode step (eager, with GEMM autotuning
+// when on, then its graph's capture); second_step_ms: the next, which only
+// captures the other context bucket's graph. Their difference between
+// --gemm_autotune=0 and 1 rows is what tuning adds to a worker's start-up.
 // Usage: gpu_tp_bench [--tp_sizes=1,2] [--batch_sizes=1,64] [--out=f.json]
 #include <chrono>
 #include <cstdio>
@@ -302,9 +306,17 @@ int Run() {
         CHECK_OR_DIE((*runner)->ForwardGreedy(d, &next));
       };
       const std::vector<int32_t> first = next;
+      // The batch's first decode steps: the first runs eagerly (GEMM
+      // autotuning, when on, times its shapes there) and then captures its
+      // graph; the second captures the other context bucket's graph.
+      std::vector<double> setup_ms;
       for (int pos : {prompt_len + steps, prompt_len}) {  // capture both context buckets
         next = first;
+        const auto c0 = std::chrono::steady_clock::now();
         step(pos);
+        setup_ms.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0)
+                .count());
       }
       auto t0 = std::chrono::steady_clock::now();
       for (int i = 1; i <= steps; ++i) step(prompt_len + i);
@@ -340,6 +352,8 @@ int Run() {
           {"graph_ms_per_step", *graph_ms},
           {"host_ms_per_step", 1e3 * s / steps - *graph_ms},
           {"decode_tokens_per_second", tps},
+          {"first_step_ms", setup_ms[0]},
+          {"second_step_ms", setup_ms[1]},
           {"gemm_autotune", autotune != 0},
           {"gemm_autotune_candidates", autotune > 1 ? autotune : o.gemm_autotune_candidates},
           {"staged_gemv", staged != 0},
