@@ -7,8 +7,9 @@
 #   OUT_DIR/doctor.txt               `tessera doctor` (devices, images, backend table, preflight)
 #   OUT_DIR/tests/<test>.json|.log   gtest results of the CUDA tests
 #   OUT_DIR/bench/*.json             kernel microbenchmarks, TP=1 vs TP=2 (and a
-#                                    kernel-by-kernel trace of their steps, and what GEMM
-#                                    autotuning adds to start-up), torch SDPA's prefill
+#                                    kernel-by-kernel trace of their steps, sampled decode
+#                                    on the GPUs and on the host, and what GEMM autotuning
+#                                    adds to start-up), torch SDPA's prefill
 #                                    attention on the bench's shapes, decode vs the
 #                                    roofline (with GPU-only time per step), and
 #                                    transformers' decode on the same shapes
@@ -63,6 +64,9 @@ if [[ "$GPUS" -ge 2 ]]; then
   # Where the time of a TP=1 and a TP=2 step goes, kernel by kernel (CUPTI).
   step bench/gpu_tp_trace 200 "$BIN/gpu_tp_bench" --all_reduce_backends=p2p \
     --kernel_trace_steps=16 --decode_steps=16 --out="$OUT/bench/gpu_tp_trace.json"
+  # Sampled decode: tokens drawn on the GPUs against the host sampler.
+  step bench/gpu_tp_sampling 300 "$BIN/gpu_tp_bench" --all_reduce_backends=p2p --sample_steps=8 \
+    --out="$OUT/bench/gpu_tp_sampling.json"
   # What GEMM autotuning adds to each batch's first decode step.
   step bench/gpu_tp_tuning 300 "$BIN/gpu_tp_bench" --all_reduce_backends=p2p --gemm_autotune=0,1 \
     --out="$OUT/bench/gpu_tp_tuning.json"

@@ -66,6 +66,25 @@ absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, CudaSt
   return absl::OkStatus();
 }
 
+absl::Status CopyRowsBetweenDevices(void* dst, int dst_device, size_t dst_pitch, const void* src,
+                                    int src_device, size_t src_pitch, size_t width, size_t height,
+                                    CudaStream s) {
+  if (width == 0 || height == 0) return absl::OkStatus();
+  if (dst == nullptr || src == nullptr || width > dst_pitch || width > src_pitch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyRowsBetweenDevices: null pointer or rows of ", width,
+                     " bytes wider than their pitch (", src_pitch, " -> ", dst_pitch, ")"));
+  }
+  cudaMemcpy3DPeerParms p{};
+  p.srcPtr = make_cudaPitchedPtr(const_cast<void*>(src), src_pitch, width, height);
+  p.srcDevice = src_device;
+  p.dstPtr = make_cudaPitchedPtr(dst, dst_pitch, width, height);
+  p.dstDevice = dst_device;
+  p.extent = make_cudaExtent(width, height, 1);
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaMemcpy3DPeerAsync(&p, AsCuda(s)));
+  return absl::OkStatus();
+}
+
 absl::Status MemsetDevice(void* dst, int value, size_t bytes, CudaStream s) {
   if (bytes == 0) return absl::OkStatus();
   TESSERA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, value, bytes, AsCuda(s)));

@@ -45,6 +45,14 @@ absl::Status CopyToDevice(void* dst, const void* src, size_t bytes, CudaStream s
 absl::Status CopyToHost(void* dst, const void* src, size_t bytes, CudaStream s = nullptr);
 absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, CudaStream s = nullptr);
 absl::Status MemsetDevice(void* dst, int value, size_t bytes, CudaStream s = nullptr);
+// Copies `height` rows of `width` bytes from `src` on device `src_device`
+// (rows `src_pitch` bytes apart) to `dst` on device `dst_device` (rows
+// `dst_pitch` apart), peer to peer where the devices differ
+// (cudaMemcpy3DPeerAsync: over NVLink with peer access, else staged by the
+// driver); ordered on `s`, a stream of dst_device.
+absl::Status CopyRowsBetweenDevices(void* dst, int dst_device, size_t dst_pitch, const void* src,
+                                    int src_device, size_t src_pitch, size_t width, size_t height,
+                                    CudaStream s);
 
 // Waits for all work queued on `s` (nullptr: the legacy default stream).
 absl::Status Synchronize(CudaStream s);

@@ -11,6 +11,7 @@ tests/bench/results/, each with the command that produced it:
   gpu_tp_h200x2.json          TP=1 vs TP=2 per all-reduce backend (2 GPUs)
   gpu_tp_trace_h200x2.json    the same steps kernel by kernel (CUPTI trace)
   gpu_tp_tuning_h200x2.json   what GEMM autotuning adds to a batch's first step
+  gpu_tp_sampling_h200x2.json sampled decode, tokens drawn on the GPUs vs the host
   spec_decode_h200.json       speculative decoding with the trained pair
   spec_decode_h200_trees.json the same with token trees
   router_route_decision_live_h200_host.json
@@ -162,6 +163,14 @@ def tensor_parallel_trace(out, results):
                   "this file are not throughput figures (gpu_tp_h200x2.json has those)"})
 
 
+SAMPLING_NOTE = ("sampled_step_ms_on_gpu: decode steps drawing every token with temperature 1 "
+                 "and top-p 0.9 through ForwardSample (each rank's logits slice copied to rank "
+                 "0 over NVLink, kernels/cuda/sampling.h there; only token ids reach the host); "
+                 "sampled_step_ms_on_host: the same steps through Forward (every rank's logits "
+                 "copied to the host) and worker/sampling's sampler, which is how a "
+                 "tensor-parallel worker drew its tokens before ForwardSample existed. Wall "
+                 "time per step, after one untimed step; decode_ms_per_step is the greedy "
+                 "path (ForwardGreedy) of the same configuration")
 TUNING_NOTE = ("first_step_ms: a batch's first decode step (eager, with GEMM autotuning when "
                "gemm_autotune is true, then the capture of its graph); second_step_ms: the "
                "next step, which only captures the other context bucket's graph. The "
@@ -174,6 +183,13 @@ def tensor_parallel_tuning(out, results):
          "GPU machine with 2 GPUs: bash scripts/gpu-run.sh OUT (tests/bench/gpu_tp_bench "
          "--all_reduce_backends=p2p --gemm_autotune=0,1)",
          {"note": TUNING_NOTE})
+
+
+def tensor_parallel_sampling(out, results):
+    wrap(out, results, "bench/gpu_tp_sampling.json", "gpu_tp_sampling_h200x2.json",
+         "GPU machine with 2 GPUs: bash scripts/gpu-run.sh OUT (tests/bench/gpu_tp_bench "
+         "--all_reduce_backends=p2p --sample_steps=8)",
+         {"note": SAMPLING_NOTE})
 
 
 def speculative(out, results):
@@ -233,7 +249,7 @@ def main():
     results = sys.argv[2] if len(sys.argv) > 2 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results")
     for step in (decode, attention, ops, tensor_parallel, tensor_parallel_trace,
-                 tensor_parallel_tuning, speculative,
+                 tensor_parallel_tuning, tensor_parallel_sampling, speculative,
                  speculative_trees, router, generate_parity, doctor):
         step(out, results)
 

@@ -17,6 +17,10 @@
 // when on, then its graph's capture); second_step_ms: the next, which only
 // captures the other context bucket's graph. Their difference between
 // --gemm_autotune=0 and 1 rows is what tuning adds to a worker's start-up.
+// With --sample_steps=N: sampled_step_ms_on_gpu / _on_host, N decode steps
+// drawing with temperature 1 and top-p 0.9 through ForwardSample (logits
+// stay on the GPUs) or through Forward and the host sampler (the logits
+// copied to the host), the wall time per step.
 // Usage: gpu_tp_bench [--tp_sizes=1,2] [--batch_sizes=1,64] [--out=f.json]
 #include <chrono>
 #include <cstdio>
@@ -41,6 +45,7 @@
 #include "tests/bench/llama3_8b_config.h"
 #include "worker/model/config.h"
 #include "worker/parallel/cuda_tensor_parallel_runner.h"
+#include "worker/sampling/sampler.h"
 
 ABSL_FLAG(std::vector<std::string>, tp_sizes, std::vector<std::string>({"1", "2"}), "TP sizes");
 ABSL_FLAG(std::vector<std::string>, batch_sizes, std::vector<std::string>({"1", "64"}),
@@ -55,6 +60,11 @@ ABSL_FLAG(std::vector<std::string>, gemm_autotune, std::vector<std::string>({"1"
 ABSL_FLAG(std::vector<std::string>, staged_gemv, std::vector<std::string>({"1"}),
           "CudaRunnerOptions::staged_gemv values (0/1) to run every configuration with, in "
           "order (repeat them to alternate)");
+ABSL_FLAG(int, sample_steps, 0,
+          "if > 0, this many more decode steps per row drawing every token with "
+          "temperature 1, top-p 0.9 on the GPUs (ForwardSample) and as many with the "
+          "logits copied to the host and sampled there (Forward + worker/sampling), "
+          "timed separately");
 ABSL_FLAG(int, prompt_len, 128, "prompt tokens per sequence");
 ABSL_FLAG(int, decode_steps, 64, "decode steps timed");
 ABSL_FLAG(int, kernel_trace_steps, 0,
@@ -229,6 +239,7 @@ int Run() {
   auto config = model::ParseModelConfig(kLlama3_8BConfig, "llama3_8b");
   CHECK_OR_DIE(config.status());
   const int trace_steps = absl::GetFlag(FLAGS_kernel_trace_steps);
+  const int sample_steps = absl::GetFlag(FLAGS_sample_steps);
   if (trace_steps > 0) CHECK_OR_DIE(bench::KernelTrace::Enable());  // before any graph exists
   kernels::DetectedCudaDevices found = kernels::DetectCudaDevices();
   const int prompt_len = absl::GetFlag(FLAGS_prompt_len);
@@ -326,6 +337,51 @@ int Run() {
       // The same step's graph replayed back to back: the GPUs' share.
       auto graph_ms = (*runner)->ReplayLastDecodeGraphMs(steps);
       CHECK_OR_DIE(graph_ms.status());
+      // Sampled decode, on the GPUs and on the host, from the same state.
+      double device_sample_ms = 0, host_sample_ms = 0;
+      if (sample_steps > 0) {
+        std::vector<runner::DeviceSamplingRow> rows(batch);
+        for (int s = 0; s < batch; ++s) {
+          rows[s].temperature = 1.0f;
+          rows[s].top_p = 0.9f;
+          rows[s].seed = 1000 + s;
+        }
+        std::vector<float> logits;
+        for (const bool on_device : {true, false}) {
+          next = first;
+          auto c0 = std::chrono::steady_clock::now();
+          for (int i = 0; i <= sample_steps; ++i) {  // step 0: set-up (buffers), not timed
+            if (i == 1) c0 = std::chrono::steady_clock::now();
+            runner::ForwardBatch d;
+            d.block_table_stride = blocks_per_seq;
+            for (int q = 0; q < batch; ++q) {
+              d.AddSequence({next[q]}, prompt_len + i, tables[q], block, true);
+              rows[q].position = prompt_len + i + 1;
+            }
+            if (on_device) {
+              CHECK_OR_DIE((*runner)->ForwardSample(d, rows, &next));
+              continue;
+            }
+            CHECK_OR_DIE((*runner)->Forward(d, &logits));
+            const int64_t vocab = config->vocab_size;
+            for (int q = 0; q < batch; ++q) {
+              sampling::SamplingParams p;
+              p.temperature = rows[q].temperature;
+              p.top_p = rows[q].top_p;
+              p.seed = rows[q].seed;
+              auto drawn = sampling::Sample(absl::MakeConstSpan(logits.data() + q * vocab, vocab),
+                                            p, sampling::TokenCounts{}, rows[q].position);
+              CHECK_OR_DIE(drawn.status());
+              next[q] = drawn->token;
+            }
+          }
+          const double ms =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0)
+                  .count() /
+              sample_steps;
+          (on_device ? device_sample_ms : host_sample_ms) = ms;
+        }
+      }
       nlohmann::json trace;
       if (trace_steps > 0) {
         next = first;
@@ -352,6 +408,8 @@ int Run() {
           {"graph_ms_per_step", *graph_ms},
           {"host_ms_per_step", 1e3 * s / steps - *graph_ms},
           {"decode_tokens_per_second", tps},
+          {"sampled_step_ms_on_gpu", device_sample_ms},
+          {"sampled_step_ms_on_host", host_sample_ms},
           {"first_step_ms", setup_ms[0]},
           {"second_step_ms", setup_ms[1]},
           {"gemm_autotune", autotune != 0},

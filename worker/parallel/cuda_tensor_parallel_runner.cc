@@ -121,6 +121,7 @@ absl::Status CudaTensorParallelRunner::RunRank(int r, const runner::ForwardBatch
     return absl::OkStatus();
   }
   if (greedy_) return ranks_[r]->ForwardTopOne(batch, &top_ids_[r], &top_values_[r]);
+  if (on_device_) return ranks_[r]->ForwardToDevice(batch);
   std::vector<float>& local = local_logits_[r];
   if (absl::Status s = ranks_[r]->Forward(batch, &local); !s.ok()) return s;
   // Scatter this rank's vocabulary columns into the shared result (ranks
@@ -143,6 +144,23 @@ absl::Status CudaTensorParallelRunner::Forward(const runner::ForwardBatch& batch
   absl::Status s = RunAll(batch);
   out_ = nullptr;
   return s;
+}
+
+absl::Status CudaTensorParallelRunner::ForwardSample(
+    const runner::ForwardBatch& batch, absl::Span<const runner::DeviceSamplingRow> rows,
+    std::vector<int32_t>* tokens) {
+  const int64_t r = static_cast<int64_t>(batch.logits_indices.size());
+  if (static_cast<int64_t>(rows.size()) != r) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(rows.size(), " sampling rows for ", r, " logits rows"));
+  }
+  on_device_ = true;
+  absl::Status s = RunAll(batch);
+  on_device_ = false;
+  if (!s.ok()) return s;
+  std::vector<runner::CudaModelRunner::LogitsSlice> slices;
+  for (const auto& rank : ranks_) slices.push_back(rank->device_logits());
+  return ranks_[0]->SampleSlices(slices, r, rows, tokens);
 }
 
 absl::Status CudaTensorParallelRunner::ForwardGreedy(const runner::ForwardBatch& batch,

@@ -6,8 +6,9 @@
 // device and stream; the ranks meet in NCCL all-reduces (an NcclGroup made
 // with ncclCommInitAll over the devices) after the embedding, every o_proj
 // and every down_proj, inside the ranks' CUDA graphs for decode steps. The
-// LM head is vocabulary-parallel: each rank copies its slice of the logits
-// to the host, into its columns of the result.
+// LM head is vocabulary-parallel: for Forward each rank copies its slice of
+// the logits to the host, into its columns of the result; ForwardSample and
+// ForwardGreedy keep the logits on the GPUs.
 //
 // Thread-safety: as ModelRunner (one engine loop owns it); rank threads are
 // internal and live as long as the runner.
@@ -54,6 +55,15 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   // slots are checked against the smallest rank cache.
   absl::Status CopyKvSlots(absl::Span<const int64_t> from, absl::Span<const int64_t> to) override;
 
+  // Sampling on the GPUs: each rank leaves its logits slice on its device,
+  // rank 0 copies the peers' slices next to its own (peer to peer) and
+  // draws every row's token as the one-GPU runner does (kernels/cuda/
+  // sampling.h), so only token ids reach the host.
+  bool SupportsDeviceSampling() const override { return true; }
+  absl::Status ForwardSample(const runner::ForwardBatch& batch,
+                             absl::Span<const runner::DeviceSamplingRow> rows,
+                             std::vector<int32_t>* tokens) override;
+
   // Greedy tokens of the logits rows without moving logits to the host:
   // each rank finds its slice's best (value, id), the host keeps the
   // largest (ties: the lower id).
@@ -84,6 +94,7 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   const runner::ForwardBatch* batch_ = nullptr;
   std::vector<float>* out_ = nullptr;          // logits mode: the result
   bool greedy_ = false;                        // ForwardGreedy
+  bool on_device_ = false;                     // ForwardSample: logits stay on the devices
   int replays_ = 0;                            // ReplayLastDecodeGraphMs
   std::vector<double> replay_ms_;              // per rank
   std::vector<std::vector<int32_t>> top_ids_;  // per rank (greedy mode)

@@ -3,7 +3,8 @@
 // access, reproduces TP=1's logits within the bf16 tolerance and transformers'
 // greedy continuations of the trained model pair, eager and with CUDA
 // graphs; token trees (a tree step, CopyKvSlots, a decode step) match TP=1;
-// and a rank per GPU is enforced.
+// sampling on the GPUs draws what the host sampler draws; and a rank per
+// GPU is enforced.
 //
 // Tolerance: as worker/runner/cuda_model_runner_test.cc — logits max error
 // <= 0.04 x max(1, max |reference|) against TP=1; greedy tokens compared up
@@ -23,6 +24,7 @@
 #include "kernels/cuda_devices.h"
 #include "nlohmann/json.hpp"
 #include "worker/parallel/cuda_tensor_parallel_runner.h"
+#include "worker/sampling/sampler.h"
 
 namespace tessera::parallel {
 namespace {
@@ -163,6 +165,76 @@ TEST(CudaTensorParallelTest, TwoRanksVerifyTreesLikeOneRank) {
   ASSERT_TRUE((*one)->Forward(next, &a).ok());
   ASSERT_TRUE((*two)->Forward(next, &b).ok());
   expect_close(a, b, "decode after CopyKvSlots");
+}
+
+// ForwardSample on two ranks (each rank's logits slice copied to rank 0,
+// sampled there) draws the tokens the host sampler draws from the logits
+// Forward returns for the same batch: greedy, temperature, top-k, top-p and
+// min-p rows, a prefill step of three sequences and a decode step (a
+// graph); rows that do not match the batch are refused.
+TEST(CudaTensorParallelTest, TwoRanksSampleOnTheDeviceAsTheHostSamplerDoes) {
+  kernels::DetectedCudaDevices found = kernels::DetectCudaDevices();
+  if (found.devices.size() < 2) GTEST_SKIP() << "needs two CUDA devices; " << found.devices.size();
+  auto model = model::LoadModel(SourcePath("models/target"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const bool peers =
+      kernels::cuda::AllPeersAccessible({found.devices[0].ordinal, found.devices[1].ordinal});
+  runner::CudaRunnerOptions o = Options(true);
+  o.all_reduce_backend = peers ? "p2p" : "nccl";
+  auto two = CudaTensorParallelRunner::Create(model->get(), (*model)->config,
+                                              {found.devices[0], found.devices[1]}, o);
+  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_TRUE((*two)->SupportsDeviceSampling());
+  const int64_t vocab = (*model)->config.vocab_size;
+  const std::vector<runner::DeviceSamplingRow> kinds = {
+      {0.0f, 0, 1.0f, 0.0f, 1, 0},  {0.8f, 50, 1.0f, 0.0f, 2, 0},  {1.0f, 0, 0.9f, 0.0f, 3, 0},
+      {1.2f, 0, 1.0f, 0.05f, 4, 0}, {0.7f, 20, 0.8f, 0.02f, 5, 0}, {1.0f, 0, 1.0f, 0.0f, 6, 0}};
+  auto check = [&](const runner::ForwardBatch& batch, const std::string& what) {
+    SCOPED_TRACE(what);
+    const size_t rows = batch.logits_indices.size();
+    std::vector<runner::DeviceSamplingRow> params(rows);
+    for (size_t i = 0; i < rows; ++i) {
+      params[i] = kinds[i % kinds.size()];
+      params[i].position = batch.positions[batch.logits_indices[i]] + 1;
+    }
+    std::vector<float> logits;
+    ASSERT_TRUE((*two)->Forward(batch, &logits).ok());
+    std::vector<int32_t> tokens;
+    const absl::Status s = (*two)->ForwardSample(batch, params, &tokens);
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(tokens.size(), rows);
+    for (size_t i = 0; i < rows; ++i) {
+      sampling::SamplingParams p;
+      p.temperature = params[i].temperature;
+      p.top_k = params[i].top_k;
+      p.top_p = params[i].top_p;
+      p.min_p = params[i].min_p;
+      p.seed = params[i].seed;
+      absl::StatusOr<sampling::SampleResult> want =
+          sampling::Sample(absl::MakeConstSpan(logits.data() + i * vocab, vocab), p,
+                           sampling::TokenCounts{}, params[i].position);
+      ASSERT_TRUE(want.ok()) << want.status();
+      EXPECT_EQ(tokens[i], want->token) << "row " << i;
+    }
+  };
+  runner::ForwardBatch pre;
+  pre.block_table_stride = 4;
+  std::vector<std::vector<int32_t>> tables = {{0, 1}, {2, 3}, {4, 5}};
+  for (int q = 0; q < 3; ++q) {
+    std::vector<int32_t> prompt(9 + 5 * q);
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      prompt[i] = static_cast<int32_t>((31 * q + 7 * i + 3) % vocab);
+    }
+    pre.AddSequence(prompt, 0, tables[q], 16, true);
+  }
+  check(pre, "prefill");
+  runner::ForwardBatch step;
+  step.block_table_stride = 4;
+  for (int q = 0; q < 3; ++q) step.AddSequence({42 + q}, 9 + 5 * q, tables[q], 16, true);
+  check(step, "decode");
+  std::vector<int32_t> tokens;
+  EXPECT_EQ((*two)->ForwardSample(step, std::vector<runner::DeviceSamplingRow>(2), &tokens).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaTensorParallelTest, UnknownAllReduceBackendIsAnError) {

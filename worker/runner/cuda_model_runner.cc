@@ -210,6 +210,9 @@ struct CudaModelRunner::Impl {
       top_workspace;
   DeviceBuffer sampling_params;   // kcu::RowSamplingParams per logits row
   DeviceBuffer sample_workspace;  // kcu::SampleRows' weights (first sampled step)
+  // Every rank's logits slice side by side, [rows, vocab] (SampleSlices;
+  // the first sampled step of a tensor-parallel group, grown as needed).
+  DeviceBuffer gathered_logits;
   DeviceBuffer attn_workspace;
   int64_t max_logits_rows = 0;
 
@@ -1084,6 +1087,12 @@ absl::Status CudaModelRunner::ForwardSample(const ForwardBatch& batch,
   }
   int64_t computed = 0;
   RETURN_IF_ERROR(Execute(batch, &computed));
+  return SampleOnDevice(impl_->logits.as<float>(), r, impl_->vocab, rows, tokens);
+}
+
+absl::Status CudaModelRunner::SampleOnDevice(const float* logits, int64_t r, int64_t vocab,
+                                             absl::Span<const DeviceSamplingRow> rows,
+                                             std::vector<int32_t>* tokens) {
   Impl& m = *impl_;
   tokens->resize(static_cast<size_t>(r));
   if (r > 0) {
@@ -1101,7 +1110,7 @@ absl::Status CudaModelRunner::ForwardSample(const ForwardBatch& batch,
                                       params.size() * sizeof(kcu::RowSamplingParams), st));
     // The sampler's weights: allocated on the first sampled step, grown to
     // the largest number of rows seen (greedy-only serving never needs it).
-    const size_t ws_bytes = kcu::SampleRowsWorkspaceBytes(r, m.vocab);
+    const size_t ws_bytes = kcu::SampleRowsWorkspaceBytes(r, vocab);
     if (m.sample_workspace.size() < ws_bytes) {
       RETURN_IF_ERROR(kcu::Synchronize(st));  // the old one may still be in use
       m.sample_workspace = DeviceBuffer();
@@ -1110,11 +1119,63 @@ absl::Status CudaModelRunner::ForwardSample(const ForwardBatch& batch,
       m.sample_workspace = std::move(*ws);
     }
     RETURN_IF_ERROR(kcu::SampleRows(
-        m.logits.as<float>(), r, m.vocab, m.sampling_params.as<kcu::RowSamplingParams>(),
-        m.argmax.as<int32_t>(), m.sample_workspace.data(), m.sample_workspace.size(), st));
+        logits, r, vocab, m.sampling_params.as<kcu::RowSamplingParams>(), m.argmax.as<int32_t>(),
+        m.sample_workspace.data(), m.sample_workspace.size(), st));
     RETURN_IF_ERROR(kcu::CopyToHost(tokens->data(), m.argmax.data(), r * sizeof(int32_t), st));
   }
   return kcu::Synchronize(m.stream.get());
+}
+
+absl::Status CudaModelRunner::ForwardToDevice(const ForwardBatch& batch) {
+  int64_t computed = 0;
+  RETURN_IF_ERROR(Execute(batch, &computed));
+  return kcu::Synchronize(impl_->stream.get());
+}
+
+CudaModelRunner::LogitsSlice CudaModelRunner::device_logits() const {
+  return {impl_->logits.as<float>(), impl_->vocab_start, impl_->vocab, impl_->ordinal};
+}
+
+absl::Status CudaModelRunner::SampleSlices(absl::Span<const LogitsSlice> slices, int64_t r,
+                                           absl::Span<const DeviceSamplingRow> rows,
+                                           std::vector<int32_t>* tokens) {
+  const int64_t vocab = config_.vocab_size;
+  if (static_cast<int64_t>(rows.size()) != r || r < 0 || r > impl_->max_logits_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(rows.size(), " sampling rows for ", r,
+                                                   " logits rows (at most ", impl_->max_logits_rows,
+                                                   ")"));
+  }
+  int64_t next = 0;  // the slices must tile [0, vocab) in order
+  for (const LogitsSlice& sl : slices) {
+    if (sl.data == nullptr || sl.start != next || sl.cols <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SampleSlices: slice at column ", sl.start, " of ", sl.cols,
+                       " does not continue the vocabulary at ", next));
+    }
+    next += sl.cols;
+  }
+  if (next != vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SampleSlices: the slices cover ", next, " of ", vocab, " columns"));
+  }
+  Impl& m = *impl_;
+  RETURN_IF_ERROR(kcu::SetDevice(m.ordinal));
+  kcu::CudaStream st = m.stream.get();
+  const size_t bytes = static_cast<size_t>(r * vocab) * sizeof(float);
+  if (m.gathered_logits.size() < bytes) {
+    RETURN_IF_ERROR(kcu::Synchronize(st));  // the old one may still be in use
+    m.gathered_logits = DeviceBuffer();
+    absl::StatusOr<DeviceBuffer> g = Alloc(bytes, "gathered logits");
+    if (!g.ok()) return g.status();
+    m.gathered_logits = std::move(*g);
+  }
+  float* full = m.gathered_logits.as<float>();
+  for (const LogitsSlice& sl : slices) {
+    RETURN_IF_ERROR(kcu::CopyRowsBetweenDevices(
+        full + sl.start, m.ordinal, vocab * sizeof(float), sl.data, sl.ordinal,
+        sl.cols * sizeof(float), sl.cols * sizeof(float), static_cast<size_t>(r), st));
+  }
+  return SampleOnDevice(full, r, vocab, rows, tokens);
 }
 
 }  // namespace tessera::runner

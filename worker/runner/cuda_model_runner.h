@@ -165,6 +165,26 @@ class CudaModelRunner final : public ModelRunner {
   absl::Status ForwardTopOne(const ForwardBatch& batch, std::vector<int32_t>* ids,
                              std::vector<float>* values);
 
+  // Tensor-parallel sampling (CudaTensorParallelRunner::ForwardSample):
+  // Forward with the logits rows left on the device, this runner's
+  // vocabulary slice at device_logits(), until the next step; the stream is
+  // synchronized when it returns.
+  absl::Status ForwardToDevice(const ForwardBatch& batch);
+  struct LogitsSlice {
+    const float* data = nullptr;  // [rows, cols] fp32
+    int64_t start = 0;            // first vocabulary column
+    int64_t cols = 0;
+    int ordinal = 0;  // the device holding it
+  };
+  LogitsSlice device_logits() const;
+  // On this runner's device: puts the `r` rows of every slice (in
+  // vocabulary order, together the whole vocabulary; peers' slices copied
+  // peer to peer) side by side and draws one token per row as ForwardSample
+  // does. INVALID_ARGUMENT for slices that do not tile the vocabulary or
+  // more rows than a step has.
+  absl::Status SampleSlices(absl::Span<const LogitsSlice> slices, int64_t r,
+                            absl::Span<const DeviceSamplingRow> rows, std::vector<int32_t>* tokens);
+
   // Bytes of weights on the device.
   int64_t weight_bytes() const { return weight_bytes_; }
   // Decode graphs captured so far.
@@ -202,6 +222,11 @@ class CudaModelRunner final : public ModelRunner {
   absl::Status Stage(const ForwardBatch& batch, int64_t padded_tokens, int padded_seqs, int context,
                      bool* tree);
   absl::Status Execute(const ForwardBatch& batch, int64_t* num_logits);
+  // Draws one token per row of the [r, vocab] device logits into *tokens
+  // (the sampler's parameters and workspace are this runner's).
+  absl::Status SampleOnDevice(const float* logits, int64_t r, int64_t vocab,
+                              absl::Span<const DeviceSamplingRow> rows,
+                              std::vector<int32_t>* tokens);
 
   model::ModelConfig config_;
   CudaRunnerOptions options_;
