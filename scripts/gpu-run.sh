@@ -56,6 +56,11 @@ done
 DEV="cuda:$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | sort | head -1)"
 step generate_parity 600 python3 tests/gpu/check_generate.py "$BIN/tessera" --device="$DEV" \
   --out="$OUT/tests/generate_parity.json"
+if [[ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]]; then
+  # The same through two tensor-parallel ranks (tokens drawn on the GPUs).
+  step generate_parity_tp2 600 python3 tests/gpu/check_generate.py "$BIN/tessera" --device=cuda \
+    --tensor_parallel_size=2 --out="$OUT/tests/generate_parity_tp2.json"
+fi
 step cluster_on_gpu 400 bash tests/gpu/cluster_on_gpu.sh "$BIN" "$DEV"
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [[ "$GPUS" -ge 2 ]]; then

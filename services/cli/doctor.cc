@@ -31,7 +31,8 @@ ABSL_FLAG(bool, preflight, true, "doctor: run each device's kernel preflight");
 ABSL_FLAG(int, tensor_parallel_size, 1,
           "doctor: check a tensor-parallel group of this many ranks on --device (default cuda "
           "when GPUs are visible): the ranks' devices by PCI bus id, the model-independent "
-          "backend table for the group and the NCCL version");
+          "backend table for the group and the NCCL version. generate: run the model as this "
+          "many tensor-parallel ranks on --device");
 
 namespace tessera::cli {
 namespace {

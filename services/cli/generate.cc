@@ -20,7 +20,8 @@
 #include "worker/tokenizer/incremental_detokenizer.h"
 #include "worker/tokenizer/tokenizer.h"
 
-ABSL_DECLARE_FLAG(std::string, device);  // doctor.cc
+ABSL_DECLARE_FLAG(std::string, device);        // doctor.cc
+ABSL_DECLARE_FLAG(int, tensor_parallel_size);  // doctor.cc
 ABSL_FLAG(std::string, model, "", "generate: model directory (config.json, *.safetensors)");
 ABSL_FLAG(std::string, tokenizer, "", "generate: tokenizer directory; default: --model");
 ABSL_FLAG(std::string, prompt, "", "generate: the prompt text");
@@ -119,6 +120,7 @@ int RunGenerate(const std::vector<char*>&) {
   lo.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   lo.kv_cache_memory_mb = 256;
   if (!absl::GetFlag(FLAGS_device).empty()) lo.device = absl::GetFlag(FLAGS_device);
+  lo.tensor_parallel_size = absl::GetFlag(FLAGS_tensor_parallel_size);
   std::string tok_dir =
       absl::GetFlag(FLAGS_tokenizer).empty() ? lo.model_dir : absl::GetFlag(FLAGS_tokenizer);
   const bool ids_in = !absl::GetFlag(FLAGS_prompt_ids).empty();

@@ -18,6 +18,8 @@ tests/bench/results/, each with the command that produced it:
                               route-decision latency at ~1,000 in flight
   cuda_generate_parity_h200.json
                               `tessera generate --device=cuda` vs the fixtures
+  cuda_generate_parity_tp2_h200x2.json
+                              the same with --tensor_parallel_size=2
   doctor_h200.txt             `tessera doctor`
 
 Usage: tests/bench/collect_gpu_results.py OUT_DIR [RESULTS_DIR]
@@ -232,6 +234,10 @@ def router(out, results):
 def generate_parity(out, results):
     wrap(out, results, "tests/generate_parity.json", "cuda_generate_parity_h200.json",
          "bash scripts/gpu-run.sh OUT (tests/gpu/check_generate.py with the bundled tessera)",
+         drop=("command",))
+    wrap(out, results, "tests/generate_parity_tp2.json", "cuda_generate_parity_tp2_h200x2.json",
+         "GPU machine with 2 GPUs: bash scripts/gpu-run.sh OUT (tests/gpu/check_generate.py "
+         "with the bundled tessera, --device=cuda --tensor_parallel_size=2)",
          drop=("command",))
 
 

@@ -8,7 +8,12 @@ step whose top-1/top-2 logit margin in the fixture is below 0.25 (a near tie
 bf16 rounding may flip). Exit 0 when every compared token matches and at
 least 3 tokens per model were compared.
 
-Usage: check_generate.py TESSERA_BIN [--device=cuda] [--out=result.json]
+With --tensor_parallel_size=N the engine runs the model as N tensor-parallel
+ranks (`--device` then names the group: cuda = the first N GPUs), sampling
+on the GPUs as a tensor-parallel worker does.
+
+Usage: check_generate.py TESSERA_BIN [--device=cuda] [--tensor_parallel_size=N]
+                         [--out=result.json]
 """
 import json
 import subprocess
@@ -21,12 +26,16 @@ def main():
     tessera = sys.argv[1]
     device = "cuda"
     out_path = ""
+    tp = 1
     for a in sys.argv[2:]:
         if a.startswith("--device="):
             device = a.split("=", 1)[1]
+        elif a.startswith("--tensor_parallel_size="):
+            tp = int(a.split("=", 1)[1])
         elif a.startswith("--out="):
             out_path = a.split("=", 1)[1]
-    report = {"device": device, "near_tie_margin": NEAR_TIE, "models": {}}
+    report = {"device": device, "tensor_parallel_size": tp, "near_tie_margin": NEAR_TIE,
+              "models": {}}
     ok = True
     for model in ("target", "draft"):
         expected = json.load(open(f"models/fixtures/{model}_expected.json"))
@@ -39,6 +48,7 @@ def main():
             while n < len(want) and margins[n] >= NEAR_TIE:
                 n += 1
             cmd = [tessera, "generate", f"--model=models/{model}", f"--device={device}",
+                   f"--tensor_parallel_size={tp}",
                    "--print_ids", "--ignore_eos", f"--max_tokens={len(want)}",
                    "--prompt_ids=" + ",".join(str(i) for i in case["prompt_ids"])]
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

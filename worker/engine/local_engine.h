@@ -4,9 +4,10 @@
 // cache sized → engine created. Used by tessera-worker and `tessera
 // generate`, so both start the same way.
 //
-// Tensor parallelism: with tensor_parallel_size N > 1 on the CPU the model
-// is split over N rank threads (worker/parallel/tensor_parallel_runner.h);
-// the model's shapes are checked against N before any weight is read.
+// Tensor parallelism: with tensor_parallel_size N > 1 the model is split
+// over N rank threads, on the CPU (worker/parallel/tensor_parallel_runner.h)
+// or one GPU each (cuda_tensor_parallel_runner.h); the model's shapes are
+// checked against N before any weight is read.
 //
 // Simulation: with LocalEngineOptions::simulate set, no model is loaded. The
 // kernel backends are still selected (and the overrides validated) so the
@@ -73,8 +74,9 @@ struct LocalEngineOptions {
   std::string device = "cpu";
   kernels::BackendOverrides backends;  // flag name -> backend ("auto" = choose)
   int cpu_threads = 0;                 // 0 = all cores (shared among the ranks)
-  // Tensor-parallel ranks (worker/parallel): on the CPU, N threads each
-  // holding 1/N of the model; CUDA devices take only 1 in this build.
+  // Tensor-parallel ranks (worker/parallel): N threads each holding 1/N of
+  // the model, on the CPU or on N GPUs ("cuda": the first N by PCI bus id,
+  // or "cuda:<bus id>,<bus id>,...").
   int tensor_parallel_size = 1;
   int block_size = 16;
   int64_t kv_cache_blocks = 0;       // 0 = from kv_cache_memory_mb (CPU) or gpu_memory_fraction
