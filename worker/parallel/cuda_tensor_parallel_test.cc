@@ -204,12 +204,9 @@ TEST(CudaTensorParallelTest, TwoRanksSampleOnTheDeviceAsTheHostSamplerDoes) {
     ASSERT_TRUE(s.ok()) << s;
     ASSERT_EQ(tokens.size(), rows);
     for (size_t i = 0; i < rows; ++i) {
-      sampling::SamplingParams p;
-      p.temperature = params[i].temperature;
-      p.top_k = params[i].top_k;
-      p.top_p = params[i].top_p;
-      p.min_p = params[i].min_p;
-      p.seed = params[i].seed;
+      const runner::DeviceSamplingRow& d = params[i];
+      sampling::SamplingParams p{d.temperature, d.top_k, d.top_p, d.min_p};
+      p.seed = d.seed;
       absl::StatusOr<sampling::SampleResult> want =
           sampling::Sample(absl::MakeConstSpan(logits.data() + i * vocab, vocab), p,
                            sampling::TokenCounts{}, params[i].position);

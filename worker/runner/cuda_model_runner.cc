@@ -109,6 +109,20 @@ absl::StatusOr<DeviceBuffer> Alloc(size_t bytes, std::string_view what) {
   return b;
 }
 
+// Grows `buffer` to at least `bytes`: scratch that only some steps need
+// (sampling), allocated when the first such step comes. The old buffer goes
+// only once `stream` has finished with it.
+absl::Status GrowScratch(DeviceBuffer* buffer, size_t bytes, std::string_view what,
+                         kcu::CudaStream stream) {
+  if (buffer->size() >= bytes) return absl::OkStatus();
+  RETURN_IF_ERROR(kcu::Synchronize(stream));
+  *buffer = DeviceBuffer();
+  absl::StatusOr<DeviceBuffer> b = Alloc(bytes, what);
+  if (!b.ok()) return b.status();
+  *buffer = std::move(*b);
+  return absl::OkStatus();
+}
+
 // Host bytes of a tensor as bf16 (a copy for bf16, a conversion otherwise).
 absl::StatusOr<std::vector<Bf16>> ToBf16(const model::TensorView& t) {
   std::vector<Bf16> out(static_cast<size_t>(t.num_elements()));
@@ -1110,14 +1124,8 @@ absl::Status CudaModelRunner::SampleOnDevice(const float* logits, int64_t r, int
                                       params.size() * sizeof(kcu::RowSamplingParams), st));
     // The sampler's weights: allocated on the first sampled step, grown to
     // the largest number of rows seen (greedy-only serving never needs it).
-    const size_t ws_bytes = kcu::SampleRowsWorkspaceBytes(r, vocab);
-    if (m.sample_workspace.size() < ws_bytes) {
-      RETURN_IF_ERROR(kcu::Synchronize(st));  // the old one may still be in use
-      m.sample_workspace = DeviceBuffer();
-      absl::StatusOr<DeviceBuffer> ws = Alloc(ws_bytes, "sampling workspace");
-      if (!ws.ok()) return ws.status();
-      m.sample_workspace = std::move(*ws);
-    }
+    RETURN_IF_ERROR(GrowScratch(&m.sample_workspace, kcu::SampleRowsWorkspaceBytes(r, vocab),
+                                "sampling workspace", st));
     RETURN_IF_ERROR(kcu::SampleRows(
         logits, r, vocab, m.sampling_params.as<kcu::RowSamplingParams>(), m.argmax.as<int32_t>(),
         m.sample_workspace.data(), m.sample_workspace.size(), st));
@@ -1161,14 +1169,8 @@ absl::Status CudaModelRunner::SampleSlices(absl::Span<const LogitsSlice> slices,
   Impl& m = *impl_;
   RETURN_IF_ERROR(kcu::SetDevice(m.ordinal));
   kcu::CudaStream st = m.stream.get();
-  const size_t bytes = static_cast<size_t>(r * vocab) * sizeof(float);
-  if (m.gathered_logits.size() < bytes) {
-    RETURN_IF_ERROR(kcu::Synchronize(st));  // the old one may still be in use
-    m.gathered_logits = DeviceBuffer();
-    absl::StatusOr<DeviceBuffer> g = Alloc(bytes, "gathered logits");
-    if (!g.ok()) return g.status();
-    m.gathered_logits = std::move(*g);
-  }
+  RETURN_IF_ERROR(GrowScratch(&m.gathered_logits, static_cast<size_t>(r * vocab) * sizeof(float),
+                              "gathered logits", st));
   float* full = m.gathered_logits.as<float>();
   for (const LogitsSlice& sl : slices) {
     RETURN_IF_ERROR(kcu::CopyRowsBetweenDevices(
