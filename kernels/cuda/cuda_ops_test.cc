@@ -53,6 +53,20 @@ TEST(CudaDeviceBufferTest, RoundTripAndErrors) {
   EXPECT_FALSE(DeviceOrdinalForPciBusId("ffff:ff:ff.0").ok());
 }
 
+// Checked before any CUDA call, so this runs without a device too.
+TEST(CudaDeviceBufferTest, CopyRowsBetweenDevicesRefusesBadArguments) {
+  float a[8] = {}, b[8] = {};
+  EXPECT_TRUE(CopyRowsBetweenDevices(a, 0, 16, b, 0, 16, 0, 2, nullptr).ok());  // nothing to copy
+  EXPECT_EQ(CopyRowsBetweenDevices(nullptr, 0, 16, b, 0, 16, 16, 2, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CopyRowsBetweenDevices(a, 0, 16, nullptr, 0, 16, 16, 2, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CopyRowsBetweenDevices(a, 0, 8, b, 0, 16, 16, 2, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);  // rows wider than the destination's pitch
+  EXPECT_EQ(CopyRowsBetweenDevices(a, 0, 16, b, 0, 8, 16, 2, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);  // and than the source's
+}
+
 TEST(CudaOpsTest, Embedding) {
   TESSERA_REQUIRE_CUDA_DEVICE();
   for (int64_t hidden : {8, 13, 64, 4096}) {

@@ -264,6 +264,41 @@ TEST(CudaModelRunnerTest, GreedyOnDeviceEqualsHostArgmax) {
   EXPECT_EQ(tokens[1], Argmax(step_logits.data() + vocab, vocab));
 }
 
+// SampleSlices (tensor-parallel sampling on rank 0) with the runner's own
+// logits as the only slice draws what ForwardSample draws; slices that do
+// not tile the vocabulary, and rows that do not match, are refused.
+TEST(CudaModelRunnerTest, SampleSlicesChecksItsSlices) {
+  REQUIRE_GPU(device);
+  auto model = model::LoadModel(SourcePath("models/draft"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto gpu = CudaModelRunner::Create(model->get(), device, TestOptions(32, 128));
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ForwardBatch b;
+  b.block_table_stride = 4;
+  b.AddSequence({5, 6, 7, 8, 9}, 0, {0, 1, 2, 3}, 16, true);
+  b.AddSequence({100, 200}, 0, {4, 5, 6, 7}, 16, true);
+  const std::vector<DeviceSamplingRow> rows = {{0.9f, 0, 0.9f, 0.0f, 11, 5},
+                                               {1.0f, 20, 1.0f, 0.0f, 12, 2}};
+  std::vector<int32_t> want, got;
+  ASSERT_TRUE((*gpu)->ForwardSample(b, rows, &want).ok());
+  ASSERT_TRUE((*gpu)->ForwardToDevice(b).ok());
+  const CudaModelRunner::LogitsSlice all = (*gpu)->device_logits();
+  const int64_t vocab = (*model)->config.vocab_size;
+  EXPECT_EQ(all.start, 0);
+  EXPECT_EQ(all.cols, vocab);
+  const absl::Status s = (*gpu)->SampleSlices({all}, 2, rows, &got);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(got, want);
+  CudaModelRunner::LogitsSlice half = all, rest = all;
+  half.cols = vocab / 2;
+  rest.start = vocab / 2 + 1;  // a gap of one column
+  rest.cols = vocab - rest.start;
+  EXPECT_EQ((*gpu)->SampleSlices({half, rest}, 2, rows, &got).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*gpu)->SampleSlices({half}, 2, rows, &got).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*gpu)->SampleSlices({all}, 1, rows, &got).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // The eager autotuning step runs once per batch bucket: a new context
 // bucket captures a new graph but reuses the tuned GEMM shapes.
 TEST(CudaModelRunnerTest, AutotunesEachBatchBucketOnce) {
