@@ -62,6 +62,10 @@ if [[ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]]; then
     --tensor_parallel_size=2 --out="$OUT/tests/generate_parity_tp2.json"
 fi
 step cluster_on_gpu 400 bash tests/gpu/cluster_on_gpu.sh "$BIN" "$DEV"
+if [[ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]]; then
+  # The same with a worker of two tensor-parallel ranks.
+  step cluster_on_gpu_tp2 400 bash tests/gpu/cluster_on_gpu.sh "$BIN" cuda --tensor_parallel_size=2
+fi
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [[ "$GPUS" -ge 2 ]]; then
   # With the staged GEMV (the default) and without it, in one run.

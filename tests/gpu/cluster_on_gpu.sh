@@ -4,14 +4,17 @@
 # greedy request for each fixture prompt through the router must give
 # transformers' continuation up to the first near tie (top-2 margin < 0.25,
 # the bf16 tolerance of cuda_model_runner_test); the worker's /metrics must
-# answer; the cluster must stop cleanly on SIGINT.
-# Usage: tests/gpu/cluster_on_gpu.sh BIN_DIR DEVICE
+# answer; the cluster must stop cleanly on SIGINT. EXTRA_WORKER_ARGS (comma
+# separated) go to the worker as well, e.g. --tensor_parallel_size=2 with
+# DEVICE cuda for a worker whose two ranks sample on the GPUs.
+# Usage: tests/gpu/cluster_on_gpu.sh BIN_DIR DEVICE [EXTRA_WORKER_ARGS]
 set -euo pipefail
 bin=$1
 dev=$2
+extra=${3:+,$3}
 run=$(mktemp -d)
 "$bin/tessera" up --bin_dir="$bin" --workers=1 --up_model=models/target --run_dir="$run" \
-  --worker_args="--device=$dev,--kv_cache_blocks=512" >"$run/up.out" 2>&1 &
+  --worker_args="--device=$dev,--kv_cache_blocks=512$extra" >"$run/up.out" 2>&1 &
 up=$!
 trap 'kill -INT $up 2>/dev/null || true' EXIT
 for _ in $(seq 900); do
@@ -22,6 +25,11 @@ done
 router=$(grep '^router=' "$run/up.out" | cut -d= -f2)
 [ -n "$router" ] || { echo "cluster did not start"; cat "$run/up.out"; exit 1; }
 grep -h "cuda runner ready" "$run"/worker-0.log | head -1 || true
+if [[ "$extra" =~ tensor_parallel_size=([0-9]+) ]]; then  # one runner per rank
+  ranks=$(grep -c "cuda runner ready" "$run"/worker-0.log || true)
+  echo "worker ranks ready: $ranks"
+  [ "$ranks" -eq "${BASH_REMATCH[1]}" ] || { echo "expected ${BASH_REMATCH[1]} ranks"; exit 1; }
+fi
 python3 - "$bin/tessera" "$router" <<'PY'
 import json, subprocess, sys
 tessera, router = sys.argv[1], sys.argv[2]
