@@ -237,7 +237,11 @@ TEST(CudaModelRunnerTest, MixedBatchesMatchTheCpuRunner) {
   }
   EXPECT_GE((*gpu)->graphs_captured(), 1);  // the all-decode steps ran as graphs
 }
-TEST(CudaModelRunnerTest, GreedyOnDeviceEqualsHostArgmax) {
+// ForwardGreedy's tokens are the host argmax of Forward's logits; and
+// SampleSlices (tensor-parallel sampling on rank 0) with the runner's own
+// logits as the only slice draws what ForwardSample draws, while slices that
+// do not tile the vocabulary, and rows that do not match, are refused.
+TEST(CudaModelRunnerTest, GreedyAndSlicedSamplingOnTheDevice) {
   REQUIRE_GPU(device);
   auto model = model::LoadModel(SourcePath("models/draft"));
   ASSERT_TRUE(model.ok()) << model.status();
@@ -262,28 +266,13 @@ TEST(CudaModelRunnerTest, GreedyOnDeviceEqualsHostArgmax) {
   ASSERT_EQ(tokens.size(), 2u);
   EXPECT_EQ(tokens[0], Argmax(step_logits.data(), vocab));
   EXPECT_EQ(tokens[1], Argmax(step_logits.data() + vocab, vocab));
-}
 
-// SampleSlices (tensor-parallel sampling on rank 0) with the runner's own
-// logits as the only slice draws what ForwardSample draws; slices that do
-// not tile the vocabulary, and rows that do not match, are refused.
-TEST(CudaModelRunnerTest, SampleSlicesChecksItsSlices) {
-  REQUIRE_GPU(device);
-  auto model = model::LoadModel(SourcePath("models/draft"));
-  ASSERT_TRUE(model.ok()) << model.status();
-  auto gpu = CudaModelRunner::Create(model->get(), device, TestOptions(32, 128));
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
-  ForwardBatch b;
-  b.block_table_stride = 4;
-  b.AddSequence({5, 6, 7, 8, 9}, 0, {0, 1, 2, 3}, 16, true);
-  b.AddSequence({100, 200}, 0, {4, 5, 6, 7}, 16, true);
-  const std::vector<DeviceSamplingRow> rows = {{0.9f, 0, 0.9f, 0.0f, 11, 5},
-                                               {1.0f, 20, 1.0f, 0.0f, 12, 2}};
+  const std::vector<DeviceSamplingRow> rows = {{0.9f, 0, 0.9f, 0.0f, 11, 6},
+                                               {1.0f, 20, 1.0f, 0.0f, 12, 3}};
   std::vector<int32_t> want, got;
-  ASSERT_TRUE((*gpu)->ForwardSample(b, rows, &want).ok());
-  ASSERT_TRUE((*gpu)->ForwardToDevice(b).ok());
+  ASSERT_TRUE((*gpu)->ForwardSample(d, rows, &want).ok());
+  ASSERT_TRUE((*gpu)->ForwardToDevice(d).ok());
   const CudaModelRunner::LogitsSlice all = (*gpu)->device_logits();
-  const int64_t vocab = (*model)->config.vocab_size;
   EXPECT_EQ(all.start, 0);
   EXPECT_EQ(all.cols, vocab);
   const absl::Status s = (*gpu)->SampleSlices({all}, 2, rows, &got);
