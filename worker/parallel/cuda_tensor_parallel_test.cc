@@ -171,7 +171,8 @@ TEST(CudaTensorParallelTest, TwoRanksVerifyTreesLikeOneRank) {
 // sampled there) draws the tokens the host sampler draws from the logits
 // Forward returns for the same batch: greedy, temperature, top-k, top-p and
 // min-p rows, a prefill step of three sequences and a decode step (a
-// graph); rows that do not match the batch are refused.
+// graph); rows that do not match the batch, and a malformed batch, are
+// refused, and the group samples correctly afterwards.
 TEST(CudaTensorParallelTest, TwoRanksSampleOnTheDeviceAsTheHostSamplerDoes) {
   kernels::DetectedCudaDevices found = kernels::DetectCudaDevices();
   if (found.devices.size() < 2) GTEST_SKIP() << "needs two CUDA devices; " << found.devices.size();
@@ -232,6 +233,17 @@ TEST(CudaTensorParallelTest, TwoRanksSampleOnTheDeviceAsTheHostSamplerDoes) {
   std::vector<int32_t> tokens;
   EXPECT_EQ((*two)->ForwardSample(step, std::vector<runner::DeviceSamplingRow>(2), &tokens).code(),
             absl::StatusCode::kInvalidArgument);
+  // A malformed batch (a token outside the vocabulary) is refused by every
+  // rank before any collective, and the group keeps sampling afterwards.
+  runner::ForwardBatch bad;
+  bad.block_table_stride = 4;
+  for (int q = 0; q < 3; ++q) {
+    bad.AddSequence({q == 1 ? static_cast<int32_t>(vocab) : 42 + q}, 9 + 5 * q, tables[q], 16,
+                    true);
+  }
+  EXPECT_EQ((*two)->ForwardSample(bad, std::vector<runner::DeviceSamplingRow>(3), &tokens).code(),
+            absl::StatusCode::kInvalidArgument);
+  check(step, "decode after a refused batch");
 }
 
 TEST(CudaTensorParallelTest, UnknownAllReduceBackendIsAnError) {
