@@ -3,32 +3,46 @@
 // The weights exp(s - max) (double math, rounded to float as the CPU's
 // expf) are computed once by grids over 1024-logit chunks of every sampled
 // row: the row's largest finite key (atomicMax: order-free), then the
-// weights into the workspace. One block per row then selects. Values are
-// compared through an order-preserving uint32 key of the float logit (s =
-// logit / T is strictly increasing in the logit, so ordering by key is
-// ordering by s). Both thresholds are found digit by digit, 8 bits a pass
-// from the top: the k-th largest key (top-k) from integer histograms, the
-// last key kept by top-p from the bins' weight masses (BinMasses: summed
-// per warp in a fixed order, then over the warps in warp order, so the
-// result is deterministic). The final inverse-CDF walk uses contiguous
-// per-thread chunks so that id order is preserved: chunk sums, an
-// exclusive scan, and each thread walking its own chunk from its prefix.
+// weights into the workspace. A group of CTAs per row then selects
+// (SampleKernel, RowGroup): CTA `part` scans its own contiguous part of
+// the row, and whatever a decision needs from the whole row (counts, the
+// maximum, the total weight, a digit's bins, prefix sums) is combined over
+// the group through the workspace in part order, every CTA reading all
+// the partials and so reaching the same decision. Values are compared
+// through an order-preserving uint32 key of the float logit (s = logit /
+// T is strictly increasing in the logit, so ordering by key is ordering by
+// s). Both thresholds are found digit by digit, 8 bits a pass from the
+// top: the k-th largest key (top-k) from integer histograms, the last key
+// kept by top-p from the bins' weight masses (BinMasses: summed per warp
+// in a fixed order, then over the warps in warp order, then over the
+// group's CTAs in part order, so the result is deterministic). The final
+// inverse-CDF walk uses contiguous per-thread chunks so that id order is
+// preserved: chunk sums, an exclusive scan over the CTA and then over the
+// group, and each thread walking its own chunk from its prefix.
 //
-// The passes read the logits and weights with 16 elements per thread in
-// flight (Strided / Contiguous; 16-byte loads in the contiguous ones).
+// The group has up to 32 CTAs, rows x group at most 256, no part shorter
+// than 4096 ids, and never more CTAs than the device holds at once: the
+// CTAs of a group wait for each other at every combine (an arrival
+// counter per row; a group whose CTAs do not all arrive within 4 s gives
+// -1 instead of hanging). The passes read the logits and weights with 16
+// elements per thread in flight (Strided / Contiguous; 16-byte loads in
+// the contiguous ones).
 //
-// On the H200 (one 128,256-entry row, tests/bench/results/cuda_ops_h200.json
-// `sample` rows): the earlier form, one block per row recomputing the
-// weights in every pass and searching top-p's key bit by bit (32 passes),
-// took 0.48 ms with temperature alone, 2.15 ms with top-k 50 + top-p 0.9
-// and 3.54 ms with top-p 0.9 + min-p 0.05; this one 0.14, 0.51 and 0.96
-// ms. What is left is one block streaming the row from L2 in each pass
-// (about 35 us each); spreading the passes over the GPU would need a
-// grid-wide reduction per digit.
+// On the H200 (128,256-entry rows, tests/bench/results/cuda_ops_h200.json
+// `sample` rows), one row: the first form, one block per row recomputing
+// the weights in every pass and searching top-p's key bit by bit (32
+// passes), took 0.48 ms with temperature alone, 2.15 ms with top-k 50 +
+// top-p 0.9 and 3.54 ms with top-p 0.9 + min-p 0.05; with the weights
+// computed once and one block per row selecting, 0.14, 0.48 and 0.94 ms
+// (64 rows: 0.28, 0.70, 1.17 ms); with a group of CTAs per row, 0.042,
+// 0.125 and 0.117 ms (64 rows, 4 CTAs each: 0.18, 0.40, 0.54 ms).
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/per_device.cuh"
 #include "kernels/cuda/sampling.h"
 
 namespace tessera::kernels::cuda {
@@ -40,7 +54,15 @@ static_assert(kThreads >= 256, "top-p sums one radix bin per thread");
 // logits, so that a row's exponentials spread over the GPU.
 constexpr int kWeightThreads = 256;
 constexpr int64_t kWeightChunk = 1024;
-constexpr float kGreedyTemperature = 1e-5f;   // worker/sampling/sampling_params.h
+constexpr float kGreedyTemperature = 1e-5f;  // worker/sampling/sampling_params.h
+// The selection's CTAs per row (SampleKernel's group): up to kMaxGroup,
+// with rows * group at most kGroupBudget (the workspace's slots are sized
+// for that), and no more than the device holds at once (the group's CTAs
+// wait for each other).
+constexpr int kMaxGroup = 32;
+constexpr int kGroupBudget = 256;
+constexpr int kSlotBytes = 256 * sizeof(double);  // one CTA's partial of one combine
+constexpr uint64_t kGroupTimeoutNs = 4000000000ull;
 constexpr uint32_t kNegInfKey = 0x007fffffu;  // Key(-inf); finite keys are larger
 
 __device__ __forceinline__ uint32_t Key(float v) {
@@ -73,6 +95,22 @@ __device__ double UniformFromSeed(uint64_t seed, uint64_t position, uint32_t str
   }
   const uint64_t mantissa = (static_cast<uint64_t>(c0) << 21) | (c1 >> 11);
   return static_cast<double>(mantissa) * 0x1p-53;
+}
+
+__device__ __forceinline__ uint32_t AcquireLoad(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// A load from L2 (not L1, which may hold an older level's slot).
+template <class T>
+__device__ __forceinline__ T LoadCg(const T* p) {
+  if constexpr (sizeof(T) == 8 && std::is_integral_v<T>) {
+    return static_cast<T>(__ldcg(reinterpret_cast<const long long*>(p)));
+  } else {
+    return __ldcg(p);
+  }
 }
 
 struct RowState {
@@ -205,17 +243,34 @@ __device__ __forceinline__ bool NeedsWeights(const RowSamplingParams& p) {
   return ParamsValid(p) && p.temperature >= kGreedyTemperature;
 }
 
-// Workspace: the rows' largest finite keys, then the rows' weights.
+// Workspace: the rows' largest finite keys, the rows' group arrival
+// counters, the groups' slots, then the rows' weights.
 struct Workspace {
-  uint32_t* max_key;  // [rows] (0 = no finite logit yet)
-  float* weights;     // [rows, vocab]
+  uint32_t* max_key;     // [rows] (0 = no finite logit yet)
+  uint32_t* arrive;      // [rows]
+  unsigned char* slots;  // [rows][2][GroupSlots(rows)][kSlotBytes]
+  float* weights;        // [rows, vocab]
 };
 
-size_t MaxKeyBytes(int64_t rows) { return static_cast<size_t>((rows * 4 + 255) / 256 * 256); }
+size_t Round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+size_t MaxKeyBytes(int64_t rows) { return Round256(static_cast<size_t>(rows) * 4); }
+// The CTAs per row the workspace has slots for.
+int GroupSlots(int64_t rows) {
+  return static_cast<int>(
+      std::clamp<int64_t>(kGroupBudget / std::max<int64_t>(rows, 1), 1, kMaxGroup));
+}
+// Slots only where a row may have more than one CTA (at most 1 MB).
+size_t SlotBytes(int64_t rows) {
+  const int group = GroupSlots(rows);
+  return group > 1 ? static_cast<size_t>(rows) * 2 * static_cast<size_t>(group) * kSlotBytes : 0;
+}
 
-__global__ void ClearMaxKeys(uint32_t* max_key, int64_t rows) {
+__global__ void ClearRowState(uint32_t* max_key, uint32_t* arrive, int64_t rows) {
   const int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (r < rows) max_key[r] = 0;
+  if (r < rows) {
+    max_key[r] = 0;
+    arrive[r] = 0;
+  }
 }
 
 // Grid (chunks, rows): each CTA the largest finite key of its chunk of the
@@ -258,10 +313,104 @@ __global__ void __launch_bounds__(kWeightThreads)
   }
 }
 
-__global__ void __launch_bounds__(kThreads)
+// The CTAs that select one row's token (SampleKernel's group): CTA `part`
+// of `parts` covers ids [begin, end) of the row. Values are combined over
+// the group through slots in the workspace, in part order (deterministic):
+// every CTA writes its partial into its slot of the current level, all
+// wait at the row's arrival counter, and every CTA reads all the partials
+// and so reaches the same decisions. Levels alternate between two sets of
+// slots; a CTA writes level L + 2 only after all have arrived at L + 1,
+// that is after all have read level L.
+struct RowGroup {
+  int part, parts;
+  int64_t begin, end;
+  uint32_t* arrive;      // the row's counter (zeroed by ClearRowState)
+  unsigned char* slots;  // the row's [2][stride] slots of kSlotBytes
+  int stride;
+  int level;
+  bool timed_out;
+
+  __device__ unsigned char* Slot(int p) const {
+    return slots + (static_cast<int64_t>(level & 1) * stride + p) * kSlotBytes;
+  }
+  // Every CTA of the group has written its slot of this level.
+  __device__ void Arrive() {
+    __syncthreads();
+    if (parts > 1 && threadIdx.x == 0) {
+      __threadfence();
+      const uint32_t target = static_cast<uint32_t>(level + 1) * static_cast<uint32_t>(parts);
+      atomicAdd(arrive, 1u);
+      const uint64_t start = GlobalTimerNs();
+      while (AcquireLoad(arrive) < target && !timed_out) {
+        timed_out = GlobalTimerNs() - start > kGroupTimeoutNs;
+      }
+      __threadfence();
+    }
+    __syncthreads();
+  }
+  template <class T>
+  __device__ T Read(int p, int i) const {
+    return LoadCg(reinterpret_cast<const T*>(Slot(p)) + i);
+  }
+  // The group's sum of one value per CTA (`v` the same in every thread of
+  // the CTA), in part order.
+  template <class T>
+  __device__ T Sum(T v) {
+    if (parts == 1) return v;
+    if (threadIdx.x == 0) *reinterpret_cast<T*>(Slot(part)) = v;
+    Arrive();
+    T total = Read<T>(0, 0);
+    for (int p = 1; p < parts; ++p) total += Read<T>(p, 0);
+    ++level;
+    return total;
+  }
+  // Sum() and the sum over the CTAs before this one (exclusive prefix).
+  template <class T>
+  __device__ T SumAndPrefix(T v, T* prefix) {
+    if (parts == 1) {
+      *prefix = T(0);
+      return v;
+    }
+    if (threadIdx.x == 0) *reinterpret_cast<T*>(Slot(part)) = v;
+    Arrive();
+    T total = T(0), before = T(0);
+    for (int p = 0; p < parts; ++p) {
+      if (p == part) before = total;
+      total += Read<T>(p, 0);
+    }
+    ++level;
+    *prefix = before;
+    return total;
+  }
+  // 256 per-CTA bins (thread b < 256 holds bin b) summed over the group in
+  // part order into bins[b].
+  template <class T>
+  __device__ void SumBins(T* bins) {
+    if (parts == 1) return;
+    if (threadIdx.x < 256) reinterpret_cast<T*>(Slot(part))[threadIdx.x] = bins[threadIdx.x];
+    Arrive();
+    if (threadIdx.x < 256) {
+      T total = Read<T>(0, threadIdx.x);
+      for (int p = 1; p < parts; ++p) total += Read<T>(p, threadIdx.x);
+      bins[threadIdx.x] = total;
+    }
+    ++level;
+    __syncthreads();
+  }
+};
+
+// Pass 1's findings, combined over the group.
+struct FirstPass {
+  int bad, finite;
+  float maxv;
+  ValueIndex best;
+};
+
+__global__ void __launch_bounds__(kThreads, 2)
     SampleKernel(const float* __restrict__ logits, int64_t vocab,
                  const RowSamplingParams* __restrict__ params, const float* __restrict__ weights,
-                 int32_t* __restrict__ out) {
+                 int32_t* __restrict__ out, uint32_t* __restrict__ arrive,
+                 unsigned char* __restrict__ slots, int slot_stride) {
   __shared__ int iscratch[33];
   __shared__ double dscratch[33];
   __shared__ float fscratch[32];
@@ -273,39 +422,78 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ uint32_t radix_prefix;
   __shared__ int radix_remaining;
 
-  const int64_t row = blockIdx.x;
-  const float* x = logits + row * vocab;
-  const float* w = weights + row * vocab;  // Weight(x[i]) for finite x[i]
+  const int64_t row = blockIdx.y;
+  RowGroup grp;
+  grp.part = blockIdx.x;
+  grp.parts = gridDim.x;
+  // Parts of a multiple of 4 ids: with vocab % 4 == 0 every part (and the
+  // per-thread chunks below) starts 16-byte aligned.
+  const int64_t span = ((vocab + grp.parts - 1) / grp.parts + 3) / 4 * 4;
+  grp.begin = min(vocab, grp.part * span);
+  grp.end = min(vocab, grp.begin + span);
+  grp.arrive = arrive + row;
+  grp.slots = slots + row * 2 * static_cast<int64_t>(slot_stride) * kSlotBytes;
+  grp.stride = slot_stride;
+  grp.level = 0;
+  grp.timed_out = false;
+  const int64_t n = grp.end - grp.begin;
+  const float* x = logits + row * vocab + grp.begin;   // this CTA's ids
+  const float* w = weights + row * vocab + grp.begin;  // Weight(x[i]) for finite x[i]
   const RowSamplingParams p = params[row];
   const int tid = threadIdx.x;
   const int nthreads = blockDim.x;
+  auto finish = [&](int64_t token) {
+    if (grp.part == 0 && tid == 0) out[row] = grp.timed_out ? -1 : static_cast<int32_t>(token);
+  };
 
   // Pass 1: validation, max, argmax.
   int bad = 0, finite = 0;
   float maxv = -__int_as_float(0x7f800000);
   ValueIndex best{-__int_as_float(0x7f800000), INT64_MAX};
-  Strided<false>(x, w, vocab, [&](int64_t i, float v, float) {
+  Strided<false>(x, w, n, [&](int64_t i, float v, float) {
     if (isnan(v) || v == __int_as_float(0x7f800000)) bad = 1;
     if (isfinite(v)) {
       ++finite;
       maxv = fmaxf(maxv, v);
     }
-    const ValueIndex c{v, i};
+    const ValueIndex c{v, grp.begin + i};
     if (Better(c, best)) best = c;
   });
+  FirstPass first;
+  first.bad = __syncthreads_or(bad);
+  first.finite = BlockSum(finite, iscratch);
+  first.maxv = BlockMax(maxv, fscratch, -__int_as_float(0x7f800000));
+  first.best = BlockArgmax(best, vscratch);
+  if (grp.parts > 1) {
+    if (tid == 0) *reinterpret_cast<FirstPass*>(grp.Slot(grp.part)) = first;
+    grp.Arrive();
+    FirstPass all;
+    all.bad = 0;
+    all.finite = 0;
+    all.maxv = -__int_as_float(0x7f800000);
+    all.best = ValueIndex{-__int_as_float(0x7f800000), INT64_MAX};
+    for (int q = 0; q < grp.parts; ++q) {
+      const FirstPass* f = reinterpret_cast<const FirstPass*>(grp.Slot(q));
+      all.bad |= LoadCg(&f->bad);
+      all.finite += LoadCg(&f->finite);
+      all.maxv = fmaxf(all.maxv, LoadCg(&f->maxv));
+      const ValueIndex c{LoadCg(&f->best.value), LoadCg(&f->best.index)};
+      if (Better(c, all.best)) all.best = c;
+    }
+    ++grp.level;
+    first = all;
+  }
   const bool params_bad = !ParamsValid(p);
-  bad = __syncthreads_or(bad);
-  const int n_finite = BlockSum(finite, iscratch);
-  if (bad || n_finite == 0 || params_bad) {
-    if (tid == 0) out[row] = -1;
+  const int n_finite = first.finite;
+  if (first.bad || n_finite == 0 || params_bad) {
+    finish(-1);
     return;
   }
   if (p.temperature < kGreedyTemperature) {
-    best = BlockArgmax(best, vscratch);
-    if (tid == 0) out[row] = static_cast<int32_t>(best.index);
+    finish(first.best.index);
     return;
   }
-  maxv = BlockMax(maxv, fscratch, -__int_as_float(0x7f800000));
+  maxv = first.maxv;
   RowState st;
   st.inv_t_denominator = static_cast<double>(p.temperature);
   st.max_s = static_cast<double>(maxv) / st.inv_t_denominator;
@@ -320,7 +508,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int shift = 24; shift >= 0; shift -= 8) {
       for (int b = tid; b < 256; b += nthreads) hist[b] = 0;
       __syncthreads();
-      Strided<false>(x, w, vocab, [&](int64_t, float v, float) {
+      Strided<false>(x, w, n, [&](int64_t, float v, float) {
         const uint32_t key = Key(v);
         if (key > kNegInfKey && (key & mask) == prefix) {
           // One atomic per distinct bin of the warp: logits crowd into a
@@ -331,6 +519,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       });
       __syncthreads();
+      grp.SumBins(hist);
       if (tid == 0) {
         // The k-th largest lies in the highest bin b where the counts of the
         // bins above it stay below `remaining`.
@@ -354,10 +543,10 @@ __global__ void __launch_bounds__(kThreads)
 
   // Total weight of the candidates.
   double total = 0;
-  Strided<true>(x, w, vocab, [&](int64_t, float v, float wi) {
+  Strided<true>(x, w, n, [&](int64_t, float v, float wi) {
     if (Key(v) >= kth_key) total += wi;
   });
-  total = BlockSum(total, dscratch);
+  total = grp.Sum(BlockSum(total, dscratch));
 
   // Step 5: top-p. f(c) = weight of candidates with key > c, non-increasing;
   // last_key = the smallest key with f < target: everything above it stays,
@@ -375,15 +564,17 @@ __global__ void __launch_bounds__(kThreads)
     uint32_t prefix = 0, mask = 0;
     double above_bracket = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
-      BinMasses(x, w, vocab, kth_key, prefix, mask, shift, warp_bins);
+      BinMasses(x, w, n, kth_key, prefix, mask, shift, warp_bins);
       // A bin's mass: its warps' masses in warp order, one thread per bin
-      // (into warp 0's row; thread b touches only column b).
+      // (into warp 0's row; thread b touches only column b), then over the
+      // group's CTAs in part order.
       if (tid < 256) {
         double bin = 0;
         for (int wi = 0; wi < kThreads / 32; ++wi) bin += warp_bins[wi][tid];
         warp_bins[0][tid] = bin;
       }
       __syncthreads();
+      grp.SumBins(warp_bins[0]);
       if (tid == 0) {
         // Scan from the top bin down: g holds g(b) (< target), the bin
         // below is entered while g(b - 1) = g(b) + mass(b) stays below
@@ -411,13 +602,13 @@ __global__ void __launch_bounds__(kThreads)
     last_key = prefix;
     double above = 0;
     int ties = 0;
-    Strided<true>(x, w, vocab, [&](int64_t, float v, float wi) {
+    Strided<true>(x, w, n, [&](int64_t, float v, float wi) {
       const uint32_t key = Key(v);
       if (key >= kth_key && key > last_key) above += wi;
       if (key == last_key) ++ties;
     });
-    above = BlockSum(above, dscratch);
-    ties = BlockSum(ties, iscratch);
+    above = grp.Sum(BlockSum(above, dscratch));
+    ties = grp.Sum(BlockSum(ties, iscratch));
     if (tid == 0) {
       const float w_last = Weight(FromKey(last_key), st);
       double before = above;
@@ -432,13 +623,11 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int keep_ties = top_p ? n_keep_ties : 0;
 
-  // Contiguous chunks from here on (id order matters for ties and the CDF).
-  // Chunks of a multiple of 4 ids: with vocab % 4 == 0 every chunk then
-  // starts 16-byte aligned (rows and the workspace are) and loads whole
-  // float4s.
-  const int64_t chunk = ((vocab + nthreads - 1) / nthreads + 3) / 4 * 4;
-  const int64_t begin = min(vocab, tid * chunk);
-  const int64_t end = min(vocab, begin + chunk);
+  // Contiguous chunks of the CTA's part from here on (id order matters for
+  // ties and the CDF), a multiple of 4 ids each (16-byte loads).
+  const int64_t chunk = ((n + nthreads - 1) / nthreads + 3) / 4 * 4;
+  const int64_t begin = min(n, tid * chunk);
+  const int64_t end = min(n, begin + chunk);
   const bool vec = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(w) % 16 == 0;
 
@@ -447,7 +636,11 @@ __global__ void __launch_bounds__(kThreads)
     int my_ties = 0;
     Contiguous<false>(x, w, begin, end, vec,
                       [&](int64_t, float v, float) { my_ties += Key(v) == last_key ? 1 : 0; });
-    tie_base = BlockExclusiveScan(my_ties, iscratch, static_cast<int*>(nullptr));
+    int block_ties = 0;
+    tie_base = BlockExclusiveScan(my_ties, iscratch, &block_ties);
+    int before = 0;
+    grp.SumAndPrefix(block_ties, &before);
+    tie_base += before;
   }
   const float min_p = p.min_p;
   // Survivor weight (0 when the token does not survive steps 4-6).
@@ -473,11 +666,11 @@ __global__ void __launch_bounds__(kThreads)
       const float wi = survivor_weight(v, wv, &rank);
       if (wi > 0.0f) {
         my_total += wi;
-        my_last = i;
+        my_last = grp.begin + i;
       }
     });
   }
-  const double total2 = BlockSum(my_total, dscratch);
+  const double total2 = grp.Sum(BlockSum(my_total, dscratch));
   // The maximum always survives (weight 1), so total2 >= 1.
   if (tid == 0) chosen = INT64_MAX;
   __syncthreads();
@@ -490,7 +683,11 @@ __global__ void __launch_bounds__(kThreads)
       if (wi > 0.0f) my_mass += static_cast<double>(wi) / total2;
     });
   }
-  const double prefix = BlockExclusiveScan(my_mass, dscratch, static_cast<double*>(nullptr));
+  double block_mass = 0;
+  double prefix = BlockExclusiveScan(my_mass, dscratch, &block_mass);
+  double parts_before = 0;
+  grp.SumAndPrefix(block_mass, &parts_before);
+  prefix += parts_before;
   if (u < prefix + my_mass + 1e-12) {  // slack: the walk below decides exactly
     int rank = tie_base;
     double cumulative = prefix;
@@ -500,7 +697,7 @@ __global__ void __launch_bounds__(kThreads)
         cumulative += static_cast<double>(wi) / total2;
         if (u < cumulative) {
           atomicMin(reinterpret_cast<unsigned long long*>(&chosen),
-                    static_cast<unsigned long long>(i));
+                    static_cast<unsigned long long>(grp.begin + i));
           break;
         }
       }
@@ -510,19 +707,55 @@ __global__ void __launch_bounds__(kThreads)
   const ValueIndex last = BlockArgmax(
       ValueIndex{my_last >= 0 ? static_cast<float>(my_last) : -1.0f, my_last}, vscratch);
   __syncthreads();
-  if (tid == 0) {
-    int64_t token = chosen;
-    if (token == INT64_MAX) token = last.index;
-    out[row] = static_cast<int32_t>(token);
+  // Over the group: the lowest chosen id, and the last survivor (ids are
+  // below 2^24, so both fit a float's integer range).
+  struct Picks {
+    int64_t chosen, last;
+  };
+  Picks mine{chosen, last.index};
+  if (grp.parts > 1) {
+    if (tid == 0) *reinterpret_cast<Picks*>(grp.Slot(grp.part)) = mine;
+    grp.Arrive();
+    Picks all{INT64_MAX, -1};
+    for (int q = 0; q < grp.parts; ++q) {
+      const Picks* f = reinterpret_cast<const Picks*>(grp.Slot(q));
+      all.chosen = min(all.chosen, LoadCg(&f->chosen));
+      all.last = max(all.last, LoadCg(&f->last));
+    }
+    ++grp.level;
+    mine = all;
   }
+  finish(mine.chosen != INT64_MAX ? mine.chosen : mine.last);
 }
 
 }  // namespace
 
 size_t SampleRowsWorkspaceBytes(int64_t rows, int64_t vocab) {
   if (rows <= 0 || vocab <= 0) return 0;
-  return MaxKeyBytes(rows) + static_cast<size_t>(rows) * static_cast<size_t>(vocab) * sizeof(float);
+  return 2 * MaxKeyBytes(rows) + SlotBytes(rows) +
+         static_cast<size_t>(rows) * static_cast<size_t>(vocab) * sizeof(float);
 }
+
+namespace {
+
+// SampleKernel CTAs the current device holds at once (0 when unknown).
+int ResidentSampleCtas() {
+  static PerDevice<int> resident;
+  const int* v = resident.Current([](int& ctas, int dev) {
+    int sms = 0, per_sm = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, SampleKernel, kThreads, 0) !=
+            cudaSuccess) {
+      cudaGetLastError();
+      ctas = 0;
+      return;
+    }
+    ctas = sms * per_sm;
+  });
+  return v != nullptr ? *v : 0;
+}
+
+}  // namespace
 
 absl::Status SampleRows(const float* logits, int64_t rows, int64_t vocab,
                         const RowSamplingParams* params, int32_t* out, void* workspace,
@@ -543,17 +776,28 @@ absl::Status SampleRows(const float* logits, int64_t rows, int64_t vocab,
                      SampleRowsWorkspaceBytes(rows, vocab), " needed, 16-byte aligned)"));
   }
   Workspace ws;
-  ws.max_key = static_cast<uint32_t*>(workspace);
-  ws.weights = reinterpret_cast<float*>(static_cast<char*>(workspace) + MaxKeyBytes(rows));
+  char* base = static_cast<char*>(workspace);
+  ws.max_key = reinterpret_cast<uint32_t*>(base);
+  ws.arrive = reinterpret_cast<uint32_t*>(base + MaxKeyBytes(rows));
+  ws.slots = reinterpret_cast<unsigned char*>(base + 2 * MaxKeyBytes(rows));
+  ws.weights = reinterpret_cast<float*>(base + 2 * MaxKeyBytes(rows) + SlotBytes(rows));
+  // The group: as many CTAs per row as the slots allow and the device
+  // holds at once for all rows (they wait for each other), and no part
+  // shorter than 4096 ids.
+  const int resident = ResidentSampleCtas();
+  const int64_t by_vocab = std::max<int64_t>(1, vocab / 4096);
+  const int group = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>({GroupSlots(rows), resident / rows, by_vocab})));
   const cudaStream_t s = AsCuda(stream);
   const dim3 grid(static_cast<unsigned>((vocab + kWeightChunk - 1) / kWeightChunk),
                   static_cast<unsigned>(rows));
-  ClearMaxKeys<<<static_cast<unsigned>((rows + 255) / 256), 256, 0, s>>>(ws.max_key, rows);
+  ClearRowState<<<static_cast<unsigned>((rows + 255) / 256), 256, 0, s>>>(ws.max_key, ws.arrive,
+                                                                          rows);
   RowMaxKeys<<<grid, kWeightThreads, 0, s>>>(logits, vocab, kWeightChunk, params, ws.max_key);
   RowWeights<<<grid, kWeightThreads, 0, s>>>(logits, vocab, kWeightChunk, params, ws.max_key,
                                              ws.weights);
-  SampleKernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(logits, vocab, params, ws.weights,
-                                                                out);
+  SampleKernel<<<dim3(static_cast<unsigned>(group), static_cast<unsigned>(rows)), kThreads, 0, s>>>(
+      logits, vocab, params, ws.weights, out, ws.arrive, ws.slots, GroupSlots(rows));
   return CheckLastLaunch("SampleRows");
 }
 

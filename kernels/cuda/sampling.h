@@ -4,7 +4,9 @@
 //
 // The weights exp(s - max) of the sampled rows are computed once, spread
 // over the GPU (a grid of chunks per row: the largest logit, then the
-// weights into the workspace); then one block per row runs the selection.
+// weights into the workspace); then a group of CTAs per row runs the
+// selection, each over its part of the row, combining what it needs over
+// the group in a fixed order.
 // Per row: temperature < kGreedyTemperature (1e-5) is the
 // argmax (lowest id among ties); otherwise, exactly as sampler.cc:
 //   s = double(logit) / temperature over the finite logits; top-k keeps
@@ -24,7 +26,9 @@
 //
 // Invalid input is reported per row as token -1 (no host sync is possible):
 // a NaN or +inf logit, no finite logit, or parameters outside the ranges of
-// ValidateSamplingParams (the caller validates params on the host).
+// ValidateSamplingParams (the caller validates params on the host); also a
+// row whose selection CTAs did not all run within 4 s of each other (a
+// device shared with work that holds its SMs that long).
 //
 // Thread-safety: enqueues on `stream`; concurrent calls must not write
 // overlapping outputs.
@@ -50,7 +54,8 @@ struct RowSamplingParams {
 static_assert(sizeof(RowSamplingParams) == 32);
 
 // Device scratch SampleRows needs: every sampled row's weights (vocab
-// floats) and a word per row.
+// floats), two words per row and the selection groups' partials (2 KB per
+// CTA and combine parity, 1 MB at most).
 size_t SampleRowsWorkspaceBytes(int64_t rows, int64_t vocab);
 
 // logits: fp32 [rows, vocab]; params: [rows]; out: int32 [rows]; workspace:

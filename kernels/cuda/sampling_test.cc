@@ -121,6 +121,13 @@ TEST(CudaSamplingTest, MatchesCpuSampler) {
   CheckAgainstCpu(64, 32000, 2);
   CheckAgainstCpu(33, 151936, 3);
   CheckAgainstCpu(40, 7, 4);
+  // Few rows: many CTAs per row (SampleRows' group), parts that do not
+  // divide the vocabulary, a vocabulary that is not a multiple of 4.
+  CheckAgainstCpu(4, 151936, 5);
+  CheckAgainstCpu(7, 128256, 6);
+  CheckAgainstCpu(16, 50257, 7);
+  CheckAgainstCpu(5, 40003, 8);
+  CheckAgainstCpu(1, 128256, 9);
 }
 
 // Same logits row, many positions: the draw changes with the position and
