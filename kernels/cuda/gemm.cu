@@ -424,8 +424,8 @@ struct GemmContext::Impl {
     }
     std::lock_guard<std::mutex> lock(mu);
     // Decode-sized GEMMs: the tensor-core GEMV beats cuBLASLt's m <= 8
-    // kernels on the smaller weights (H200, tests/bench/results/
-    // cuda_ops_h200.json: 6144x4096 75% vs 67% of HBM, 4096x4096 63% vs 59%)
+    // kernels on the smaller weights (an early H200 run of cuda_ops_bench:
+    // 6144x4096 75% vs 67% of HBM, 4096x4096 63% vs 59%)
     // and loses on the large ones (28672x4096 90% vs 95%, 4096x14336 82% vs
     // 85%). Rule: m <= 8, k % 8 == 0, x and W 16-byte aligned, and W at most
     // 2^25 elements (64 MiB of bf16).
