@@ -23,10 +23,10 @@
 // The group has up to 32 CTAs, rows x group at most 256, no part shorter
 // than 4096 ids, and never more CTAs than the device holds at once: the
 // CTAs of a group wait for each other at every combine (an arrival
-// counter per row; a group whose CTAs do not all arrive within 4 s gives
-// -1 instead of hanging). The passes read the logits and weights with 16
-// elements per thread in flight (Strided / Contiguous; 16-byte loads in
-// the contiguous ones).
+// counter per row; a CTA that waits more than 4 s goes on, marks the row
+// poisoned, and the row gives -1 instead of hanging). The passes read the
+// logits and weights with 16 elements per thread in flight (Strided /
+// Contiguous; 16-byte loads in the contiguous ones).
 //
 // On the H200 (128,256-entry rows, tests/bench/results/cuda_ops_h200.json
 // `sample` rows), one row: the first form, one block per row recomputing
@@ -61,6 +61,7 @@ constexpr float kGreedyTemperature = 1e-5f;  // worker/sampling/sampling_params.
 // wait for each other).
 constexpr int kMaxGroup = 32;
 constexpr int kGroupBudget = 256;
+constexpr int64_t kMinPart = 4096;
 constexpr int kSlotBytes = 256 * sizeof(double);  // one CTA's partial of one combine
 constexpr uint64_t kGroupTimeoutNs = 4000000000ull;
 constexpr uint32_t kNegInfKey = 0x007fffffu;  // Key(-inf); finite keys are larger
@@ -247,21 +248,24 @@ __device__ __forceinline__ bool NeedsWeights(const RowSamplingParams& p) {
 // counters, the groups' slots, then the rows' weights.
 struct Workspace {
   uint32_t* max_key;     // [rows] (0 = no finite logit yet)
-  uint32_t* arrive;      // [rows]
-  unsigned char* slots;  // [rows][2][GroupSlots(rows)][kSlotBytes]
+  uint32_t* arrive;      // [rows][2]: arrivals, poisoned (a CTA gave up waiting)
+  unsigned char* slots;  // [rows][2][GroupSlots(rows, vocab)][kSlotBytes]
   float* weights;        // [rows, vocab]
 };
 
 size_t Round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 size_t MaxKeyBytes(int64_t rows) { return Round256(static_cast<size_t>(rows) * 4); }
-// The CTAs per row the workspace has slots for.
-int GroupSlots(int64_t rows) {
-  return static_cast<int>(
-      std::clamp<int64_t>(kGroupBudget / std::max<int64_t>(rows, 1), 1, kMaxGroup));
+size_t ArriveBytes(int64_t rows) { return Round256(static_cast<size_t>(rows) * 8); }
+// The CTAs per row the workspace has slots for: at most kMaxGroup, rows x
+// group at most kGroupBudget, and no part shorter than kMinPart ids.
+int GroupSlots(int64_t rows, int64_t vocab) {
+  const int64_t by_rows = kGroupBudget / std::max<int64_t>(rows, 1);
+  const int64_t by_vocab = vocab / kMinPart;
+  return static_cast<int>(std::clamp<int64_t>(std::min(by_rows, by_vocab), 1, kMaxGroup));
 }
 // Slots only where a row may have more than one CTA (at most 1 MB).
-size_t SlotBytes(int64_t rows) {
-  const int group = GroupSlots(rows);
+size_t SlotBytes(int64_t rows, int64_t vocab) {
+  const int group = GroupSlots(rows, vocab);
   return group > 1 ? static_cast<size_t>(rows) * 2 * static_cast<size_t>(group) * kSlotBytes : 0;
 }
 
@@ -269,7 +273,8 @@ __global__ void ClearRowState(uint32_t* max_key, uint32_t* arrive, int64_t rows)
   const int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (r < rows) {
     max_key[r] = 0;
-    arrive[r] = 0;
+    arrive[2 * r] = 0;
+    arrive[2 * r + 1] = 0;
   }
 }
 
@@ -324,7 +329,7 @@ __global__ void __launch_bounds__(kWeightThreads)
 struct RowGroup {
   int part, parts;
   int64_t begin, end;
-  uint32_t* arrive;      // the row's counter (zeroed by ClearRowState)
+  uint32_t* arrive;      // the row's counter and poison word (zeroed by ClearRowState)
   unsigned char* slots;  // the row's [2][stride] slots of kSlotBytes
   int stride;
   int level;
@@ -344,6 +349,10 @@ struct RowGroup {
       while (AcquireLoad(arrive) < target && !timed_out) {
         timed_out = GlobalTimerNs() - start > kGroupTimeoutNs;
       }
+      // A CTA that gave up goes on with what it has; the row is poisoned,
+      // and part 0 reports -1 for it (it waits for this CTA's later
+      // arrivals, or gave up itself).
+      if (timed_out) atomicOr(arrive + 1, 1u);
       __threadfence();
     }
     __syncthreads();
@@ -431,7 +440,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t span = ((vocab + grp.parts - 1) / grp.parts + 3) / 4 * 4;
   grp.begin = min(vocab, grp.part * span);
   grp.end = min(vocab, grp.begin + span);
-  grp.arrive = arrive + row;
+  grp.arrive = arrive + 2 * row;
   grp.slots = slots + row * 2 * static_cast<int64_t>(slot_stride) * kSlotBytes;
   grp.stride = slot_stride;
   grp.level = 0;
@@ -443,7 +452,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int tid = threadIdx.x;
   const int nthreads = blockDim.x;
   auto finish = [&](int64_t token) {
-    if (grp.part == 0 && tid == 0) out[row] = grp.timed_out ? -1 : static_cast<int32_t>(token);
+    if (grp.part == 0 && tid == 0) {
+      const bool poisoned = grp.timed_out || AcquireLoad(grp.arrive + 1) != 0;
+      out[row] = poisoned ? -1 : static_cast<int32_t>(token);
+    }
   };
 
   // Pass 1: validation, max, argmax.
@@ -732,7 +744,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 size_t SampleRowsWorkspaceBytes(int64_t rows, int64_t vocab) {
   if (rows <= 0 || vocab <= 0) return 0;
-  return 2 * MaxKeyBytes(rows) + SlotBytes(rows) +
+  return MaxKeyBytes(rows) + ArriveBytes(rows) + SlotBytes(rows, vocab) +
          static_cast<size_t>(rows) * static_cast<size_t>(vocab) * sizeof(float);
 }
 
@@ -779,15 +791,14 @@ absl::Status SampleRows(const float* logits, int64_t rows, int64_t vocab,
   char* base = static_cast<char*>(workspace);
   ws.max_key = reinterpret_cast<uint32_t*>(base);
   ws.arrive = reinterpret_cast<uint32_t*>(base + MaxKeyBytes(rows));
-  ws.slots = reinterpret_cast<unsigned char*>(base + 2 * MaxKeyBytes(rows));
-  ws.weights = reinterpret_cast<float*>(base + 2 * MaxKeyBytes(rows) + SlotBytes(rows));
+  ws.slots = reinterpret_cast<unsigned char*>(base + MaxKeyBytes(rows) + ArriveBytes(rows));
+  ws.weights = reinterpret_cast<float*>(base + MaxKeyBytes(rows) + ArriveBytes(rows) +
+                                        SlotBytes(rows, vocab));
   // The group: as many CTAs per row as the slots allow and the device
-  // holds at once for all rows (they wait for each other), and no part
-  // shorter than 4096 ids.
-  const int resident = ResidentSampleCtas();
-  const int64_t by_vocab = std::max<int64_t>(1, vocab / 4096);
+  // holds at once for all rows (they wait for each other).
+  const int slots_per_row = GroupSlots(rows, vocab);
   const int group = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>({GroupSlots(rows), resident / rows, by_vocab})));
+      std::max<int64_t>(1, std::min<int64_t>(slots_per_row, ResidentSampleCtas() / rows)));
   const cudaStream_t s = AsCuda(stream);
   const dim3 grid(static_cast<unsigned>((vocab + kWeightChunk - 1) / kWeightChunk),
                   static_cast<unsigned>(rows));
@@ -797,7 +808,7 @@ absl::Status SampleRows(const float* logits, int64_t rows, int64_t vocab,
   RowWeights<<<grid, kWeightThreads, 0, s>>>(logits, vocab, kWeightChunk, params, ws.max_key,
                                              ws.weights);
   SampleKernel<<<dim3(static_cast<unsigned>(group), static_cast<unsigned>(rows)), kThreads, 0, s>>>(
-      logits, vocab, params, ws.weights, out, ws.arrive, ws.slots, GroupSlots(rows));
+      logits, vocab, params, ws.weights, out, ws.arrive, ws.slots, slots_per_row);
   return CheckLastLaunch("SampleRows");
 }
 

@@ -54,8 +54,8 @@ struct RowSamplingParams {
 static_assert(sizeof(RowSamplingParams) == 32);
 
 // Device scratch SampleRows needs: every sampled row's weights (vocab
-// floats), two words per row and the selection groups' partials (2 KB per
-// CTA and combine parity, 1 MB at most).
+// floats), three words per row and the selection groups' partials (2 KB
+// per CTA and combine parity, 1 MB at most).
 size_t SampleRowsWorkspaceBytes(int64_t rows, int64_t vocab);
 
 // logits: fp32 [rows, vocab]; params: [rows]; out: int32 [rows]; workspace:

@@ -2,15 +2,19 @@
 // same logits, params, seed and position the GPU must pick exactly the CPU
 // token, greedy rows must equal the reference argmax, and invalid rows give
 // -1 (skipped without a CUDA device); bad arguments are refused on the host.
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/reference_ops.h"
 #include "kernels/cuda/cuda_test_util.h"
+#include "kernels/cuda/device_query.h"
+#include "kernels/cuda/occupy.h"
 #include "kernels/cuda/sampling.h"
 #include "worker/sampling/sampler.h"
 
@@ -130,6 +134,52 @@ TEST(CudaSamplingTest, MatchesCpuSampler) {
   CheckAgainstCpu(1, 128256, 9);
 }
 
+// A row's group of CTAs that cannot all run at once (another stream's
+// kernel holds every SM but one for 6 s) must not hang the stream: the
+// CTAs that run give up after 4 s and the row comes out -1. Once the SMs
+// are free again the same call draws the CPU's token.
+TEST(CudaSamplingTest, AGroupThatCannotAllRunGivesMinusOneInsteadOfHanging) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  const CudaQueryResult devices = QueryCudaDevices();
+  ASSERT_FALSE(devices.info.devices.empty());
+  const int sms = devices.info.devices[0].sm_count;  // the test runs on device 0
+  ASSERT_GT(sms, 1);
+  Batch b = MakeBatch(1, 128256, 11);
+  b.params[0].temperature = 1.0f;
+  b.params[0].top_k = 0;
+  b.params[0].top_p = 0.9f;
+  b.params[0].min_p = 0.0f;
+  DeviceBuffer d_logits = Upload(b.logits);
+  DeviceBuffer d_params = Upload(b.params);
+  DeviceBuffer d_out = Zeros(sizeof(int32_t));
+  const size_t ws_bytes = SampleRowsWorkspaceBytes(1, b.vocab);
+  DeviceBuffer d_ws = Zeros(ws_bytes);
+  absl::StatusOr<Stream> hog = Stream::Create();
+  absl::StatusOr<Stream> stream = Stream::Create();
+  ASSERT_TRUE(hog.ok() && stream.ok());
+  auto sample = [&] {
+    return SampleRows(d_logits.as<float>(), 1, b.vocab, d_params.as<RowSamplingParams>(),
+                      d_out.as<int32_t>(), d_ws.data(), ws_bytes, stream->get());
+  };
+  ASSERT_TRUE(OccupySms(sms - 1, 6.0, hog->get()).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the hog's CTAs are placed
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(sample().ok());
+  ASSERT_TRUE(Synchronize(stream->get()).ok());
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(Download<int32_t>(d_out, 1)[0], -1);
+  EXPECT_LT(waited, 30.0);
+  ASSERT_TRUE(Synchronize(hog->get()).ok());
+
+  ASSERT_TRUE(sample().ok());
+  ASSERT_TRUE(Synchronize(stream->get()).ok());
+  absl::StatusOr<sampling::SampleResult> want =
+      sampling::Sample(b.logits, CpuParams(b.params[0]), {}, b.params[0].position);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(Download<int32_t>(d_out, 1)[0], want->token);
+}
+
 // Same logits row, many positions: the draw changes with the position and
 // still matches the CPU every time.
 TEST(CudaSamplingTest, PositionsDriveTheDraw) {
@@ -198,6 +248,10 @@ TEST(CudaSamplingTest, RefusesBadArgumentsOnTheHost) {
   EXPECT_EQ(
       SampleRows(any_logits, 70000, 10, any_params, any_out, small, sizeof(small), nullptr).code(),
       absl::StatusCode::kInvalidArgument);
+  // The test helper that holds SMs busy refuses bad arguments before any launch.
+  EXPECT_EQ(OccupySms(0, 1.0, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(OccupySms(4, 0.0, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(OccupySms(4, 61.0, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

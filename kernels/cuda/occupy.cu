@@ -1,0 +1,41 @@
+// SMs held busy for tests (see occupy.h).
+#include "kernels/cuda/occupy.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace tessera::kernels::cuda {
+namespace {
+
+__global__ void OccupyKernel(uint64_t ns) {
+  extern __shared__ unsigned char held[];
+  if (threadIdx.x != 0) return;
+  held[0] = 1;
+  const uint64_t start = GlobalTimerNs();
+  while (GlobalTimerNs() - start < ns) {
+  }
+}
+
+}  // namespace
+
+absl::Status OccupySms(int ctas, double seconds, CudaStream stream) {
+  if (ctas < 1 || !(seconds > 0.0 && seconds <= 60.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("OccupySms: ctas=", ctas, " seconds=", seconds, " (needs >= 1, (0, 60])"));
+  }
+  int device = 0, optin = 0;
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  TESSERA_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  TESSERA_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(OccupyKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+  OccupyKernel<<<static_cast<unsigned>(ctas), 32, static_cast<size_t>(optin), AsCuda(stream)>>>(
+      static_cast<uint64_t>(seconds * 1e9));
+  return CheckLastLaunch("OccupySms");
+}
+
+}  // namespace tessera::kernels::cuda

@@ -1,0 +1,19 @@
+// Holds SMs of the current device busy for a while, for tests of kernels
+// whose CTAs wait for each other (sampling.h's groups): a kernel of `ctas`
+// CTAs, each taking the whole opt-in shared memory a CTA may have (so no
+// other kernel's CTA with shared memory fits beside it on its SM), that
+// spins for `seconds` and exits.
+//
+// Thread-safety: enqueues on `stream`.
+#pragma once
+
+#include "absl/status/status.h"
+#include "kernels/cuda/cuda_types.h"
+
+namespace tessera::kernels::cuda {
+
+// INVALID_ARGUMENT for ctas < 1 or seconds outside (0, 60]; INTERNAL on a
+// runtime error.
+absl::Status OccupySms(int ctas, double seconds, CudaStream stream);
+
+}  // namespace tessera::kernels::cuda
