@@ -531,7 +531,11 @@ void Engine::TakeDeviceTokens(const ScheduledBatch& batch, const std::vector<int
     bool finite = row <= tokens.size();
     for (size_t i = first; finite && i < row; ++i) finite = tokens[i] >= 0;
     if (!finite) {
-      FailSampling(s.id, absl::InvalidArgumentError("logits row is not finite"));
+      // The GPU sampler's -1: a NaN or +inf logit, no finite logit, or its
+      // group of CTAs for the row could not all run (kernels/cuda/sampling.h).
+      FailSampling(s.id, absl::InvalidArgumentError(
+                             "no token drawn on the GPU: the logits row is not finite, or the "
+                             "sampler's CTAs for the row could not all run"));
       continue;
     }
     if (s.num_draft_tokens > 0) {
