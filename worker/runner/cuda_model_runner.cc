@@ -1168,6 +1168,11 @@ absl::Status CudaModelRunner::SampleSlices(absl::Span<const LogitsSlice> slices,
   }
   Impl& m = *impl_;
   RETURN_IF_ERROR(kcu::SetDevice(m.ordinal));
+  // One slice on this device (a one-rank group) is already the whole row
+  // block: sample it where it is.
+  if (slices.size() == 1 && slices[0].ordinal == m.ordinal) {
+    return SampleOnDevice(slices[0].data, r, vocab, rows, tokens);
+  }
   kcu::CudaStream st = m.stream.get();
   RETURN_IF_ERROR(GrowScratch(&m.gathered_logits, static_cast<size_t>(r * vocab) * sizeof(float),
                               "gathered logits", st));

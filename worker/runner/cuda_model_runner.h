@@ -180,8 +180,9 @@ class CudaModelRunner final : public ModelRunner {
   // On this runner's device: puts the `r` rows of every slice (in
   // vocabulary order, together the whole vocabulary; peers' slices copied
   // peer to peer) side by side and draws one token per row as ForwardSample
-  // does. INVALID_ARGUMENT for slices that do not tile the vocabulary or
-  // more rows than a step has.
+  // does (a single slice on this device, a one-rank group's, is sampled
+  // where it is, without a copy). INVALID_ARGUMENT for slices that do not
+  // tile the vocabulary or more rows than a step has.
   absl::Status SampleSlices(absl::Span<const LogitsSlice> slices, int64_t r,
                             absl::Span<const DeviceSamplingRow> rows, std::vector<int32_t>* tokens);
 
