@@ -38,6 +38,7 @@
 // 0.125 and 0.117 ms (64 rows, 4 CTAs each: 0.18, 0.40, 0.54 ms).
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -104,14 +105,19 @@ __device__ __forceinline__ uint32_t AcquireLoad(const uint32_t* p) {
   return v;
 }
 
-// A load from L2 (not L1, which may hold an older level's slot).
+// A value of type T from L2 (not L1, which may hold an older level's
+// slot), read as 32-bit words.
 template <class T>
 __device__ __forceinline__ T LoadCg(const T* p) {
-  if constexpr (sizeof(T) == 8 && std::is_integral_v<T>) {
-    return static_cast<T>(__ldcg(reinterpret_cast<const long long*>(p)));
-  } else {
-    return __ldcg(p);
+  static_assert(sizeof(T) % 4 == 0 && std::is_trivially_copyable_v<T>);
+  uint32_t words[sizeof(T) / 4];
+#pragma unroll
+  for (size_t i = 0; i < sizeof(T) / 4; ++i) {
+    words[i] = __ldcg(reinterpret_cast<const unsigned int*>(p) + i);
   }
+  T v;
+  memcpy(&v, words, sizeof(T));
+  return v;
 }
 
 struct RowState {
@@ -361,34 +367,29 @@ struct RowGroup {
   __device__ T Read(int p, int i) const {
     return LoadCg(reinterpret_cast<const T*>(Slot(p)) + i);
   }
-  // The group's sum of one value per CTA (`v` the same in every thread of
-  // the CTA), in part order.
-  template <class T>
-  __device__ T Sum(T v) {
-    if (parts == 1) return v;
-    if (threadIdx.x == 0) *reinterpret_cast<T*>(Slot(part)) = v;
+  // Each CTA's `mine` (the same in every thread of the CTA) folded over the
+  // group in part order: the first part's value, then fold(acc, part p's
+  // value, p) for p = 1, 2, ... Every CTA gets the same result.
+  template <class T, class F>
+  __device__ T Combine(const T& mine, F&& fold) {
+    if (parts == 1) return mine;
+    if (threadIdx.x == 0) *reinterpret_cast<T*>(Slot(part)) = mine;
     Arrive();
-    T total = Read<T>(0, 0);
-    for (int p = 1; p < parts; ++p) total += Read<T>(p, 0);
+    T acc = Read<T>(0, 0);
+    for (int p = 1; p < parts; ++p) fold(acc, Read<T>(p, 0), p);
     ++level;
-    return total;
+    return acc;
   }
-  // Sum() and the sum over the CTAs before this one (exclusive prefix).
+  // The group's sum of one value per CTA, in part order; *prefix (optional)
+  // gets the sum over the parts before this one.
   template <class T>
-  __device__ T SumAndPrefix(T v, T* prefix) {
-    if (parts == 1) {
-      *prefix = T(0);
-      return v;
-    }
-    if (threadIdx.x == 0) *reinterpret_cast<T*>(Slot(part)) = v;
-    Arrive();
-    T total = T(0), before = T(0);
-    for (int p = 0; p < parts; ++p) {
-      if (p == part) before = total;
-      total += Read<T>(p, 0);
-    }
-    ++level;
-    *prefix = before;
+  __device__ T Sum(T v, T* prefix = nullptr) {
+    T before = T(0);
+    const T total = Combine(v, [&](T& acc, T next, int p) {
+      if (p == part) before = acc;
+      acc += next;
+    });
+    if (prefix != nullptr) *prefix = before;
     return total;
   }
   // 256 per-CTA bins (thread b < 256 holds bin b) summed over the group in
@@ -476,25 +477,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   first.finite = BlockSum(finite, iscratch);
   first.maxv = BlockMax(maxv, fscratch, -__int_as_float(0x7f800000));
   first.best = BlockArgmax(best, vscratch);
-  if (grp.parts > 1) {
-    if (tid == 0) *reinterpret_cast<FirstPass*>(grp.Slot(grp.part)) = first;
-    grp.Arrive();
-    FirstPass all;
-    all.bad = 0;
-    all.finite = 0;
-    all.maxv = -__int_as_float(0x7f800000);
-    all.best = ValueIndex{-__int_as_float(0x7f800000), INT64_MAX};
-    for (int q = 0; q < grp.parts; ++q) {
-      const FirstPass* f = reinterpret_cast<const FirstPass*>(grp.Slot(q));
-      all.bad |= LoadCg(&f->bad);
-      all.finite += LoadCg(&f->finite);
-      all.maxv = fmaxf(all.maxv, LoadCg(&f->maxv));
-      const ValueIndex c{LoadCg(&f->best.value), LoadCg(&f->best.index)};
-      if (Better(c, all.best)) all.best = c;
-    }
-    ++grp.level;
-    first = all;
-  }
+  first = grp.Combine(first, [](FirstPass& all, const FirstPass& f, int) {
+    all.bad |= f.bad;
+    all.finite += f.finite;
+    all.maxv = fmaxf(all.maxv, f.maxv);
+    if (Better(f.best, all.best)) all.best = f.best;
+  });
   const bool params_bad = !ParamsValid(p);
   const int n_finite = first.finite;
   if (first.bad || n_finite == 0 || params_bad) {
@@ -619,8 +607,17 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (key >= kth_key && key > last_key) above += wi;
       if (key == last_key) ++ties;
     });
-    above = grp.Sum(BlockSum(above, dscratch));
-    ties = grp.Sum(BlockSum(ties, iscratch));
+    struct AboveTies {
+      double above;
+      int64_t ties;
+    };
+    const AboveTies at = grp.Combine(AboveTies{BlockSum(above, dscratch), BlockSum(ties, iscratch)},
+                                     [](AboveTies& acc, const AboveTies& next, int) {
+                                       acc.above += next.above;
+                                       acc.ties += next.ties;
+                                     });
+    above = at.above;
+    ties = static_cast<int>(at.ties);
     if (tid == 0) {
       const float w_last = Weight(FromKey(last_key), st);
       double before = above;
@@ -651,7 +648,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     int block_ties = 0;
     tie_base = BlockExclusiveScan(my_ties, iscratch, &block_ties);
     int before = 0;
-    grp.SumAndPrefix(block_ties, &before);
+    grp.Sum(block_ties, &before);
     tie_base += before;
   }
   const float min_p = p.min_p;
@@ -698,7 +695,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   double block_mass = 0;
   double prefix = BlockExclusiveScan(my_mass, dscratch, &block_mass);
   double parts_before = 0;
-  grp.SumAndPrefix(block_mass, &parts_before);
+  grp.Sum(block_mass, &parts_before);
   prefix += parts_before;
   if (u < prefix + my_mass + 1e-12) {  // slack: the walk below decides exactly
     int rank = tie_base;
@@ -724,20 +721,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   struct Picks {
     int64_t chosen, last;
   };
-  Picks mine{chosen, last.index};
-  if (grp.parts > 1) {
-    if (tid == 0) *reinterpret_cast<Picks*>(grp.Slot(grp.part)) = mine;
-    grp.Arrive();
-    Picks all{INT64_MAX, -1};
-    for (int q = 0; q < grp.parts; ++q) {
-      const Picks* f = reinterpret_cast<const Picks*>(grp.Slot(q));
-      all.chosen = min(all.chosen, LoadCg(&f->chosen));
-      all.last = max(all.last, LoadCg(&f->last));
-    }
-    ++grp.level;
-    mine = all;
-  }
-  finish(mine.chosen != INT64_MAX ? mine.chosen : mine.last);
+  const Picks picks =
+      grp.Combine(Picks{chosen, last.index}, [](Picks& all, const Picks& next, int) {
+        all.chosen = min(all.chosen, next.chosen);
+        all.last = max(all.last, next.last);
+      });
+  finish(picks.chosen != INT64_MAX ? picks.chosen : picks.last);
 }
 
 }  // namespace
