@@ -1,32 +1,41 @@
 // GPU sampling, the algorithm of worker/sampling/sampler.cc (see sampling.h).
 //
-// The weights exp(s - max) (double math, rounded to float as the CPU's
-// expf) are computed once by grids over 1024-logit chunks of every sampled
-// row: the row's largest finite key (atomicMax: order-free), then the
-// weights into the workspace. A group of CTAs per row then selects
-// (SampleKernel, RowGroup): CTA `part` scans its own contiguous part of
-// the row, and whatever a decision needs from the whole row (counts, the
-// maximum, the total weight, a digit's bins, prefix sums) is combined over
-// the group through the workspace in part order, every CTA reading all
-// the partials and so reaching the same decision. Values are compared
-// through an order-preserving uint32 key of the float logit (s = logit /
-// T is strictly increasing in the logit, so ordering by key is ordering by
-// s). Both thresholds are found digit by digit, 8 bits a pass from the
-// top: the k-th largest key (top-k) from integer histograms, the last key
-// kept by top-p from the bins' weight masses (BinMasses: summed per warp
-// in a fixed order, then over the warps in warp order, then over the
-// group's CTAs in part order, so the result is deterministic). The final
-// inverse-CDF walk uses contiguous per-thread chunks so that id order is
-// preserved: chunk sums, an exclusive scan over the CTA and then over the
-// group, and each thread walking its own chunk from its prefix.
+// Grids over 1024-logit chunks of every sampled row first gather the
+// row's statistics (RowStats: the largest finite key, whether a NaN or
+// +inf is present, the finite count; order-free atomics, so exact) and
+// then compute the weights exp(s - max) once (double math, rounded to
+// float as the CPU's expf) into the workspace. A group of CTAs per row
+// then selects (SampleKernel, RowGroup): CTA `part` scans its own
+// contiguous part of the row, and whatever a decision needs from the
+// whole row (a digit's bins, the survivors' mass and tie counts before
+// each part) is combined over the group through the workspace in part
+// order, every CTA reading all the partials and so reaching the same
+// decision. Values are compared through an order-preserving uint32 key of
+// the float logit (s = logit / T is strictly increasing in the logit, so
+// ordering by key is ordering by s). Both thresholds are found digit by
+// digit, 8 bits a pass from the top: the k-th largest key (top-k) from
+// integer histograms, the last key kept by top-p from the bins' weight
+// masses (BinMasses: summed per warp in a fixed order, then over the warps
+// in warp order, then over the group's CTAs in part order, so the result
+// is deterministic); the bin a level descends into comes from the bins'
+// suffix sums (one block scan, then a block maximum). The first level's
+// bins sum to top-p's total, and the last level's bin is last_key itself,
+// whose mass over its one weight is its tie count. One more pass over the
+// row then gives each thread its survivors' weight and ties in id order
+// (contiguous per-thread chunks), scanned over the CTA and the group; the
+// thread whose range holds u x total walks it. The lowest chosen id and
+// the last survivor (the CPU's fallback) are published with order-free
+// atomics; the last CTA of the group to publish reports the token. A
+// greedy row takes one pass (validation and the argmax) and one combine.
 //
 // The group has up to 32 CTAs, rows x group at most 256, no part shorter
 // than 4096 ids, and never more CTAs than the device holds at once: the
 // CTAs of a group wait for each other at every combine (an arrival
 // counter per row; a CTA that waits more than 4 s goes on, marks the row
-// poisoned, and the row gives -1 instead of hanging). The passes read the
-// logits and weights with 16 elements per thread in flight (Strided /
-// Contiguous; 16-byte loads in the contiguous ones).
+// poisoned, and the row gives -1 instead of hanging). The passes issue the
+// loads of 8 to 16 elements per thread before using any (Strided /
+// Contiguous; 16-byte loads in the contiguous ones), and read a weight
+// only for a candidate of the level (or a survivor).
 //
 // On the H200 (128,256-entry rows, tests/bench/results/cuda_ops_h200.json
 // `sample` rows), one row: the first form, one block per row recomputing
@@ -35,7 +44,13 @@
 // top-p 0.9 and 3.54 ms with top-p 0.9 + min-p 0.05; with the weights
 // computed once and one block per row selecting, 0.14, 0.48 and 0.94 ms
 // (64 rows: 0.28, 0.70, 1.17 ms); with a group of CTAs per row, 0.042,
-// 0.125 and 0.117 ms (64 rows, 4 CTAs each: 0.18, 0.40, 0.54 ms).
+// 0.125 and 0.117 ms (64 rows, 4 CTAs each: 0.18, 0.40, 0.54 ms). With
+// ten passes and combines per top-p row cut to five and six (the
+// statistics, the total, the tie count and the CDF's two passes folded
+// into the others), weights read only where needed, the bins' choice made
+// by the whole CTA and the group's partials loaded eight at a time: 0.022,
+// 0.071 and 0.064 ms (64 rows: 0.14, 0.25, 0.34 ms), same run as 0.044,
+// 0.123 and 0.116 (0.19, 0.40, 0.53) for the form before.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -134,39 +149,48 @@ __device__ __forceinline__ float Weight(float logit, const RowState& st) {
   return static_cast<float>(exp(static_cast<double>(d)));
 }
 
-// The row passes of SampleKernel: f(i, logit, weight) for i = tid, tid +
-// blockDim.x, ... (Strided) or for i = begin .. end - 1 (Contiguous), in that
-// order, with the loads of kAhead elements issued before any is used, so a
-// thread has that many in flight instead of one L2 round trip per element
-// (weights only when kW). The order of f's calls is the plain loop's, so
+// A sampled row's state, from its largest finite key (RowStats).
+__device__ __forceinline__ RowState StateFor(const RowSamplingParams& p, uint32_t max_key) {
+  RowState st;
+  st.inv_t_denominator = static_cast<double>(p.temperature);
+  st.max_s = static_cast<double>(FromKey(max_key)) / st.inv_t_denominator;
+  return st;
+}
+
+// The row passes of SampleKernel: f(i, logit) for i = tid, tid +
+// blockDim.x, ... (Strided) or f(i, logit, weight) for i = begin .. end - 1
+// (Contiguous), in that order, with the loads of kAhead elements issued
+// before any is used, so a thread has that many in flight instead of one
+// L2 round trip per element. The order of f's calls is the plain loop's, so
 // sums come out bitwise the same.
 constexpr int kAhead = 16;
 
-template <bool kW, class F>
-__device__ __forceinline__ void Strided(const float* x, const float* w, int64_t n, F&& f) {
+template <class F>
+__device__ __forceinline__ void Strided(const float* x, int64_t n, F&& f) {
   const int64_t step = blockDim.x;
   for (int64_t i0 = threadIdx.x; i0 < n; i0 += kAhead * step) {
-    float xv[kAhead], wv[kAhead];
+    float xv[kAhead];
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
       const int64_t i = i0 + j * step;
       xv[j] = i < n ? __ldg(x + i) : 0.0f;
-      wv[j] = kW && i < n ? __ldg(w + i) : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
-      if (i0 + j * step < n) f(i0 + j * step, xv[j], wv[j]);
+      if (i0 + j * step < n) f(i0 + j * step, xv[j]);
     }
   }
 }
 
-// Contiguous: a warp's lanes read addresses a chunk apart, so every load
-// instruction touches 32 lines; with `vec` (16-byte aligned x + begin and
-// w + begin) whole batches go as 16-byte loads, a quarter of the
-// instructions.
-template <bool kW, class F>
+// Contiguous: f(i, logit, weight) for i = begin .. end - 1 in order, the
+// weight loaded only where need(logit) (0 elsewhere): a warp's lanes read
+// addresses a chunk apart, so every load instruction touches 32 lines;
+// with `vec` (16-byte aligned x + begin) the logits go as 16-byte loads, a
+// quarter of the instructions.
+template <class Need, class F>
 __device__ __forceinline__ void Contiguous(const float* x, const float* w, int64_t begin,
-                                           int64_t end, bool vec, F&& f) {
+                                           int64_t end, bool vec, Need&& need, F&& f) {
+  constexpr int kAhead = 8;  // (16 here makes the kernel spill registers)
   for (int64_t i0 = begin; i0 < end; i0 += kAhead) {
     float xv[kAhead], wv[kAhead];
     if (vec && i0 + kAhead <= end) {
@@ -174,19 +198,14 @@ __device__ __forceinline__ void Contiguous(const float* x, const float* w, int64
       for (int j = 0; j < kAhead; j += 4) {
         const float4 a = __ldg(reinterpret_cast<const float4*>(x + i0 + j));
         xv[j] = a.x, xv[j + 1] = a.y, xv[j + 2] = a.z, xv[j + 3] = a.w;
-        if (kW) {
-          const float4 b = __ldg(reinterpret_cast<const float4*>(w + i0 + j));
-          wv[j] = b.x, wv[j + 1] = b.y, wv[j + 2] = b.z, wv[j + 3] = b.w;
-        } else {
-          wv[j] = wv[j + 1] = wv[j + 2] = wv[j + 3] = 0.0f;
-        }
       }
     } else {
 #pragma unroll
-      for (int j = 0; j < kAhead; ++j) {
-        xv[j] = i0 + j < end ? __ldg(x + i0 + j) : 0.0f;
-        wv[j] = kW && i0 + j < end ? __ldg(w + i0 + j) : 0.0f;
-      }
+      for (int j = 0; j < kAhead; ++j) xv[j] = i0 + j < end ? __ldg(x + i0 + j) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+      wv[j] = i0 + j < end && need(xv[j]) ? __ldg(w + i0 + j) : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
@@ -215,21 +234,32 @@ __device__ __forceinline__ void BinMasses(const float* x, const float* w, int64_
     for (int j = 0; j < kAhead; ++j) {
       const int64_t i = i0 + j * step + lane;
       keys[j] = i < n ? Key(__ldg(x + i)) : 0u;
-      ws[j] = i < n ? __ldg(w + i) : 0.0f;
+    }
+    // Weights only for the bracket's candidates (below the first level,
+    // a small part of the row).
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+      const int64_t i = i0 + j * step + lane;
+      ws[j] = i < n && keys[j] >= kth_key && (keys[j] & mask) == prefix ? __ldg(w + i) : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
       const bool in = keys[j] >= kth_key && (keys[j] & mask) == prefix;
-      const uint32_t in_lanes = __ballot_sync(0xffffffffu, in);
-      if (in_lanes == 0) continue;  // warp-uniform
+      if (__ballot_sync(0xffffffffu, in) == 0) continue;  // warp-uniform
       const uint32_t bin = in ? (keys[j] >> shift) & 255u : 256u;
       const uint32_t peers = __match_any_sync(0xffffffffu, bin);
       const double v = in ? static_cast<double>(ws[j]) : 0.0;
+      // Each lane sums its peers' values in ascending lane order, as many
+      // rounds as the warp's largest group of peers.
+      const int rounds = __reduce_max_sync(0xffffffffu, in ? __popc(peers) : 0);
       double sum = 0.0;
-      for (uint32_t rest = in_lanes; rest != 0; rest &= rest - 1) {  // ascending lanes
-        const int src = __ffs(rest) - 1;
-        const double other = __shfl_sync(0xffffffffu, v, src);
-        if ((peers >> src) & 1u) sum += other;
+      uint32_t rest = in ? peers : 0u;
+      for (int k = 0; k < rounds; ++k) {
+        const double other = __shfl_sync(0xffffffffu, v, rest != 0 ? __ffs(rest) - 1 : lane);
+        if (rest != 0) {
+          sum += other;
+          rest &= rest - 1;
+        }
       }
       if (in && lane == __ffs(peers) - 1) warp_bins[warp][bin] += sum;
       __syncwarp();
@@ -250,18 +280,27 @@ __device__ __forceinline__ bool NeedsWeights(const RowSamplingParams& p) {
   return ParamsValid(p) && p.temperature >= kGreedyTemperature;
 }
 
-// Workspace: the rows' largest finite keys, the rows' group arrival
-// counters, the groups' slots, then the rows' weights.
+// Workspace: the rows' statistics, the rows' group arrival counters, the
+// rows' picks, the groups' slots, then the rows' weights.
 struct Workspace {
-  uint32_t* max_key;     // [rows] (0 = no finite logit yet)
-  uint32_t* arrive;      // [rows][2]: arrivals, poisoned (a CTA gave up waiting)
-  unsigned char* slots;  // [rows][2][GroupSlots(rows, vocab)][kSlotBytes]
-  float* weights;        // [rows, vocab]
+  uint32_t* stats;            // [rows][4]: see RowStat
+  uint32_t* arrive;           // [rows][2]: arrivals, poisoned (a CTA gave up waiting)
+  unsigned long long* picks;  // [rows][2]: lowest chosen id (~0: none), last survivor + 1
+  unsigned char* slots;       // [rows][2][GroupSlots(rows, vocab)][kSlotBytes]
+  float* weights;             // [rows, vocab]
+};
+// A sampled row's statistics (RowStats; order-free atomics, so exact):
+enum RowStat {
+  kMaxKey = 0,  // the largest finite key (0: no finite logit)
+  kBad = 1,     // a NaN or +inf logit
+  kFinite = 2,  // finite logits
+  kDone = 3,    // the group's CTAs that have published their picks
 };
 
 size_t Round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-size_t MaxKeyBytes(int64_t rows) { return Round256(static_cast<size_t>(rows) * 4); }
+size_t StatsBytes(int64_t rows) { return Round256(static_cast<size_t>(rows) * 16); }
 size_t ArriveBytes(int64_t rows) { return Round256(static_cast<size_t>(rows) * 8); }
+size_t PicksBytes(int64_t rows) { return Round256(static_cast<size_t>(rows) * 16); }
 // The CTAs per row the workspace has slots for: at most kMaxGroup, rows x
 // group at most kGroupBudget, and no part shorter than kMinPart ids.
 int GroupSlots(int64_t rows, int64_t vocab) {
@@ -275,46 +314,62 @@ size_t SlotBytes(int64_t rows, int64_t vocab) {
   return group > 1 ? static_cast<size_t>(rows) * 2 * static_cast<size_t>(group) * kSlotBytes : 0;
 }
 
-__global__ void ClearRowState(uint32_t* max_key, uint32_t* arrive, int64_t rows) {
+__global__ void ClearRowState(uint32_t* stats, uint32_t* arrive, unsigned long long* picks,
+                              int64_t rows) {
   const int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (r < rows) {
-    max_key[r] = 0;
+    for (int i = 0; i < 4; ++i) stats[4 * r + i] = 0;
     arrive[2 * r] = 0;
     arrive[2 * r + 1] = 0;
+    picks[2 * r] = ~0ull;
+    picks[2 * r + 1] = 0;
   }
 }
 
-// Grid (chunks, rows): each CTA the largest finite key of its chunk of the
-// row (max is order-free, so the result does not depend on the split).
+// Grid (chunks, rows): each CTA adds its chunk of a sampled row to the
+// row's statistics (the largest finite key, NaN / +inf, the finite count).
 __global__ void __launch_bounds__(kWeightThreads)
-    RowMaxKeys(const float* __restrict__ logits, int64_t vocab, int64_t chunk,
-               const RowSamplingParams* __restrict__ params, uint32_t* __restrict__ max_key) {
-  __shared__ uint32_t scratch[kWeightThreads / 32];
+    RowStats(const float* __restrict__ logits, int64_t vocab, int64_t chunk,
+             const RowSamplingParams* __restrict__ params, uint32_t* __restrict__ stats) {
+  __shared__ uint32_t scratch[32];
+  __shared__ int iscratch[32];
   const int64_t row = blockIdx.y;
   if (!NeedsWeights(params[row])) return;
   const float* x = logits + row * vocab;
   const int64_t begin = blockIdx.x * chunk, end = min(vocab, begin + chunk);
   uint32_t best = 0;
+  int finite = 0, bad = 0;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float v = x[i];
-    if (isfinite(v)) best = max(best, Key(v));
+    if (isfinite(v)) {
+      best = max(best, Key(v));
+      ++finite;
+    } else if (isnan(v) || v > 0.0f) {
+      bad = 1;
+    }
   }
   best = BlockMax(best, scratch, 0u);
-  if (threadIdx.x == 0 && best != 0) atomicMax(max_key + row, best);
+  finite = BlockSum(finite, iscratch);
+  bad = __syncthreads_or(bad);
+  if (threadIdx.x == 0) {
+    uint32_t* st = stats + 4 * row;
+    if (best != 0) atomicMax(st + kMaxKey, best);
+    if (finite != 0) atomicAdd(st + kFinite, static_cast<uint32_t>(finite));
+    if (bad) atomicOr(st + kBad, 1u);
+  }
 }
 
 // Grid (chunks, rows): weights[i] = Weight(logit i) for the finite logits
-// (0 otherwise), with the row's max from RowMaxKeys.
+// (0 otherwise), with the row's max from RowStats.
 __global__ void __launch_bounds__(kWeightThreads)
     RowWeights(const float* __restrict__ logits, int64_t vocab, int64_t chunk,
-               const RowSamplingParams* __restrict__ params, const uint32_t* __restrict__ max_key,
+               const RowSamplingParams* __restrict__ params, const uint32_t* __restrict__ stats,
                float* __restrict__ weights) {
   const int64_t row = blockIdx.y;
   const RowSamplingParams p = params[row];
-  if (!NeedsWeights(p) || max_key[row] == 0) return;
-  RowState st;
-  st.inv_t_denominator = static_cast<double>(p.temperature);
-  st.max_s = static_cast<double>(FromKey(max_key[row])) / st.inv_t_denominator;
+  const uint32_t max_key = stats[4 * row + kMaxKey];
+  if (!NeedsWeights(p) || max_key == 0) return;
+  const RowState st = StateFor(p, max_key);
   const float* x = logits + row * vocab;
   float* w = weights + row * vocab;
   const int64_t begin = blockIdx.x * chunk, end = min(vocab, begin + chunk);
@@ -375,16 +430,40 @@ struct RowGroup {
     if (parts == 1) return mine;
     if (threadIdx.x == 0) *reinterpret_cast<T*>(Slot(part)) = mine;
     Arrive();
-    T acc = Read<T>(0, 0);
-    for (int p = 1; p < parts; ++p) fold(acc, Read<T>(p, 0), p);
+    T acc;
+    ForEachPart<T>(0, [&](const T& v, int p) {
+      if (p == 0) {
+        acc = v;
+      } else {
+        fold(acc, v, p);
+      }
+    });
     ++level;
     return acc;
+  }
+  // f(part p's value at index i of its slot, p) for p = 0, 1, ...: the
+  // loads of kBatch parts issued before any is used (one L2 round trip per
+  // batch instead of per part).
+  template <class T, class F>
+  __device__ void ForEachPart(int i, F&& f) const {
+    constexpr int kBatch = sizeof(T) <= 8 ? 8 : 2;
+    for (int p0 = 0; p0 < parts; p0 += kBatch) {
+      T v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (p0 + j < parts) v[j] = Read<T>(p0 + j, i);
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (p0 + j < parts) f(v[j], p0 + j);
+      }
+    }
   }
   // The group's sum of one value per CTA, in part order; *prefix (optional)
   // gets the sum over the parts before this one.
   template <class T>
   __device__ T Sum(T v, T* prefix = nullptr) {
-    T before = T(0);
+    T before{};
     const T total = Combine(v, [&](T& acc, T next, int p) {
       if (p == part) before = acc;
       acc += next;
@@ -400,8 +479,14 @@ struct RowGroup {
     if (threadIdx.x < 256) reinterpret_cast<T*>(Slot(part))[threadIdx.x] = bins[threadIdx.x];
     Arrive();
     if (threadIdx.x < 256) {
-      T total = Read<T>(0, threadIdx.x);
-      for (int p = 1; p < parts; ++p) total += Read<T>(p, threadIdx.x);
+      T total;
+      ForEachPart<T>(threadIdx.x, [&](const T& v, int p) {
+        if (p == 0) {
+          total = v;
+        } else {
+          total += v;
+        }
+      });
       bins[threadIdx.x] = total;
     }
     ++level;
@@ -409,28 +494,65 @@ struct RowGroup {
   }
 };
 
-// Pass 1's findings, combined over the group.
-struct FirstPass {
+// The radix levels' choice of a bin, over 256 bins (bins[b], shared):
+// suffix[b] = bins[b] + bins[b + 1] + ... + bins[255], summed once in a
+// fixed order (a block scan) into shared memory, with suffix[256] = 0.
+// All threads of the CTA call both.
+template <class T>
+__device__ __forceinline__ void SuffixSums(const T* bins, T* suffix, T* scratch) {
+  const int t = threadIdx.x;  // thread t holds bin 255 - t
+  const T v = t < 256 ? bins[255 - t] : T(0);
+  const T before = BlockExclusiveScan(v, scratch, static_cast<T*>(nullptr));
+  if (t < 256) suffix[255 - t] = before + v;
+  if (t == 0) suffix[256] = T(0);
+  __syncthreads();
+}
+// The highest bin b >= 1 with base + suffix[b] >= goal, else 0; *above =
+// base + suffix[b + 1] (so base + suffix[b + 1] < goal whenever base <
+// goal, exactly as compared).
+template <class T>
+__device__ __forceinline__ int HighestReaching(const T* suffix, T base, T goal, int* scratch,
+                                               T* above) {
+  const int b = 255 - static_cast<int>(threadIdx.x);
+  const int mine = b >= 1 && base + suffix[b] >= goal ? b : 0;
+  const int found = BlockMax(mine, scratch, 0);
+  *above = base + suffix[found + 1];
+  return found;
+}
+
+// The greedy pass's findings, combined over the group.
+struct GreedyPass {
   int bad, finite;
-  float maxv;
   ValueIndex best;
+};
+
+// What the final pass sums over the group: the survivors' weight other
+// than top-p's ties at last_key, and the number of those ties.
+struct MassTies {
+  double mass;
+  int64_t ties;
+  __device__ MassTies& operator+=(const MassTies& o) {
+    mass += o.mass;
+    ties += o.ties;
+    return *this;
+  }
 };
 
 __global__ void __launch_bounds__(kThreads, 2)
     SampleKernel(const float* __restrict__ logits, int64_t vocab,
                  const RowSamplingParams* __restrict__ params, const float* __restrict__ weights,
-                 int32_t* __restrict__ out, uint32_t* __restrict__ arrive,
+                 int32_t* __restrict__ out, uint32_t* __restrict__ stats,
+                 uint32_t* __restrict__ arrive, unsigned long long* __restrict__ picks,
                  unsigned char* __restrict__ slots, int slot_stride) {
   __shared__ int iscratch[33];
+  __shared__ int64_t lscratch[33];
   __shared__ double dscratch[33];
-  __shared__ float fscratch[32];
   __shared__ ValueIndex vscratch[32];
-  __shared__ int64_t chosen;
-  __shared__ int n_keep_ties;
+  __shared__ unsigned long long chosen;
   __shared__ int hist[256];
+  __shared__ int count_suffix[257];
   __shared__ double warp_bins[kThreads / 32][256];  // top-p: per-warp bin masses
-  __shared__ uint32_t radix_prefix;
-  __shared__ int radix_remaining;
+  __shared__ double mass_suffix[257];
 
   const int64_t row = blockIdx.y;
   RowGroup grp;
@@ -452,51 +574,51 @@ __global__ void __launch_bounds__(kThreads, 2)
   const RowSamplingParams p = params[row];
   const int tid = threadIdx.x;
   const int nthreads = blockDim.x;
+  // A decision every CTA of the group reached: part 0 reports it.
   auto finish = [&](int64_t token) {
     if (grp.part == 0 && tid == 0) {
       const bool poisoned = grp.timed_out || AcquireLoad(grp.arrive + 1) != 0;
       out[row] = poisoned ? -1 : static_cast<int32_t>(token);
     }
   };
-
-  // Pass 1: validation, max, argmax.
-  int bad = 0, finite = 0;
-  float maxv = -__int_as_float(0x7f800000);
-  ValueIndex best{-__int_as_float(0x7f800000), INT64_MAX};
-  Strided<false>(x, w, n, [&](int64_t i, float v, float) {
-    if (isnan(v) || v == __int_as_float(0x7f800000)) bad = 1;
-    if (isfinite(v)) {
-      ++finite;
-      maxv = fmaxf(maxv, v);
-    }
-    const ValueIndex c{v, grp.begin + i};
-    if (Better(c, best)) best = c;
-  });
-  FirstPass first;
-  first.bad = __syncthreads_or(bad);
-  first.finite = BlockSum(finite, iscratch);
-  first.maxv = BlockMax(maxv, fscratch, -__int_as_float(0x7f800000));
-  first.best = BlockArgmax(best, vscratch);
-  first = grp.Combine(first, [](FirstPass& all, const FirstPass& f, int) {
-    all.bad |= f.bad;
-    all.finite += f.finite;
-    all.maxv = fmaxf(all.maxv, f.maxv);
-    if (Better(f.best, all.best)) all.best = f.best;
-  });
-  const bool params_bad = !ParamsValid(p);
-  const int n_finite = first.finite;
-  if (first.bad || n_finite == 0 || params_bad) {
+  if (!ParamsValid(p)) {
     finish(-1);
     return;
   }
+
   if (p.temperature < kGreedyTemperature) {
-    finish(first.best.index);
+    // Greedy: validation and the argmax (lowest id among ties) in one pass.
+    int bad = 0, finite = 0;
+    ValueIndex best{-__int_as_float(0x7f800000), INT64_MAX};
+    Strided(x, n, [&](int64_t i, float v) {
+      if (isnan(v) || v == __int_as_float(0x7f800000)) bad = 1;
+      if (isfinite(v)) ++finite;
+      const ValueIndex c{v, grp.begin + i};
+      if (Better(c, best)) best = c;
+    });
+    GreedyPass g;
+    g.bad = __syncthreads_or(bad);
+    g.finite = BlockSum(finite, iscratch);
+    g.best = BlockArgmax(best, vscratch);
+    g = grp.Combine(g, [](GreedyPass& all, const GreedyPass& f, int) {
+      all.bad |= f.bad;
+      all.finite += f.finite;
+      if (Better(f.best, all.best)) all.best = f.best;
+    });
+    finish(g.bad || g.finite == 0 ? -1 : g.best.index);
     return;
   }
-  maxv = first.maxv;
-  RowState st;
-  st.inv_t_denominator = static_cast<double>(p.temperature);
-  st.max_s = static_cast<double>(maxv) / st.inv_t_denominator;
+
+  // A sampled row: RowStats found its largest finite key, whether it has a
+  // NaN or +inf logit, and its finite count.
+  const uint32_t* row_stats = stats + 4 * row;
+  const uint32_t max_key = row_stats[kMaxKey];
+  const int64_t n_finite = row_stats[kFinite];
+  if (row_stats[kBad] != 0 || n_finite == 0) {
+    finish(-1);
+    return;
+  }
+  const RowState st = StateFor(p, max_key);
 
   // Step 4: top-k -> kth_key = the k-th largest finite key, by an 8-bit
   // radix select from the top digit (integer histograms: deterministic).
@@ -508,7 +630,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int shift = 24; shift >= 0; shift -= 8) {
       for (int b = tid; b < 256; b += nthreads) hist[b] = 0;
       __syncthreads();
-      Strided<false>(x, w, n, [&](int64_t, float v, float) {
+      Strided(x, n, [&](int64_t, float v) {
         const uint32_t key = Key(v);
         if (key > kNegInfKey && (key & mask) == prefix) {
           // One atomic per distinct bin of the warp: logits crowd into a
@@ -520,49 +642,38 @@ __global__ void __launch_bounds__(kThreads, 2)
       });
       __syncthreads();
       grp.SumBins(hist);
-      if (tid == 0) {
-        // The k-th largest lies in the highest bin b where the counts of the
-        // bins above it stay below `remaining`.
-        int above = 0;
-        int b = 255;
-        for (; b > 0; --b) {
-          if (above + hist[b] >= remaining) break;
-          above += hist[b];
-        }
-        radix_prefix = prefix | (static_cast<uint32_t>(b) << shift);
-        radix_remaining = remaining - above;
-      }
-      __syncthreads();
-      prefix = radix_prefix;
-      remaining = radix_remaining;
+      // The k-th largest lies in the highest bin b whose count with the
+      // bins above it reaches `remaining`.
+      SuffixSums(hist, count_suffix, iscratch);
+      int above = 0;
+      const int b = HighestReaching(count_suffix, 0, remaining, iscratch, &above);
+      prefix |= static_cast<uint32_t>(b) << shift;
+      remaining -= above;
       mask |= 255u << shift;
+      __syncthreads();  // hist and count_suffix are rewritten at the next level
     }
     kth_key = prefix;
   }
   // Candidates: finite and key >= kth_key (kth_key > kNegInfKey).
 
-  // Total weight of the candidates.
-  double total = 0;
-  Strided<true>(x, w, n, [&](int64_t, float v, float wi) {
-    if (Key(v) >= kth_key) total += wi;
-  });
-  total = grp.Sum(BlockSum(total, dscratch));
-
   // Step 5: top-p. f(c) = weight of candidates with key > c, non-increasing;
-  // last_key = the smallest key with f < target: everything above it stays,
-  // and of its ties (same value, same weight) the first n_keep_ties by id.
+  // last_key = the smallest key with f < target (target = top_p x the
+  // candidates' total weight): everything above it stays, and of its ties
+  // (same value, same weight) the first n_keep_ties by id.
   const bool top_p = p.top_p < 1.0f;
   uint32_t last_key = 0;
+  float w_last = 0.0f;
+  int64_t keep_ties = 0;
   if (top_p) {
-    const double target = static_cast<double>(p.top_p) * total;
     // Radix search, 8 bits a level: with the keys' top bits fixed to
     // `prefix` and `above` = the mass of candidates above that bracket,
     // bin b of the next digit holds the bracket's keys with digit b;
     // g(b) = above + the mass of bins > b is f at the top of bin b, and
     // last_key lies in the lowest bin with g(b) < target (g(255) = above,
-    // f(2^32 - 1) = 0 < target).
+    // f(2^32 - 1) = 0 < target). The first level's bins hold every
+    // candidate, so their sum is the total.
     uint32_t prefix = 0, mask = 0;
-    double above_bracket = 0;
+    double target = 0, above = 0, bracket_mass = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
       BinMasses(x, w, n, kth_key, prefix, mask, shift, warp_bins);
       // A bin's mass: its warps' masses in warp order, one thread per bin
@@ -575,91 +686,50 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       __syncthreads();
       grp.SumBins(warp_bins[0]);
-      if (tid == 0) {
-        // Scan from the top bin down: g holds g(b) (< target), the bin
-        // below is entered while g(b - 1) = g(b) + mass(b) stays below
-        // target.
-        double g = above_bracket;
-        int lowest = 0;
-        for (int b = 255; b > 0; --b) {
-          const double next = g + warp_bins[0][b];
-          if (next >= target) {
-            lowest = b;
-            break;
-          }
-          g = next;
-        }
-        const double above = g;  // g(lowest): the mass above the new bracket
-        radix_prefix = prefix | (static_cast<uint32_t>(lowest) << shift);
-        dscratch[32] = above;
-      }
-      __syncthreads();
-      prefix = radix_prefix;
-      above_bracket = dscratch[32];
+      SuffixSums(warp_bins[0], mass_suffix, dscratch);
+      if (shift == 24) target = static_cast<double>(p.top_p) * mass_suffix[0];
+      // g(b) = above + the mass of the bins above b; last_key lies in the
+      // highest bin b with g(b - 1) = above + suffix[b] >= target.
+      const int lowest = HighestReaching(mass_suffix, above, target, iscratch, &above);
+      prefix |= static_cast<uint32_t>(lowest) << shift;
       mask |= 255u << shift;
-      __syncthreads();
+      bracket_mass = warp_bins[0][lowest];
+      __syncthreads();  // warp_bins and mass_suffix are rewritten at the next level
     }
     last_key = prefix;
-    double above = 0;
-    int ties = 0;
-    Strided<true>(x, w, n, [&](int64_t, float v, float wi) {
-      const uint32_t key = Key(v);
-      if (key >= kth_key && key > last_key) above += wi;
-      if (key == last_key) ++ties;
-    });
-    struct AboveTies {
-      double above;
-      int64_t ties;
-    };
-    const AboveTies at = grp.Combine(AboveTies{BlockSum(above, dscratch), BlockSum(ties, iscratch)},
-                                     [](AboveTies& acc, const AboveTies& next, int) {
-                                       acc.above += next.above;
-                                       acc.ties += next.ties;
-                                     });
-    above = at.above;
-    ties = static_cast<int>(at.ties);
-    if (tid == 0) {
-      const float w_last = Weight(FromKey(last_key), st);
-      double before = above;
-      int keep = 0;
-      while (keep < ties && before < target) {
-        before += w_last;
-        ++keep;
-      }
-      n_keep_ties = keep;
+    w_last = Weight(FromKey(last_key), st);
+    // The last level's bracket is last_key itself: its ties all weigh
+    // w_last, and a sum of fewer than 2^24 copies of a float is exact in
+    // double, so the bracket's mass over w_last counts them exactly. Tie j
+    // (0-based, by id) stays while above + j x w_last < target (above <
+    // target: the candidates above last_key).
+    if (w_last > 0.0f) {
+      const int64_t ties = static_cast<int64_t>(bracket_mass / static_cast<double>(w_last));
+      const double needed = ceil((target - above) / static_cast<double>(w_last));
+      keep_ties = min(ties, static_cast<int64_t>(needed));
     }
-    __syncthreads();
   }
-  const int keep_ties = top_p ? n_keep_ties : 0;
+  const float min_p = p.min_p;
+  // Whether top-p's kept ties survive min-p (they share one weight).
+  const bool ties_weigh = w_last > 0.0f && !(min_p > 0.0f && w_last < min_p);
+  const int64_t kept = ties_weigh ? keep_ties : 0;
 
   // Contiguous chunks of the CTA's part from here on (id order matters for
   // ties and the CDF), a multiple of 4 ids each (16-byte loads).
   const int64_t chunk = ((n + nthreads - 1) / nthreads + 3) / 4 * 4;
   const int64_t begin = min(n, tid * chunk);
   const int64_t end = min(n, begin + chunk);
-  const bool vec = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  const bool vec = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
 
-  int tie_base = 0;
-  if (top_p) {
-    int my_ties = 0;
-    Contiguous<false>(x, w, begin, end, vec,
-                      [&](int64_t, float v, float) { my_ties += Key(v) == last_key ? 1 : 0; });
-    int block_ties = 0;
-    tie_base = BlockExclusiveScan(my_ties, iscratch, &block_ties);
-    int before = 0;
-    grp.Sum(block_ties, &before);
-    tie_base += before;
-  }
-  const float min_p = p.min_p;
-  // Survivor weight (0 when the token does not survive steps 4-6).
-  auto survivor_weight = [&](float v, float wi, int* tie_rank) -> float {
+  // Survivor weight (0 when the token does not survive steps 4-6); ties at
+  // last_key count their rank in *tie_rank.
+  auto survivor_weight = [&](float v, float wi, int64_t* tie_rank) -> float {
     const uint32_t key = Key(v);
     if (key < kth_key) return 0.0f;  // also drops -inf
     if (top_p) {
       if (key < last_key) return 0.0f;
       if (key == last_key) {
-        const int rank = (*tie_rank)++;
+        const int64_t rank = (*tie_rank)++;
         if (rank >= keep_ties) return 0.0f;
       }
     }
@@ -667,73 +737,120 @@ __global__ void __launch_bounds__(kThreads, 2)
     return wi;
   };
 
-  double my_total = 0;
-  int64_t my_last = -1;
-  {
-    int rank = tie_base;
-    Contiguous<true>(x, w, begin, end, vec, [&](int64_t i, float v, float wv) {
-      const float wi = survivor_weight(v, wv, &rank);
-      if (wi > 0.0f) {
-        my_total += wi;
-        my_last = grp.begin + i;
-      }
-    });
-  }
-  const double total2 = grp.Sum(BlockSum(my_total, dscratch));
+  // The final pass: each thread's survivors' weight other than the ties,
+  // its ties, its last surviving non-tie and its last tie.
+  MassTies mine{0.0, 0};
+  int64_t last_other = -1, last_tie = -1;
+  // (Weights only for the candidates above last_key: the ties' is w_last.)
+  auto needs_weight = [&](float v) {
+    const uint32_t key = Key(v);
+    return key >= kth_key && (!top_p || key > last_key);
+  };
+  Contiguous(x, w, begin, end, vec, needs_weight, [&](int64_t i, float v, float wv) {
+    if (top_p && Key(v) == last_key) {
+      ++mine.ties;
+      last_tie = i;
+      return;
+    }
+    int64_t no_ties = 0;
+    const float wi = survivor_weight(v, wv, &no_ties);
+    if (wi > 0.0f) {
+      mine.mass += wi;
+      last_other = i;
+    }
+  });
+  // Exclusive prefixes over the CTA, then over the group in part order.
+  MassTies block{0.0, 0};
+  MassTies before{0.0, 0};
+  before.mass = BlockExclusiveScan(mine.mass, dscratch, &block.mass);
+  before.ties = BlockExclusiveScan(mine.ties, lscratch, &block.ties);
+  MassTies parts_before{0.0, 0};
+  const MassTies all = grp.Sum(block, &parts_before);
+  before += parts_before;
+  // Ties before this thread's chunk, and how many of its own survive.
+  const int64_t tie_base = before.ties;
+  const int64_t kept_before = min(kept, tie_base);
+  const int64_t kept_mine = max(int64_t{0}, min(kept - tie_base, mine.ties));
+  const double w_tie = static_cast<double>(w_last);
   // The maximum always survives (weight 1), so total2 >= 1.
-  if (tid == 0) chosen = INT64_MAX;
+  const double total2 = all.mass + static_cast<double>(kept) * w_tie;
+  const double prefix = before.mass + static_cast<double>(kept_before) * w_tie;
+  const double my_mass = mine.mass + static_cast<double>(kept_mine) * w_tie;
+
+  // The draw: the first survivor in id order whose cumulative weight
+  // exceeds u x total2. The thread whose range holds that point walks it;
+  // with a slack for rounding (the prefixes are summed in another order
+  // than the walk), so a neighbour may walk too, and the lowest id wins.
+  if (tid == 0) chosen = ~0ull;
   __syncthreads();
   const double u = UniformFromSeed(p.seed, static_cast<uint64_t>(p.position), /*kSample=*/0);
-  double my_mass = 0;
-  {
-    int rank = tie_base;
-    Contiguous<true>(x, w, begin, end, vec, [&](int64_t, float v, float wv) {
-      const float wi = survivor_weight(v, wv, &rank);
-      if (wi > 0.0f) my_mass += static_cast<double>(wi) / total2;
-    });
-  }
-  double block_mass = 0;
-  double prefix = BlockExclusiveScan(my_mass, dscratch, &block_mass);
-  double parts_before = 0;
-  grp.Sum(block_mass, &parts_before);
-  prefix += parts_before;
-  if (u < prefix + my_mass + 1e-12) {  // slack: the walk below decides exactly
-    int rank = tie_base;
+  const double goal = u * total2;
+  const double slack = 1e-12 * total2;
+  if (my_mass > 0.0 && goal + slack >= prefix && goal < prefix + my_mass + slack) {
+    int64_t rank = tie_base;
     double cumulative = prefix;
     for (int64_t i = begin; i < end; ++i) {  // (one or two threads: a plain walk)
       const float wi = survivor_weight(x[i], w[i], &rank);
       if (wi > 0.0f) {
-        cumulative += static_cast<double>(wi) / total2;
-        if (u < cumulative) {
-          atomicMin(reinterpret_cast<unsigned long long*>(&chosen),
-                    static_cast<unsigned long long>(grp.begin + i));
+        cumulative += static_cast<double>(wi);
+        if (goal < cumulative) {
+          atomicMin(&chosen, static_cast<unsigned long long>(grp.begin + i));
           break;
         }
       }
     }
   }
   // Fallback (u beyond the rounded total): the last survivor, as the CPU.
-  const ValueIndex last = BlockArgmax(
-      ValueIndex{my_last >= 0 ? static_cast<float>(my_last) : -1.0f, my_last}, vscratch);
+  // Of this chunk's ties the first kept_mine survive: the last of them is
+  // last_tie when all do, else the thread finds it.
+  if (kept_mine > 0 && kept_mine < mine.ties) {
+    int64_t seen = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      if (Key(x[i]) == last_key && ++seen == kept_mine) {
+        last_tie = i;
+        break;
+      }
+    }
+  }
+  const int64_t my_last = max(last_other, kept_mine > 0 ? last_tie : int64_t{-1});
+  const int64_t block_last =
+      BlockMax(my_last >= 0 ? grp.begin + my_last : int64_t{-1}, lscratch, int64_t{-1});
   __syncthreads();
-  // Over the group: the lowest chosen id, and the last survivor (ids are
-  // below 2^24, so both fit a float's integer range).
-  struct Picks {
-    int64_t chosen, last;
-  };
-  const Picks picks =
-      grp.Combine(Picks{chosen, last.index}, [](Picks& all, const Picks& next, int) {
-        all.chosen = min(all.chosen, next.chosen);
-        all.last = max(all.last, next.last);
-      });
-  finish(picks.chosen != INT64_MAX ? picks.chosen : picks.last);
+  // Over the group: the lowest chosen id and the last survivor, through
+  // order-free atomics; the last CTA to publish its picks reports.
+  if (tid == 0) {
+    unsigned long long* row_picks = picks + 2 * row;
+    int64_t token;
+    bool report = true;
+    if (grp.parts == 1) {
+      token = chosen != ~0ull ? static_cast<int64_t>(chosen) : block_last;
+    } else {
+      if (chosen != ~0ull) atomicMin(row_picks, chosen);
+      if (block_last >= 0)
+        atomicMax(row_picks + 1, static_cast<unsigned long long>(block_last + 1));
+      __threadfence();
+      const uint32_t ticket = atomicAdd(stats + 4 * row + kDone, 1u);
+      report = ticket == static_cast<uint32_t>(grp.parts - 1);
+      token = -1;
+      if (report) {  // every other CTA's picks are in
+        __threadfence();
+        const unsigned long long c = atomicAdd(row_picks, 0ull);
+        const unsigned long long l = atomicAdd(row_picks + 1, 0ull);
+        token = c != ~0ull ? static_cast<int64_t>(c) : static_cast<int64_t>(l) - 1;
+      }
+    }
+    if (report) {
+      const bool poisoned = grp.timed_out || AcquireLoad(grp.arrive + 1) != 0;
+      out[row] = poisoned ? -1 : static_cast<int32_t>(token);
+    }
+  }
 }
 
 }  // namespace
 
 size_t SampleRowsWorkspaceBytes(int64_t rows, int64_t vocab) {
   if (rows <= 0 || vocab <= 0) return 0;
-  return MaxKeyBytes(rows) + ArriveBytes(rows) + SlotBytes(rows, vocab) +
+  return StatsBytes(rows) + ArriveBytes(rows) + PicksBytes(rows) + SlotBytes(rows, vocab) +
          static_cast<size_t>(rows) * static_cast<size_t>(vocab) * sizeof(float);
 }
 
@@ -778,11 +895,15 @@ absl::Status SampleRows(const float* logits, int64_t rows, int64_t vocab,
   }
   Workspace ws;
   char* base = static_cast<char*>(workspace);
-  ws.max_key = reinterpret_cast<uint32_t*>(base);
-  ws.arrive = reinterpret_cast<uint32_t*>(base + MaxKeyBytes(rows));
-  ws.slots = reinterpret_cast<unsigned char*>(base + MaxKeyBytes(rows) + ArriveBytes(rows));
-  ws.weights = reinterpret_cast<float*>(base + MaxKeyBytes(rows) + ArriveBytes(rows) +
-                                        SlotBytes(rows, vocab));
+  ws.stats = reinterpret_cast<uint32_t*>(base);
+  base += StatsBytes(rows);
+  ws.arrive = reinterpret_cast<uint32_t*>(base);
+  base += ArriveBytes(rows);
+  ws.picks = reinterpret_cast<unsigned long long*>(base);
+  base += PicksBytes(rows);
+  ws.slots = reinterpret_cast<unsigned char*>(base);
+  base += SlotBytes(rows, vocab);
+  ws.weights = reinterpret_cast<float*>(base);
   // The group: as many CTAs per row as the slots allow and the device
   // holds at once for all rows (they wait for each other).
   const int slots_per_row = GroupSlots(rows, vocab);
@@ -791,13 +912,14 @@ absl::Status SampleRows(const float* logits, int64_t rows, int64_t vocab,
   const cudaStream_t s = AsCuda(stream);
   const dim3 grid(static_cast<unsigned>((vocab + kWeightChunk - 1) / kWeightChunk),
                   static_cast<unsigned>(rows));
-  ClearRowState<<<static_cast<unsigned>((rows + 255) / 256), 256, 0, s>>>(ws.max_key, ws.arrive,
-                                                                          rows);
-  RowMaxKeys<<<grid, kWeightThreads, 0, s>>>(logits, vocab, kWeightChunk, params, ws.max_key);
-  RowWeights<<<grid, kWeightThreads, 0, s>>>(logits, vocab, kWeightChunk, params, ws.max_key,
+  ClearRowState<<<static_cast<unsigned>((rows + 255) / 256), 256, 0, s>>>(ws.stats, ws.arrive,
+                                                                          ws.picks, rows);
+  RowStats<<<grid, kWeightThreads, 0, s>>>(logits, vocab, kWeightChunk, params, ws.stats);
+  RowWeights<<<grid, kWeightThreads, 0, s>>>(logits, vocab, kWeightChunk, params, ws.stats,
                                              ws.weights);
   SampleKernel<<<dim3(static_cast<unsigned>(group), static_cast<unsigned>(rows)), kThreads, 0, s>>>(
-      logits, vocab, params, ws.weights, out, ws.arrive, ws.slots, slots_per_row);
+      logits, vocab, params, ws.weights, out, ws.stats, ws.arrive, ws.picks, ws.slots,
+      slots_per_row);
   return CheckLastLaunch("SampleRows");
 }
 

@@ -134,6 +134,54 @@ TEST(CudaSamplingTest, MatchesCpuSampler) {
   CheckAgainstCpu(1, 128256, 9);
 }
 
+// Top-p cutting through a run of equal logits that spans every CTA of the
+// row's group and many threads' chunks: only the first ties by id survive
+// (their count comes from the last radix level's mass), so each thread's
+// share of them depends on the ties before it. Also min-p dropping those
+// ties, and top-k leaving them all. Every draw must be the CPU's.
+TEST(CudaSamplingTest, TopPCutsThroughTiesAcrossTheGroup) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  for (const int64_t vocab : {int64_t{128256}, int64_t{50001}}) {
+    SCOPED_TRACE(::testing::Message() << "vocab " << vocab);
+    std::vector<float> row(vocab, 0.0f);  // the ties
+    for (int64_t i = 0; i < vocab; i += 61) row[i] = 2.5f;
+    for (int64_t i = 7; i < vocab; i += 997) row[i] = -std::numeric_limits<float>::infinity();
+    Batch b;
+    b.vocab = vocab;
+    const float top_ps[] = {0.3f, 0.5f, 0.9f, 0.99f, 1.0f};
+    const float min_ps[] = {0.0f, 0.0f, 0.05f};
+    const int32_t top_ks[] = {0, 0, 4000};
+    const int rows = 12;
+    for (int r = 0; r < rows; ++r) {
+      b.logits.insert(b.logits.end(), row.begin(), row.end());
+      RowSamplingParams p;
+      p.temperature = r % 2 == 0 ? 1.0f : 0.5f;
+      p.top_p = top_ps[r % 5];
+      p.min_p = min_ps[r % 3];
+      p.top_k = top_ks[(r / 3) % 3];
+      p.seed = 77 + r;
+      p.position = 1000 * r;
+      b.params.push_back(p);
+    }
+    // Once with all rows (few CTAs each), once a row at a time (the
+    // largest groups).
+    const std::vector<int32_t> together = RunGpu(b);
+    for (int r = 0; r < rows; ++r) {
+      const RowSamplingParams& p = b.params[r];
+      absl::StatusOr<sampling::SampleResult> want =
+          sampling::Sample(row, CpuParams(p), {}, p.position);
+      ASSERT_TRUE(want.ok()) << want.status();
+      EXPECT_EQ(together[r], want->token)
+          << "row " << r << " top_p " << p.top_p << " min_p " << p.min_p << " top_k " << p.top_k;
+      Batch one;
+      one.vocab = vocab;
+      one.logits = row;
+      one.params = {p};
+      EXPECT_EQ(RunGpu(one)[0], want->token) << "alone, row " << r;
+    }
+  }
+}
+
 // A row's group of CTAs that cannot all run at once (another stream's
 // kernel holds every SM but one for 6 s) must not hang the stream: the
 // CTAs that run give up after 4 s and the row comes out -1. Once the SMs
