@@ -50,7 +50,12 @@
 // into the others), weights read only where needed, the bins' choice made
 // by the whole CTA and the group's partials loaded eight at a time: 0.022,
 // 0.071 and 0.064 ms (64 rows: 0.14, 0.25, 0.34 ms), same run as 0.044,
-// 0.123 and 0.116 (0.19, 0.40, 0.53) for the form before.
+// 0.123 and 0.116 (0.19, 0.40, 0.53) for the form before; with longer
+// chunks for the statistics and weights at many rows, 64 rows 0.13, 0.24
+// and 0.33 ms. Tried and not kept (slower on the H200): the final pass in
+// coalesced warp ranges (a warp scan per 32 ids, or lane sums with the
+// walking warp re-splitting its range), the walk's loads batched, parts of
+// at least 8192 ids, and one CTA per SM without spilled registers.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -66,10 +71,14 @@ namespace {
 
 constexpr int kThreads = 512;
 static_assert(kThreads >= 256, "top-p sums one radix bin per thread");
-// The weights kernels: CTAs of kWeightThreads over chunks of kWeightChunk
-// logits, so that a row's exponentials spread over the GPU.
+// The statistics and weights kernels: CTAs of kWeightThreads over chunks
+// of a multiple of kWeightChunk logits, so that a row's exponentials spread
+// over the GPU; with many rows, longer chunks (about kWeightCtas CTAs in
+// all: at 64 rows of 128,256 the two kernels took 15 and 37 µs on the
+// H200 against 21 and 43 with 1024-logit chunks).
 constexpr int kWeightThreads = 256;
 constexpr int64_t kWeightChunk = 1024;
+constexpr int64_t kWeightCtas = 2048;
 constexpr float kGreedyTemperature = 1e-5f;  // worker/sampling/sampling_params.h
 // The selection's CTAs per row (SampleKernel's group): up to kMaxGroup,
 // with rows * group at most kGroupBudget (the workspace's slots are sized
@@ -326,6 +335,23 @@ __global__ void ClearRowState(uint32_t* stats, uint32_t* arrive, unsigned long l
   }
 }
 
+// f(i, x[i]) for the CTA's threads over i in [begin, end), blockDim.x apart,
+// with eight loads in flight per thread.
+template <class F>
+__device__ __forceinline__ void ChunkLoop(const float* x, int64_t begin, int64_t end, F&& f) {
+  constexpr int kLoads = 8;
+  const int64_t step = blockDim.x;
+  for (int64_t i0 = begin + threadIdx.x; i0 < end; i0 += kLoads * step) {
+    float v[kLoads];
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) v[j] = i0 + j * step < end ? __ldg(x + i0 + j * step) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      if (i0 + j * step < end) f(i0 + j * step, v[j]);
+    }
+  }
+}
+
 // Grid (chunks, rows): each CTA adds its chunk of a sampled row to the
 // row's statistics (the largest finite key, NaN / +inf, the finite count).
 __global__ void __launch_bounds__(kWeightThreads)
@@ -339,15 +365,14 @@ __global__ void __launch_bounds__(kWeightThreads)
   const int64_t begin = blockIdx.x * chunk, end = min(vocab, begin + chunk);
   uint32_t best = 0;
   int finite = 0, bad = 0;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float v = x[i];
+  ChunkLoop(x, begin, end, [&](int64_t, float v) {
     if (isfinite(v)) {
       best = max(best, Key(v));
       ++finite;
     } else if (isnan(v) || v > 0.0f) {
       bad = 1;
     }
-  }
+  });
   best = BlockMax(best, scratch, 0u);
   finite = BlockSum(finite, iscratch);
   bad = __syncthreads_or(bad);
@@ -373,10 +398,7 @@ __global__ void __launch_bounds__(kWeightThreads)
   const float* x = logits + row * vocab;
   float* w = weights + row * vocab;
   const int64_t begin = blockIdx.x * chunk, end = min(vocab, begin + chunk);
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float v = x[i];
-    w[i] = isfinite(v) ? Weight(v, st) : 0.0f;
-  }
+  ChunkLoop(x, begin, end, [&](int64_t i, float v) { w[i] = isfinite(v) ? Weight(v, st) : 0.0f; });
 }
 
 // The CTAs that select one row's token (SampleKernel's group): CTA `part`
@@ -910,13 +932,16 @@ absl::Status SampleRows(const float* logits, int64_t rows, int64_t vocab,
   const int group = static_cast<int>(
       std::max<int64_t>(1, std::min<int64_t>(slots_per_row, ResidentSampleCtas() / rows)));
   const cudaStream_t s = AsCuda(stream);
-  const dim3 grid(static_cast<unsigned>((vocab + kWeightChunk - 1) / kWeightChunk),
-                  static_cast<unsigned>(rows));
+  // The statistics and weights: chunks of at least kWeightChunk logits,
+  // longer when there are many rows (about kWeightCtas CTAs in all).
+  const int64_t per_cta = (rows * vocab + kWeightCtas - 1) / kWeightCtas;
+  const int64_t chunk =
+      std::clamp<int64_t>((per_cta + kWeightChunk - 1) / kWeightChunk, 1, 16) * kWeightChunk;
+  const dim3 grid(static_cast<unsigned>((vocab + chunk - 1) / chunk), static_cast<unsigned>(rows));
   ClearRowState<<<static_cast<unsigned>((rows + 255) / 256), 256, 0, s>>>(ws.stats, ws.arrive,
                                                                           ws.picks, rows);
-  RowStats<<<grid, kWeightThreads, 0, s>>>(logits, vocab, kWeightChunk, params, ws.stats);
-  RowWeights<<<grid, kWeightThreads, 0, s>>>(logits, vocab, kWeightChunk, params, ws.stats,
-                                             ws.weights);
+  RowStats<<<grid, kWeightThreads, 0, s>>>(logits, vocab, chunk, params, ws.stats);
+  RowWeights<<<grid, kWeightThreads, 0, s>>>(logits, vocab, chunk, params, ws.stats, ws.weights);
   SampleKernel<<<dim3(static_cast<unsigned>(group), static_cast<unsigned>(rows)), kThreads, 0, s>>>(
       logits, vocab, params, ws.weights, out, ws.stats, ws.arrive, ws.picks, ws.slots,
       slots_per_row);
