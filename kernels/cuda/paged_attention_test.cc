@@ -320,6 +320,25 @@ TEST(PagedAttentionDecode, LargeGroupsHeadDim256AndOtherBlockSizes) {
   }
 }
 
+// A grid of more CTAs than any GPU holds at once with 64-key tiles (400
+// sequences x 8 kv heads): the launch takes the 32-key tiles. Contexts of
+// every length mod 32 around the one-split limit.
+TEST(PagedAttentionDecode, GridsBeyondOneWaveTakeSmallTiles) {
+  SKIP_WITHOUT_DEVICE();
+  uint32_t seed = 40;
+  for (int head_dim : {64, 128}) {
+    Case c;
+    c.decode = true;
+    c.head_dim = head_dim;
+    c.num_heads = 32;
+    c.num_kv_heads = 8;
+    for (int s = 0; s < 400; ++s) c.seq_lens.push_back(120 + (s * 7) % 140);
+    c.q_lens = Repeat(1, 400);
+    c.name = absl::StrCat("decode 400 sequences d", head_dim);
+    RunCase(c, seed++);
+  }
+}
+
 TEST(PagedAttentionDecode, StridesQueryStartLocAndBucketedMaxSeqLen) {
   SKIP_WITHOUT_DEVICE();
   Case c;
