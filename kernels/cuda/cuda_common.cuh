@@ -56,6 +56,29 @@ __device__ __forceinline__ uint16_t FloatToBf16Bits(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
+// RoPE of one pair (x1, x2) of a head (neox / rotate_half) at position
+// `pos` with inverse frequency `inv_freq`: lo = x1 cos - x2 sin, hi = x2 cos
+// + x1 sin, in fp32, rounded to bf16. The one formula of every kernel that
+// rotates (Rope, the qkv GEMV's epilogue, decode attention), so that they
+// agree bit for bit; RopeAngle's (cos, sin) may be computed once and
+// applied to many pairs with RopeApply.
+__device__ __forceinline__ float2 RopeAngle(float pos, float inv_freq) {
+  float s, c;
+  sincosf(pos * inv_freq, &s, &c);
+  return make_float2(c, s);
+}
+// (Explicit roundings: the compiler may not contract differently in
+// different kernels.)
+__device__ __forceinline__ void RopeApply(float x1, float x2, float2 cs, uint16_t* lo,
+                                          uint16_t* hi) {
+  *lo = FloatToBf16Bits(__fmaf_rn(x1, cs.x, -__fmul_rn(x2, cs.y)));
+  *hi = FloatToBf16Bits(__fmaf_rn(x2, cs.x, __fmul_rn(x1, cs.y)));
+}
+__device__ __forceinline__ void RopeRotate(float x1, float x2, float pos, float inv_freq,
+                                           uint16_t* lo, uint16_t* hi) {
+  RopeApply(x1, x2, RopeAngle(pos, inv_freq), lo, hi);
+}
+
 // Sum over the block; every thread gets the result. `scratch` holds 32
 // values. The tree order is fixed, so results are deterministic.
 template <class T>

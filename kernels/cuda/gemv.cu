@@ -129,10 +129,8 @@ __device__ __forceinline__ void StoreQkvRope(const float (&fin)[kTile][8], int r
     const int i = (n0 - head_base) / 2 + (row >> 3) * 4 + (row & 3);
     const float a = RoundBf16(fin[row][col]);
     const float b2 = RoundBf16(fin[row + 4][col]);
-    float sn, cs;
-    sincosf(static_cast<float>(rope.positions[col]) * rope.inv_freq[i], &sn, &cs);
-    const uint16_t lo = FloatToBf16Bits(a * cs - b2 * sn);
-    const uint16_t hi = FloatToBf16Bits(b2 * cs + a * sn);
+    uint16_t lo, hi;
+    RopeRotate(a, b2, static_cast<float>(rope.positions[col]), rope.inv_freq[i], &lo, &hi);
     out[head_base + i] = lo;
     out[head_base + i + half] = hi;
     if (head_base >= rope.q_rows && store) {

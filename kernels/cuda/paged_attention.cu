@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/dependent_launch.cuh"
 #include "kernels/cuda/paged_attention.cuh"
 #include "kernels/cuda/per_device.cuh"
@@ -67,7 +68,8 @@ constexpr size_t PrefillSmemBytes() {
 }
 template <int D, int TK>
 constexpr size_t DecodeSmemBytes() {
-  return sizeof(uint16_t) * (size_t{kDecodeRows} * D + 4 * size_t{TK} * D);
+  // The query tile, two stages of K and V tiles, DecodeRope's angles.
+  return sizeof(uint16_t) * (size_t{kDecodeRows} * D + 4 * size_t{TK} * D) + sizeof(float2) * D / 2;
 }
 
 // K and V tiles of the double-buffer stage that key tile kt uses.
@@ -257,7 +259,90 @@ struct DecodeExtra {
   float* part_o;  // [num_seqs, num_heads, num_splits, D] (o / l)
   float* part_m;  // [num_seqs, num_heads, num_splits] (log2 units)
   float* part_l;
+  bool rotate;      // PagedAttentionParams::rope given: `rope` holds it
+  DecodeRope rope;  // (copied: the kernel reads it by value)
 };
+
+// RoPE of a head of D bf16 values (src, as the qkv projection left it)
+// is RopeItems<D>(rope_order) items; RotateItem does one: store(feature,
+// packed) receives its rotated values in the normal order, 4 or 8
+// consecutive features at a time (a packed uint2 or uint4). Without
+// rope_order the head is in the normal order (item c: features 8c .. 8c+7
+// and their partners D/2 on), with it in gemv.h's RoPE row order (item g:
+// the 8-row group with features 4g .. 4g+3, then their partners).
+// angles[i]: RopeAngle of feature i at the token's position.
+template <int D>
+__device__ __forceinline__ int RopeItems(bool rope_order) {
+  return rope_order ? D / 8 : D / 16;
+}
+template <int D, class Store>
+__device__ __forceinline__ void RotateItem(const uint16_t* src, int item, const float2* angles,
+                                           bool rope_order, Store&& store) {
+  constexpr int kHalf = D / 2;
+  // Value j (0..7) of 8 packed bf16 values.
+  auto at = [](const uint4& v, int j) {
+    const uint32_t w = j < 2 ? v.x : j < 4 ? v.y : j < 6 ? v.z : v.w;
+    return static_cast<uint16_t>(w >> ((j & 1) * 16));
+  };
+  // Pair j: x1 = value j1 of a, x2 = value j2 of b, feature f0 + j, packed
+  // into lo / hi.
+  auto pair = [&](const uint4& a, int j1, const uint4& b, int j2, int j, int f0, uint32_t* lo,
+                  uint32_t* hi) {
+    uint16_t l, h;
+    RopeApply(Bf16BitsToFloat(at(a, j1)), Bf16BitsToFloat(at(b, j2)), angles[f0 + j], &l, &h);
+    const int shift = (j & 1) * 16;
+    lo[j / 2] |= static_cast<uint32_t>(l) << shift;
+    hi[j / 2] |= static_cast<uint32_t>(h) << shift;
+  };
+  if (rope_order) {
+    uint4 in = make_uint4(0, 0, 0, 0);
+    if (src != nullptr) in = *reinterpret_cast<const uint4*>(src + item * 8);
+    uint32_t lo[2] = {0, 0}, hi[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) pair(in, j, in, 4 + j, j, item * 4, lo, hi);
+    store(item * 4, make_uint2(lo[0], lo[1]));
+    store(kHalf + item * 4, make_uint2(hi[0], hi[1]));
+  } else {
+    uint4 a = make_uint4(0, 0, 0, 0), b = make_uint4(0, 0, 0, 0);
+    if (src != nullptr) {
+      a = *reinterpret_cast<const uint4*>(src + item * 8);
+      b = *reinterpret_cast<const uint4*>(src + kHalf + item * 8);
+    }
+    uint32_t lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) pair(a, j, b, j, j, item * 8, lo, hi);
+    store(item * 8, make_uint4(lo[0], lo[1], lo[2], lo[3]));
+    store(kHalf + item * 8, make_uint4(hi[0], hi[1], hi[2], hi[3]));
+  }
+}
+
+// A packed uint2 (4 bf16) or uint4 (8) at dst (8- or 16-byte aligned).
+template <class V>
+__device__ __forceinline__ void StoreBf16s(uint16_t* dst, const V& v) {
+  *reinterpret_cast<V*>(dst) = v;
+}
+
+// DecodeRope: the new token's rotated K and its V into the cache, by the
+// CTA's NT threads (nothing for a slot outside the cache).
+template <int D, int NT>
+__device__ __forceinline__ void WriteNewKv(const DecodeRope& r, int token, int kv_head,
+                                           int64_t row_elems, const float2* angles) {
+  const int64_t slot = r.slots[token];
+  if (slot < 0 || slot >= r.num_slots) return;
+  const int64_t src = int64_t{token} * r.kv_token_stride + int64_t{kv_head} * D;
+  const int64_t dst = slot * row_elems + int64_t{kv_head} * D;
+  const int items = RopeItems<D>(r.rope_order);
+  for (int c = threadIdx.x; c < items + D / 8; c += NT) {
+    if (c < items) {
+      RotateItem<D>(r.k + src, c, angles, r.rope_order,
+                    [&](int f, const auto& v) { StoreBf16s(r.k_cache + dst + f, v); });
+    } else {
+      const int chunk = c - items;
+      *reinterpret_cast<uint4*>(r.v_cache + dst + chunk * 8) =
+          *reinterpret_cast<const uint4*>(r.v + src + chunk * 8);
+    }
+  }
+}
 
 template <int D, int TK>
 __global__ void __launch_bounds__(DecodeThreads<TK>())
@@ -300,17 +385,52 @@ __global__ void __launch_bounds__(DecodeThreads<TK>())
                      int64_t{p.num_kv_heads} * D,
                      int64_t{kv_head} * D};
   const int n_tiles = (key_end - key_begin + TK - 1) / TK;
-  LoadKvTile<D, TK, NT>(stage_base, stage_base + TK * D, src, key_begin, key_end);
-  CpAsyncCommit();
-  for (int c = threadIdx.x; c < kDecodeRows * (D / 8); c += NT) {
-    const int row = c / (D / 8);
-    const int chunk = c % (D / 8);
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row < rows) {
-      v = *reinterpret_cast<const uint4*>(p.q + int64_t{token} * p.q_token_stride +
-                                          int64_t{head0 + row} * D + chunk * 8);
+  // With DecodeRope, the CTA whose split holds the token's own position
+  // stores its K and V first; the first tile is in flight meanwhile unless
+  // it holds that key.
+  const bool writes = x.rotate && key_end == seq_len;
+  const bool first_tile_waits = writes && seq_len - 1 < key_begin + TK;
+  if (!first_tile_waits) {
+    LoadKvTile<D, TK, NT>(stage_base, stage_base + TK * D, src, key_begin, key_end);
+    CpAsyncCommit();
+  }
+  if (x.rotate) {
+    // (cos, sin) of every feature at the token's position, once, after the
+    // stages; then the new K and V (the writing CTA), q's rows rotated
+    // into the query tile, and zeros in its padding rows.
+    float2* angles = reinterpret_cast<float2*>(stage_base + 4 * TK * D);
+    const float pos = static_cast<float>(x.rope.positions[token]);
+    for (int i = threadIdx.x; i < D / 2; i += NT) angles[i] = RopeAngle(pos, x.rope.inv_freq[i]);
+    __syncthreads();
+    if (writes) WriteNewKv<D, NT>(x.rope, token, kv_head, int64_t{p.num_kv_heads} * D, angles);
+    const int items = RopeItems<D>(x.rope.rope_order);
+    for (int c = threadIdx.x; c < rows * items; c += NT) {
+      const int row = c / items;
+      RotateItem<D>(p.q + int64_t{token} * p.q_token_stride + int64_t{head0 + row} * D, c % items,
+                    angles, x.rope.rope_order, [&](int f, const auto& v) {
+                      StoreBf16s(sq + SwizzledOffset<D>(row, f / 8) + f % 8, v);
+                    });
     }
-    *reinterpret_cast<uint4*>(sq + SwizzledOffset<D>(row, chunk)) = v;
+    for (int c = rows * (D / 8) + threadIdx.x; c < kDecodeRows * (D / 8); c += NT) {
+      *reinterpret_cast<uint4*>(sq + SwizzledOffset<D>(c / (D / 8), c % (D / 8))) =
+          make_uint4(0, 0, 0, 0);
+    }
+    if (writes) __syncthreads();  // the new key's stores before any thread's copy of it
+    if (first_tile_waits) {
+      LoadKvTile<D, TK, NT>(stage_base, stage_base + TK * D, src, key_begin, key_end);
+      CpAsyncCommit();
+    }
+  } else {
+    for (int c = threadIdx.x; c < kDecodeRows * (D / 8); c += NT) {
+      const int row = c / (D / 8);
+      const int chunk = c % (D / 8);
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (row < rows) {
+        v = *reinterpret_cast<const uint4*>(p.q + int64_t{token} * p.q_token_stride +
+                                            int64_t{head0 + row} * D + chunk * 8);
+      }
+      *reinterpret_cast<uint4*>(sq + SwizzledOffset<D>(row, chunk)) = v;
+    }
   }
 
   const int warp = threadIdx.x >> 5;
@@ -557,6 +677,10 @@ absl::Status ValidateAttentionParams(const PagedAttentionParams& p, const char* 
                                      bool prefill) {
   if (absl::Status s = ValidateCommon(p, what); !s.ok()) return s;
   if (!prefill) return absl::OkStatus();
+  if (p.rope != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": RoPE in the attention kernel is for decode only"));
+  }
   if (p.query_start_loc == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": query_start_loc must be non-null"));
   }
@@ -610,6 +734,24 @@ absl::Status PagedAttentionDecode(const PagedAttentionParams& p, CUstream_st* st
   }
   if (int64_t{p.num_kv_heads} * x.row_blocks > 65535) {
     return absl::InvalidArgumentError("PagedAttentionDecode: too many kv heads for the grid");
+  }
+  if (p.rope != nullptr) {
+    const DecodeRope& r = *p.rope;
+    const int64_t row = int64_t{p.num_kv_heads} * p.head_dim;
+    if (r.positions == nullptr || r.inv_freq == nullptr || r.k == nullptr || r.v == nullptr ||
+        r.slots == nullptr || r.k_cache == nullptr || r.v_cache == nullptr) {
+      return absl::InvalidArgumentError(
+          "PagedAttentionDecode: RoPE needs positions, inv_freq, k, v, slots and both caches");
+    }
+    if (!Aligned16(r.k) || !Aligned16(r.v) || !Aligned16(r.k_cache) || !Aligned16(r.v_cache) ||
+        r.kv_token_stride < row || r.kv_token_stride % 8 != 0 || r.num_slots < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PagedAttentionDecode: RoPE's k, v and caches must be 16-byte aligned, kv_token_stride ",
+          r.kv_token_stride, " a multiple of 8 and >= num_kv_heads * head_dim (", row,
+          "), num_slots ", r.num_slots, " >= 0"));
+    }
+    x.rotate = true;
+    x.rope = r;
   }
   switch (p.head_dim) {
     case 64:

@@ -53,6 +53,29 @@ struct CUstream_st;
 
 namespace tessera::kernels::cuda {
 
+// Decode only: the step's RoPE and K/V-cache write done by the attention
+// kernel instead of a Rope launch before it (kernels/cuda/rope.h with `kv`,
+// without q/k norms: the same rotation, bit for bit). q (p.q) and the new
+// k and v rows are read as the qkv projection left them, unrotated; q and
+// k in the normal order, or with rope_order in the RoPE row order of the
+// qkv GEMV (gemv.h GemvRopeRow). Token t's rotated K and its V are stored
+// at cache slot slots[t] (rows of num_kv_heads * head_dim, the layout
+// k_cache / v_cache have) unless the slot is outside [0, num_slots), by
+// the CTA whose split holds the token's position seq_lens[s] - 1, before
+// it reads that key; attention then reads the cache as usual.
+struct DecodeRope {
+  const int32_t* positions = nullptr;  // device [tokens]: the RoPE positions
+  const float* inv_freq = nullptr;     // device [head_dim / 2], scaling folded in
+  bool rope_order = false;
+  const uint16_t* k = nullptr;  // bf16 [tokens, num_kv_heads, head_dim] at kv_token_stride
+  const uint16_t* v = nullptr;
+  int64_t kv_token_stride = 0;
+  const int64_t* slots = nullptr;  // device [tokens]
+  int64_t num_slots = 0;
+  uint16_t* k_cache = nullptr;  // the caches of PagedAttentionParams, writable
+  uint16_t* v_cache = nullptr;
+};
+
 struct PagedAttentionParams {
   const uint16_t* q = nullptr;            // bf16 [tokens, num_heads, head_dim]
   int64_t q_token_stride = 0;             // elements between consecutive tokens
@@ -79,6 +102,9 @@ struct PagedAttentionParams {
   // causal), and device [num_seqs] trunk lengths P (null = all 0).
   const uint64_t* tree_ancestors = nullptr;
   const int32_t* tree_prefix = nullptr;
+  // Decode only (host pointer, read at the call): RoPE and the K/V write
+  // fused in (see DecodeRope); null = q and the cache are ready.
+  const DecodeRope* rope = nullptr;
 };
 
 // Device scratch PagedAttentionDecode needs for these sizes (0 when one

@@ -82,10 +82,8 @@ __global__ void RopeKernel(uint16_t* __restrict__ q, int64_t q_stride, int num_h
           a = a * inv * norm[i];
           b = b * inv * norm[i + half];
         }
-        float s, c;
-        sincosf(pos * inv_freq[i], &s, &c);
-        const uint16_t lo = FloatToBf16Bits(a * c - b * s);
-        const uint16_t hi = FloatToBf16Bits(b * c + a * s);
+        uint16_t lo, hi;
+        RopeRotate(a, b, pos, inv_freq[i], &lo, &hi);
         head[i] = lo;
         head[i + half] = hi;
         if (!is_q && k_dst != nullptr) {

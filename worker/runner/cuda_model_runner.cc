@@ -806,6 +806,24 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
     } else {
       RETURN_IF_ERROR(
           m.gemm->GemmChained(xb, T, H, l.qkv_w.as<Bf16>(), QKV, f32(l.qkv_b), qkv, st));
+    }
+    // Decode steps the GEMV does not take, without q/k norms: RoPE and the
+    // K/V write in the attention kernel (kcu::DecodeRope).
+    kcu::DecodeRope decode_rope;
+    const bool rope_in_attention =
+        decode && !fuse_rope && f32(l.q_norm) == nullptr && f32(l.k_norm) == nullptr;
+    if (rope_in_attention) {
+      decode_rope.positions = m.MetaPtr<int32_t>(m.off_positions);
+      decode_rope.inv_freq = m.inv_freq.as<float>();
+      decode_rope.rope_order = m.qkv_rope_order;
+      decode_rope.k = qkv + Q;
+      decode_rope.v = qkv + Q + K;
+      decode_rope.kv_token_stride = QKV;
+      decode_rope.slots = m.MetaPtr<int64_t>(m.off_slots);
+      decode_rope.num_slots = slots;
+      decode_rope.k_cache = k_cache;
+      decode_rope.v_cache = v_cache;
+    } else if (!fuse_rope) {
       // RoPE (and Qwen3's q/k norm) in place, and K/V into the paged cache,
       // in one kernel.
       kcu::RopeKvWrite kv_write;
@@ -821,6 +839,7 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
                                 m.qkv_rope_order));
     }
     kcu::PagedAttentionParams p;
+    p.rope = rope_in_attention ? &decode_rope : nullptr;
     p.q = qkv;
     p.q_token_stride = QKV;
     p.k_cache = k_cache;

@@ -832,6 +832,67 @@ TEST(CudaModelRunnerTest, RopeOrderedQkvMatchesTheCpuRunner) {
   }
 }
 
+// Decode steps of more sequences than the qkv GEMV takes (12): without q/k
+// norms (Llama, Qwen2) RoPE and the K/V write run inside decode attention
+// (kcu::DecodeRope), on q/k rows in RoPE order; Qwen3's q/k norms keep the
+// Rope kernel. Eager and graphed steps must give the CPU runner's logits.
+TEST(CudaModelRunnerTest, WideDecodeStepsMatchTheCpuRunner) {
+  REQUIRE_GPU(device);
+  for (const char* arch : {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}) {
+    for (const int head_dim : {64, 128}) {
+      for (const bool graphs : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(arch, " head_dim ", head_dim, graphs ? " graphs" : " eager"));
+        char dir[] = "/tmp/tessera-cuda-wide-XXXXXX";
+        ASSERT_NE(mkdtemp(dir), nullptr);
+        TestModelSpec spec;
+        spec.architecture = arch;
+        spec.head_dim = head_dim;
+        spec.heads = 4;
+        spec.kv_heads = 2;
+        spec.hidden = 128;
+        spec.intermediate = 256;
+        ASSERT_TRUE(WriteTestModel(dir, spec).ok());
+        auto model = model::LoadModel(dir);
+        ASSERT_TRUE(model.ok()) << model.status();
+        CpuRunnerOptions cpu_options;
+        cpu_options.num_kv_blocks = 32;
+        auto cpu = CpuModelRunner::Create(model->get(), cpu_options);
+        ASSERT_TRUE(cpu.ok()) << cpu.status();
+        CudaRunnerOptions options = TestOptions(32, 128, 16);
+        options.cuda_graphs = graphs;
+        auto gpu = CudaModelRunner::Create(model->get(), device, options);
+        ASSERT_TRUE(gpu.ok()) << gpu.status();
+        const int64_t vocab = (*model)->config.vocab_size;
+        std::mt19937 rng(23);
+        constexpr int kSeqs = 12;
+        std::vector<int32_t> lens(kSeqs, 0);
+        for (const int step_len : {5, 1, 1, 1, 1}) {
+          SCOPED_TRACE(absl::StrCat("steps of ", step_len, " tokens, context ", lens[0]));
+          ForwardBatch b;
+          b.block_table_stride = 2;
+          for (int s = 0; s < kSeqs; ++s) {
+            std::vector<int32_t> tokens(step_len);
+            for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+            // Sequence s: blocks 2s + 1, 2s (an out-of-order table).
+            b.AddSequence(tokens, lens[s], {2 * s + 1, 2 * s}, 16, true);
+            lens[s] += step_len;
+          }
+          std::vector<float> want, got;
+          ASSERT_TRUE((*cpu)->Forward(b, &want).ok());
+          ASSERT_TRUE((*gpu)->Forward(b, &got).ok());
+          ASSERT_EQ(got.size(), want.size());
+          const Err e = Compare(got, want);
+          EXPECT_LE(e.max, 0.04f * e.scale) << "max abs error " << e.max;
+        }
+        if (graphs) {
+          EXPECT_GE((*gpu)->graphs_captured(), 1);
+        }
+        std::filesystem::remove_all(dir);
+      }
+    }
+  }
+}
+
 TEST(CudaPreflightTest, PassesOnThisDevice) {
   REQUIRE_GPU(device);
   auto report = kernels::BuiltinRegistry().SelectAll(device);
