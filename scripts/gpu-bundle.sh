@@ -25,6 +25,7 @@ bins=(
   kernels/cuda/cuda_gemm_test
   kernels/cuda/cuda_gemv_test
   kernels/cuda/cuda_sampling_test
+  kernels/cuda/cuda_decode_rope_test
   kernels/cuda/cuda_p2p_all_reduce_test
   kernels/cuda/paged_attention_test
   kernels/cuda/prefill_attention_sm90_test

@@ -48,7 +48,7 @@ nvidia-smi --query-gpu=name,pci.bus_id,driver_version,memory.total --format=csv 
 step doctor 120 "$BIN/tessera" doctor
 cp "$OUT/doctor.log" "$OUT/doctor.txt"
 for t in arch_test cuda_selection_test cuda_ops_test cuda_gemm_test cuda_gemv_test cuda_sampling_test \
-         paged_attention_test prefill_attention_sm90_test \
+         cuda_decode_rope_test paged_attention_test prefill_attention_sm90_test \
          cuda_model_runner_test cuda_tensor_parallel_test cuda_p2p_all_reduce_test; do
   step "tests/$t" 300 "$BIN/$t" --gtest_output="json:$OUT/tests/$t.json"
 done
