@@ -84,6 +84,33 @@ CudaRunnerOptions TestOptions(int64_t blocks, int tokens, int seqs = 4) {
   return options;
 }
 
+// A small model of `arch` (4 / 2 heads of head_dim, hidden 128) written to
+// a temporary directory that goes when the object does.
+struct SmallTestModel {
+  SmallTestModel(const char* arch, int head_dim) {
+    char tmpl[] = "/tmp/tessera-cuda-small-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) {
+      model = absl::InternalError("mkdtemp failed");
+      return;
+    }
+    dir = tmpl;
+    TestModelSpec spec;
+    spec.architecture = arch;
+    spec.head_dim = head_dim;
+    spec.heads = 4;
+    spec.kv_heads = 2;
+    spec.hidden = 128;
+    spec.intermediate = 256;
+    const absl::Status written = WriteTestModel(dir, spec);
+    model = written.ok() ? model::LoadModel(dir) : written;
+  }
+  ~SmallTestModel() {
+    if (!dir.empty()) std::filesystem::remove_all(dir);
+  }
+  std::string dir;
+  absl::StatusOr<std::unique_ptr<model::LoadedModel>> model = absl::UnknownError("not loaded");
+};
+
 int32_t Argmax(const float* row, int64_t vocab) {
   int32_t best = 0;
   kernels::cpu::reference::Argmax(row, 1, vocab, &best);
@@ -481,17 +508,9 @@ void ExpectCompactedPathDecodes(ModelRunner& tree, ModelRunner& chain,
 // masked batches to the portable kernel).
 TEST(CudaModelRunnerTest, TreeForwardEqualsEachPathAsAChain) {
   REQUIRE_GPU(device);
-  char llama_dir[] = "/tmp/tessera-cuda-tree-XXXXXX";
-  ASSERT_NE(mkdtemp(llama_dir), nullptr);
-  TestModelSpec llama;
-  llama.architecture = "LlamaForCausalLM";
-  llama.head_dim = 64;
-  llama.heads = 4;
-  llama.kv_heads = 2;
-  llama.hidden = 128;
-  llama.intermediate = 256;
-  ASSERT_TRUE(WriteTestModel(llama_dir, llama).ok());
-  for (const std::string& path : {SourcePath("models/target"), std::string(llama_dir)}) {
+  SmallTestModel llama("LlamaForCausalLM", 64);
+  ASSERT_TRUE(llama.model.ok()) << llama.model.status();
+  for (const std::string& path : {SourcePath("models/target"), llama.dir}) {
     auto model = model::LoadModel(path);
     ASSERT_TRUE(model.ok()) << model.status();
     const int64_t vocab = (*model)->config.vocab_size;
@@ -782,22 +801,40 @@ TEST(CudaModelRunnerTest, DeviceSamplingInTheEngineMatchesHostSampling) {
 // Both give the CPU runner's logits within the bf16 tolerance: a 12-token
 // prefill per sequence, decode steps, then a 10-token chunk after context,
 // for head_dim 64 and 128.
+// Steps of step_lens[i] random tokens for every sequence (block tables
+// `tables`, stride `table_stride`), each run on both runners: the GPU's
+// logits must be the CPU's within 4% of their scale.
+void ExpectStepsMatchCpu(ModelRunner& cpu, ModelRunner& gpu, int64_t vocab,
+                         const std::vector<std::vector<int32_t>>& tables, int table_stride,
+                         std::initializer_list<int> step_lens, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> lens(tables.size(), 0);
+  for (const int step_len : step_lens) {
+    SCOPED_TRACE(absl::StrCat("steps of ", step_len, " tokens per sequence after ", lens[0]));
+    ForwardBatch b;
+    b.block_table_stride = table_stride;
+    for (size_t s = 0; s < tables.size(); ++s) {
+      std::vector<int32_t> tokens(step_len);
+      for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+      b.AddSequence(tokens, lens[s], tables[s], 16, true);
+      lens[s] += step_len;
+    }
+    std::vector<float> want, got;
+    ASSERT_TRUE(cpu.Forward(b, &want).ok());
+    ASSERT_TRUE(gpu.Forward(b, &got).ok());
+    ASSERT_EQ(got.size(), want.size());
+    const Err e = Compare(got, want);
+    EXPECT_LE(e.max, 0.04f * e.scale) << "max abs error " << e.max;
+  }
+}
+
 TEST(CudaModelRunnerTest, RopeOrderedQkvMatchesTheCpuRunner) {
   REQUIRE_GPU(device);
   for (const char* arch : {"LlamaForCausalLM", "Qwen2ForCausalLM"}) {
     for (const int head_dim : {64, 128}) {
       SCOPED_TRACE(absl::StrCat(arch, " head_dim ", head_dim));
-      char dir[] = "/tmp/tessera-cuda-rope-XXXXXX";
-      ASSERT_NE(mkdtemp(dir), nullptr);
-      TestModelSpec spec;
-      spec.architecture = arch;
-      spec.head_dim = head_dim;
-      spec.heads = 4;
-      spec.kv_heads = 2;
-      spec.hidden = 128;
-      spec.intermediate = 256;
-      ASSERT_TRUE(WriteTestModel(dir, spec).ok());
-      auto model = model::LoadModel(dir);
+      SmallTestModel small(arch, head_dim);
+      auto& model = small.model;
       ASSERT_TRUE(model.ok()) << model.status();
       ASSERT_FALSE((*model)->config.qk_norm);
       CpuRunnerOptions cpu_options;
@@ -806,28 +843,8 @@ TEST(CudaModelRunnerTest, RopeOrderedQkvMatchesTheCpuRunner) {
       ASSERT_TRUE(cpu.ok()) << cpu.status();
       auto gpu = CudaModelRunner::Create(model->get(), device, TestOptions(16, 64));
       ASSERT_TRUE(gpu.ok()) << gpu.status();
-      const int64_t vocab = (*model)->config.vocab_size;
-      std::mt19937 rng(11);
-      const std::vector<std::vector<int32_t>> tables = {{0, 1, 2, 3}, {8, 9, 10, 11}};
-      std::vector<int32_t> lens = {0, 0};
-      for (const int step_len : {12, 1, 1, 1, 10}) {
-        SCOPED_TRACE(absl::StrCat("steps of ", step_len, " tokens per sequence"));
-        ForwardBatch b;
-        b.block_table_stride = 4;
-        for (int s = 0; s < 2; ++s) {
-          std::vector<int32_t> tokens(step_len);
-          for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
-          b.AddSequence(tokens, lens[s], tables[s], 16, true);
-          lens[s] += step_len;
-        }
-        std::vector<float> want, got;
-        ASSERT_TRUE((*cpu)->Forward(b, &want).ok());
-        ASSERT_TRUE((*gpu)->Forward(b, &got).ok());
-        ASSERT_EQ(got.size(), want.size());
-        const Err e = Compare(got, want);
-        EXPECT_LE(e.max, 0.04f * e.scale) << "max abs error " << e.max;
-      }
-      std::filesystem::remove_all(dir);
+      ExpectStepsMatchCpu(**cpu, **gpu, (*model)->config.vocab_size, {{0, 1, 2, 3}, {8, 9, 10, 11}},
+                          4, {12, 1, 1, 1, 10}, 11);
     }
   }
 }
@@ -842,17 +859,8 @@ TEST(CudaModelRunnerTest, WideDecodeStepsMatchTheCpuRunner) {
     for (const int head_dim : {64, 128}) {
       for (const bool graphs : {false, true}) {
         SCOPED_TRACE(absl::StrCat(arch, " head_dim ", head_dim, graphs ? " graphs" : " eager"));
-        char dir[] = "/tmp/tessera-cuda-wide-XXXXXX";
-        ASSERT_NE(mkdtemp(dir), nullptr);
-        TestModelSpec spec;
-        spec.architecture = arch;
-        spec.head_dim = head_dim;
-        spec.heads = 4;
-        spec.kv_heads = 2;
-        spec.hidden = 128;
-        spec.intermediate = 256;
-        ASSERT_TRUE(WriteTestModel(dir, spec).ok());
-        auto model = model::LoadModel(dir);
+        SmallTestModel small(arch, head_dim);
+        auto& model = small.model;
         ASSERT_TRUE(model.ok()) << model.status();
         CpuRunnerOptions cpu_options;
         cpu_options.num_kv_blocks = 32;
@@ -862,32 +870,14 @@ TEST(CudaModelRunnerTest, WideDecodeStepsMatchTheCpuRunner) {
         options.cuda_graphs = graphs;
         auto gpu = CudaModelRunner::Create(model->get(), device, options);
         ASSERT_TRUE(gpu.ok()) << gpu.status();
-        const int64_t vocab = (*model)->config.vocab_size;
-        std::mt19937 rng(23);
-        constexpr int kSeqs = 12;
-        std::vector<int32_t> lens(kSeqs, 0);
-        for (const int step_len : {5, 1, 1, 1, 1}) {
-          SCOPED_TRACE(absl::StrCat("steps of ", step_len, " tokens, context ", lens[0]));
-          ForwardBatch b;
-          b.block_table_stride = 2;
-          for (int s = 0; s < kSeqs; ++s) {
-            std::vector<int32_t> tokens(step_len);
-            for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
-            // Sequence s: blocks 2s + 1, 2s (an out-of-order table).
-            b.AddSequence(tokens, lens[s], {2 * s + 1, 2 * s}, 16, true);
-            lens[s] += step_len;
-          }
-          std::vector<float> want, got;
-          ASSERT_TRUE((*cpu)->Forward(b, &want).ok());
-          ASSERT_TRUE((*gpu)->Forward(b, &got).ok());
-          ASSERT_EQ(got.size(), want.size());
-          const Err e = Compare(got, want);
-          EXPECT_LE(e.max, 0.04f * e.scale) << "max abs error " << e.max;
-        }
+        // Sequence s: blocks 2s + 1, 2s (an out-of-order table).
+        std::vector<std::vector<int32_t>> tables;
+        for (int32_t q = 0; q < 12; ++q) tables.push_back({2 * q + 1, 2 * q});
+        ExpectStepsMatchCpu(**cpu, **gpu, (*model)->config.vocab_size, tables, 2, {5, 1, 1, 1, 1},
+                            23);
         if (graphs) {
           EXPECT_GE((*gpu)->graphs_captured(), 1);
         }
-        std::filesystem::remove_all(dir);
       }
     }
   }
