@@ -132,6 +132,10 @@ TEST(CudaSamplingTest, MatchesCpuSampler) {
   CheckAgainstCpu(16, 50257, 7);
   CheckAgainstCpu(5, 40003, 8);
   CheckAgainstCpu(1, 128256, 9);
+  // Many rows: one CTA per row (the group budget), long parts, each
+  // thread's chunk of the final pass about 63 ids (also what every row
+  // gets when the occupancy query fails).
+  CheckAgainstCpu(300, 32000, 10);
 }
 
 // Top-p cutting through a run of equal logits that spans every CTA of the
