@@ -5,11 +5,13 @@
 // the context through double-buffered cp.async K/V tiles of TK keys, and
 // each of its TK/16 warps folds 16 keys of every tile into its own
 // online-softmax state with bf16 mma.sync (TK = 64 keys, or 32 when the
-// grid has more CTAs than the device holds at once with 64). The warps are merged through
-// shared memory; with one split the CTA writes the output, otherwise it
-// writes (o/l, m, l) to the workspace and DecodeReduceKernel merges the
-// splits. The split length depends only on (num_seqs, num_heads,
-// max_seq_len), which also size the workspace.
+// grid has more CTAs than the device holds at once with 64). The warps are
+// merged through shared memory; with one split the CTA writes the output,
+// otherwise it writes (o/l, m, l) to the workspace and DecodeReduceKernel
+// merges the splits. The split length depends only on (num_seqs,
+// num_heads, max_seq_len), which also size the workspace. With DecodeRope
+// the kernel also rotates q and writes the step's K and V (see
+// DecodeKernel).
 //
 // Prefill: grid (head, 64-row query tile, sequence), 4 warps of 16 query
 // rows sharing each K/V tile. Key tiles past the tile's last query
