@@ -25,9 +25,11 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/reference_ops.h"
+#include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_devices.h"
 #include "kernels/registry.h"
@@ -313,6 +315,55 @@ TEST(CudaModelRunnerTest, GreedyAndSlicedSamplingOnTheDevice) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*gpu)->SampleSlices({half}, 2, rows, &got).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*gpu)->SampleSlices({all}, 1, rows, &got).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The sampler's scratch is allocated on the first sampled step. With the
+// GPU's memory taken by another allocation that step fails with
+// RESOURCE_EXHAUSTED naming the buffer, and the runner keeps working: greedy
+// steps meanwhile, and the same sampled step once the memory is free again
+// draws what a runner that never failed draws.
+TEST(CudaModelRunnerTest, SamplingScratchThatCannotBeAllocatedIsAnErrorNotACrash) {
+  REQUIRE_GPU(device);
+  auto model = model::LoadModel(SourcePath("models/draft"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  CudaRunnerOptions options = TestOptions(32, 128);
+  options.cuda_graphs = false;  // (instantiating a graph allocates too)
+  auto gpu = CudaModelRunner::Create(model->get(), device, options);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto fresh = CudaModelRunner::Create(model->get(), device, options);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  ForwardBatch b;
+  b.block_table_stride = 4;
+  b.AddSequence({5, 6, 7, 8, 9}, 0, {0, 1, 2, 3}, 16, true);
+  b.AddSequence({100, 200}, 0, {4, 5, 6, 7}, 16, true);
+  const std::vector<DeviceSamplingRow> rows = {{0.9f, 0, 0.9f, 0.0f, 11, 6},
+                                               {1.0f, 20, 1.0f, 0.0f, 12, 3}};
+  std::vector<int32_t> greedy, want, got;
+  ASSERT_TRUE((*gpu)->ForwardGreedy(b, &greedy).ok());
+  ASSERT_TRUE((*fresh)->ForwardSample(b, rows, &want).ok());
+
+  // Take all free device memory: 64 MiB pieces, then smaller ones down to
+  // 4 KiB (the sampler's scratch here is about 33 KiB).
+  std::vector<kernels::cuda::DeviceBuffer> hog;
+  for (size_t piece : {size_t{64} << 20, size_t{1} << 20, size_t{64} << 10, size_t{4} << 10}) {
+    while (true) {
+      absl::StatusOr<kernels::cuda::DeviceBuffer> chunk =
+          kernels::cuda::DeviceBuffer::Allocate(piece);
+      if (!chunk.ok()) break;
+      hog.push_back(std::move(*chunk));
+    }
+  }
+  ASSERT_FALSE(hog.empty());
+  const absl::Status failed = (*gpu)->ForwardSample(b, rows, &got);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
+  EXPECT_TRUE(absl::StrContains(failed.message(), "sampling workspace")) << failed;
+  std::vector<int32_t> again;
+  ASSERT_TRUE((*gpu)->ForwardGreedy(b, &again).ok());
+  EXPECT_EQ(again, greedy);
+  hog.clear();
+  const absl::Status s = (*gpu)->ForwardSample(b, rows, &got);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(got, want);
 }
 
 // The eager autotuning step runs once per batch bucket: a new context
