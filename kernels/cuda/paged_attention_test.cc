@@ -566,6 +566,37 @@ TEST(PagedAttentionValidation, RejectsBadParameters) {
   EXPECT_EQ(PagedAttentionPrefill(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// DecodeRope (RoPE and the K/V write inside decode attention): every
+// pointer, aligned buffers and a kv_token_stride of at least one row; and
+// prefill refuses it.
+TEST(PagedAttentionValidation, RejectsBadDecodeRope) {
+  alignas(16) static uint16_t any16[64];
+  alignas(16) static int64_t any64[8];
+  PagedAttentionParams p = ValidLooking();
+  DecodeRope rope;  // no pointers
+  p.rope = &rope;
+  absl::Status s = PagedAttentionDecode(p, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("RoPE needs positions"), std::string::npos) << s;
+  rope.positions = reinterpret_cast<const int32_t*>(any64);
+  rope.inv_freq = reinterpret_cast<const float*>(any64);
+  rope.k = rope.v = any16;
+  rope.slots = any64;
+  rope.k_cache = rope.v_cache = any16;
+  rope.kv_token_stride = 2 * 128 - 8;  // below num_kv_heads * head_dim
+  s = PagedAttentionDecode(p, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("kv_token_stride"), std::string::npos) << s;
+  rope.kv_token_stride = 2 * 128;
+  rope.v = any16 + 2;  // not 16-byte aligned
+  s = PagedAttentionDecode(p, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("16-byte aligned"), std::string::npos) << s;
+  s = PagedAttentionPrefill(p, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("decode only"), std::string::npos) << s;
+}
+
 TEST(PagedAttentionValidation, DecodeWorkspace) {
   // Short contexts need no split (no workspace); long ones do.
   EXPECT_EQ(PagedAttentionDecodeWorkspaceBytes(32, 32, 128, 200), 0u);

@@ -166,27 +166,27 @@ __device__ __forceinline__ RowState StateFor(const RowSamplingParams& p, uint32_
   return st;
 }
 
-// The row passes of SampleKernel: f(i, logit) for i = tid, tid +
-// blockDim.x, ... (Strided) or f(i, logit, weight) for i = begin .. end - 1
-// (Contiguous), in that order, with the loads of kAhead elements issued
-// before any is used, so a thread has that many in flight instead of one
-// L2 round trip per element. The order of f's calls is the plain loop's, so
-// sums come out bitwise the same.
+// The row passes: f(i, logit) for i = begin + tid, begin + tid +
+// blockDim.x, ... below end (Strided) or f(i, logit, weight) for i = begin
+// .. end - 1 (Contiguous), in that order, with the loads of kLoads (kAhead)
+// elements issued before any is used, so a thread has that many in flight
+// instead of one L2 round trip per element. The order of f's calls is the
+// plain loop's, so sums come out bitwise the same.
 constexpr int kAhead = 16;
 
-template <class F>
-__device__ __forceinline__ void Strided(const float* x, int64_t n, F&& f) {
+template <int kLoads = kAhead, class F>
+__device__ __forceinline__ void Strided(const float* x, int64_t begin, int64_t end, F&& f) {
   const int64_t step = blockDim.x;
-  for (int64_t i0 = threadIdx.x; i0 < n; i0 += kAhead * step) {
-    float xv[kAhead];
+  for (int64_t i0 = begin + threadIdx.x; i0 < end; i0 += kLoads * step) {
+    float xv[kLoads];
 #pragma unroll
-    for (int j = 0; j < kAhead; ++j) {
+    for (int j = 0; j < kLoads; ++j) {
       const int64_t i = i0 + j * step;
-      xv[j] = i < n ? __ldg(x + i) : 0.0f;
+      xv[j] = i < end ? __ldg(x + i) : 0.0f;
     }
 #pragma unroll
-    for (int j = 0; j < kAhead; ++j) {
-      if (i0 + j * step < n) f(i0 + j * step, xv[j]);
+    for (int j = 0; j < kLoads; ++j) {
+      if (i0 + j * step < end) f(i0 + j * step, xv[j]);
     }
   }
 }
@@ -335,23 +335,6 @@ __global__ void ClearRowState(uint32_t* stats, uint32_t* arrive, unsigned long l
   }
 }
 
-// f(i, x[i]) for the CTA's threads over i in [begin, end), blockDim.x apart,
-// with eight loads in flight per thread.
-template <class F>
-__device__ __forceinline__ void ChunkLoop(const float* x, int64_t begin, int64_t end, F&& f) {
-  constexpr int kLoads = 8;
-  const int64_t step = blockDim.x;
-  for (int64_t i0 = begin + threadIdx.x; i0 < end; i0 += kLoads * step) {
-    float v[kLoads];
-#pragma unroll
-    for (int j = 0; j < kLoads; ++j) v[j] = i0 + j * step < end ? __ldg(x + i0 + j * step) : 0.0f;
-#pragma unroll
-    for (int j = 0; j < kLoads; ++j) {
-      if (i0 + j * step < end) f(i0 + j * step, v[j]);
-    }
-  }
-}
-
 // Grid (chunks, rows): each CTA adds its chunk of a sampled row to the
 // row's statistics (the largest finite key, NaN / +inf, the finite count).
 __global__ void __launch_bounds__(kWeightThreads)
@@ -365,7 +348,7 @@ __global__ void __launch_bounds__(kWeightThreads)
   const int64_t begin = blockIdx.x * chunk, end = min(vocab, begin + chunk);
   uint32_t best = 0;
   int finite = 0, bad = 0;
-  ChunkLoop(x, begin, end, [&](int64_t, float v) {
+  Strided<8>(x, begin, end, [&](int64_t, float v) {
     if (isfinite(v)) {
       best = max(best, Key(v));
       ++finite;
@@ -398,7 +381,7 @@ __global__ void __launch_bounds__(kWeightThreads)
   const float* x = logits + row * vocab;
   float* w = weights + row * vocab;
   const int64_t begin = blockIdx.x * chunk, end = min(vocab, begin + chunk);
-  ChunkLoop(x, begin, end, [&](int64_t i, float v) { w[i] = isfinite(v) ? Weight(v, st) : 0.0f; });
+  Strided<8>(x, begin, end, [&](int64_t i, float v) { w[i] = isfinite(v) ? Weight(v, st) : 0.0f; });
 }
 
 // The CTAs that select one row's token (SampleKernel's group): CTA `part`
@@ -612,7 +595,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     // Greedy: validation and the argmax (lowest id among ties) in one pass.
     int bad = 0, finite = 0;
     ValueIndex best{-__int_as_float(0x7f800000), INT64_MAX};
-    Strided(x, n, [&](int64_t i, float v) {
+    Strided(x, 0, n, [&](int64_t i, float v) {
       if (isnan(v) || v == __int_as_float(0x7f800000)) bad = 1;
       if (isfinite(v)) ++finite;
       const ValueIndex c{v, grp.begin + i};
@@ -652,7 +635,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int shift = 24; shift >= 0; shift -= 8) {
       for (int b = tid; b < 256; b += nthreads) hist[b] = 0;
       __syncthreads();
-      Strided(x, n, [&](int64_t, float v) {
+      Strided(x, 0, n, [&](int64_t, float v) {
         const uint32_t key = Key(v);
         if (key > kNegInfKey && (key & mask) == prefix) {
           // One atomic per distinct bin of the warp: logits crowd into a

@@ -2,11 +2,11 @@
 // and the same Philox draw as the CPU sampler (worker/sampling/sampler.h),
 // so that for identical logits both pick the same token.
 //
-// The weights exp(s - max) of the sampled rows are computed once, spread
-// over the GPU (a grid of chunks per row: the largest logit, then the
-// weights into the workspace); then a group of CTAs per row runs the
-// selection, each over its part of the row, combining what it needs over
-// the group in a fixed order.
+// The sampled rows' statistics (largest finite logit, NaN / +inf, finite
+// count) and weights exp(s - max) are computed once, spread over the GPU
+// (grids of chunks per row, into the workspace); then a group of CTAs per
+// row runs the selection, each over its part of the row, combining what it
+// needs over the group in a fixed order.
 // Per row: temperature < kGreedyTemperature (1e-5) is the
 // argmax (lowest id among ties); otherwise, exactly as sampler.cc:
 //   s = double(logit) / temperature over the finite logits; top-k keeps
@@ -54,8 +54,9 @@ struct RowSamplingParams {
 static_assert(sizeof(RowSamplingParams) == 32);
 
 // Device scratch SampleRows needs: every sampled row's weights (vocab
-// floats), three words per row and the selection groups' partials (2 KB
-// per CTA and combine parity, 1 MB at most).
+// floats), 32 bytes of state per row (statistics, arrival counter, picks)
+// and the selection groups' partials (2 KB per CTA and combine parity, 1 MB
+// at most).
 size_t SampleRowsWorkspaceBytes(int64_t rows, int64_t vocab);
 
 // logits: fp32 [rows, vocab]; params: [rows]; out: int32 [rows]; workspace:
