@@ -101,6 +101,11 @@ if [[ "$QUICK" != "--quick" ]]; then
   step_json bench/paged_attention 120 "$BIN/paged_attention_bench"
   step bench/sdpa_reference 180 python3 tests/gpu/sdpa_reference.py --out="$OUT/bench/sdpa_reference.json"
   step bench/gpu_decode 300 "$BIN/gpu_decode_bench" --device="$DEV" --out="$OUT/bench/gpu_decode.json"
+  # Qwen3-8B shapes: RoPE and the q/k norms inside decode attention, against
+  # the Rope kernel before it (alternating, one process).
+  step bench/gpu_decode_qwen3 300 "$BIN/gpu_decode_bench" --device="$DEV" --model=qwen3_8b \
+    --rope_in_attention=1,0,1,0 --batch_sizes=1,64 --decode_steps=64 --long_prefill=0 \
+    --out="$OUT/bench/gpu_decode_qwen3.json"
   step bench/gpu_decode_cublaslt 200 "$BIN/gpu_decode_bench" --device="$DEV" --gemv=false --batch_sizes=1,8 \
     --out="$OUT/bench/gpu_decode_cublaslt.json"
   step bench/hf_decode_peer 400 python3 tests/gpu/hf_decode_peer.py --out="$OUT/bench/hf_decode_peer.json"

@@ -79,6 +79,22 @@ __device__ __forceinline__ void RopeRotate(float x1, float x2, float pos, float 
   RopeApply(x1, x2, RopeAngle(pos, inv_freq), lo, hi);
 }
 
+// Qwen3's per-head RMSNorm before RoPE, shared by rope.cu and decode
+// attention's DecodeRope so that both normalize bit for bit alike (explicit
+// roundings, as for RopeApply): a lane adds the squares of its pairs
+// (feature i and its partner i + head_dim / 2, i = lane + 32 j in j order)
+// with AddPairSquares; the warp's WarpSum of those, given to HeadInvRms,
+// makes the head's 1 / rms; feature i is then NormScale(x, inv, w[i]).
+__device__ __forceinline__ float AddPairSquares(float ss, float x1, float x2) {
+  return __fadd_rn(ss, __fmaf_rn(x1, x1, __fmul_rn(x2, x2)));
+}
+__device__ __forceinline__ float HeadInvRms(float ss, int head_dim, float eps) {
+  return rsqrtf(__fadd_rn(__fdiv_rn(ss, static_cast<float>(head_dim)), eps));
+}
+__device__ __forceinline__ float NormScale(float x, float inv, float w) {
+  return __fmul_rn(__fmul_rn(x, inv), w);
+}
+
 // Sum over the block; every thread gets the result. `scratch` holds 32
 // values. The tree order is fixed, so results are deterministic.
 template <class T>

@@ -2,7 +2,8 @@
 // DecodeRope) against the two-launch path it replaces: rope.h's Rope (with
 // the KV-cache write) on the same qkv rows, then PagedAttentionDecode. The
 // attention output and both caches must be equal bit for bit, for q/k rows
-// in the normal and in the qkv GEMV's RoPE order, head dims 64 / 128,
+// in the normal and in the qkv GEMV's RoPE order (and, in the normal
+// order, with Qwen3's per-head q/k norms before RoPE), head dims 64 / 128,
 // group sizes 4 and 20 (two query-row blocks per kv head), contexts that
 // put the new key in the first tile, a later tile or a later split, grids
 // on both sides of the small-tile threshold, and a token whose slot is
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -30,6 +32,7 @@ struct Shape {
   int head_dim, heads, kv_heads;
   bool rope_order;
   std::vector<int> seq_lens;
+  bool norms = false;  // q/k norms (normal order only)
 };
 
 uint16_t RandomBf16(std::mt19937& rng) {
@@ -43,7 +46,8 @@ uint16_t RandomBf16(std::mt19937& rng) {
 void CheckFusedEqualsTwoLaunches(const Shape& sh, uint32_t seed) {
   SCOPED_TRACE(::testing::Message()
                << "d " << sh.head_dim << " heads " << sh.heads << "/" << sh.kv_heads
-               << (sh.rope_order ? " rope order" : "") << " seqs " << sh.seq_lens.size());
+               << (sh.rope_order ? " rope order" : "") << (sh.norms ? " q/k norms" : "") << " seqs "
+               << sh.seq_lens.size());
   std::mt19937 rng(seed);
   const int d = sh.head_dim, bs = 16;
   const int seqs = static_cast<int>(sh.seq_lens.size());
@@ -76,6 +80,16 @@ void CheckFusedEqualsTwoLaunches(const Shape& sh, uint32_t seed) {
     inv_freq[i] = std::pow(10000.f, -2.f * static_cast<float>(i) / static_cast<float>(d));
   }
 
+  std::vector<float> q_norm(d), k_norm(d);
+  std::uniform_real_distribution<float> weight(0.5f, 1.5f);
+  for (int i = 0; i < d; ++i) {
+    q_norm[i] = weight(rng);
+    k_norm[i] = weight(rng);
+  }
+  DeviceBuffer d_q_norm = Upload(q_norm), d_k_norm = Upload(k_norm);
+  const float* qn = sh.norms ? d_q_norm.as<float>() : nullptr;
+  const float* kn = sh.norms ? d_k_norm.as<float>() : nullptr;
+  const float eps = 1e-6f;
   DeviceBuffer d_blocks = Upload(blocks), d_lens = Upload(sh.seq_lens);
   DeviceBuffer d_positions = Upload(positions), d_slots = Upload(slots);
   DeviceBuffer d_inv_freq = Upload(inv_freq);
@@ -101,6 +115,9 @@ void CheckFusedEqualsTwoLaunches(const Shape& sh, uint32_t seed) {
     rope.num_slots = num_slots;
     rope.k_cache = r.k_cache.as<uint16_t>();
     rope.v_cache = r.v_cache.as<uint16_t>();
+    rope.q_norm = qn;
+    rope.k_norm = kn;
+    rope.norm_eps = eps;
     if (!fused) {
       RopeKvWrite kv;
       kv.v = rope.v;
@@ -111,7 +128,7 @@ void CheckFusedEqualsTwoLaunches(const Shape& sh, uint32_t seed) {
       kv.num_slots = num_slots;
       const absl::Status s =
           Rope(q, qkv_cols, sh.heads, q + q_cols, qkv_cols, sh.kv_heads, d, rope.positions, seqs,
-               rope.inv_freq, nullptr, nullptr, 1e-6f, nullptr, &kv, sh.rope_order);
+               rope.inv_freq, qn, kn, eps, nullptr, &kv, sh.rope_order);
       EXPECT_TRUE(s.ok()) << s;
     }
     PagedAttentionParams p;
@@ -155,13 +172,14 @@ TEST(DecodeRopeTest, FusedEqualsRopeThenAttention) {
   // split (700 with few sequences).
   const std::vector<int> lens = {1, 17, 64, 65, 200, 700};
   for (const int d : {64, 128}) {
-    for (const bool order : {false, true}) {
-      CheckFusedEqualsTwoLaunches({d, 32, 8, order, lens}, seed++);
-      CheckFusedEqualsTwoLaunches({d, 20, 1, order, {3, 130, 64}}, seed++);
+    // Normal order, normal order with q/k norms (Qwen3), RoPE order.
+    for (const auto& [order, norms] : {std::pair{false, false}, {false, true}, {true, false}}) {
+      CheckFusedEqualsTwoLaunches({d, 32, 8, order, lens, norms}, seed++);
+      CheckFusedEqualsTwoLaunches({d, 20, 1, order, {3, 130, 64}, norms}, seed++);
       // Beyond one wave of 64-key CTAs: the 32-key tiles.
       std::vector<int> many;
       for (int s = 0; s < 400; ++s) many.push_back(1 + (s * 13) % 250);
-      CheckFusedEqualsTwoLaunches({d, 32, 8, order, many}, seed++);
+      CheckFusedEqualsTwoLaunches({d, 32, 8, order, many, norms}, seed++);
     }
   }
 }

@@ -173,10 +173,11 @@ Event& Event::operator=(Event&& other) noexcept {
   return *this;
 }
 
-absl::StatusOr<Event> Event::Create() {
+absl::StatusOr<Event> Event::Create(bool timing) {
   Event e;
   cudaEvent_t raw = nullptr;
-  TESSERA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&raw));
+  TESSERA_CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&raw, timing ? cudaEventDefault : cudaEventDisableTiming));
   e.event_ = reinterpret_cast<CUevent_st*>(raw);
   return e;
 }
@@ -184,6 +185,13 @@ absl::StatusOr<Event> Event::Create() {
 absl::Status Event::Record(CudaStream s) {
   if (event_ == nullptr) return absl::FailedPreconditionError("Event::Record on an empty event");
   TESSERA_CUDA_RETURN_IF_ERROR(cudaEventRecord(reinterpret_cast<cudaEvent_t>(event_), AsCuda(s)));
+  return absl::OkStatus();
+}
+
+absl::Status Event::WaitOn(CudaStream s) const {
+  if (event_ == nullptr) return absl::FailedPreconditionError("Event::WaitOn on an empty event");
+  TESSERA_CUDA_RETURN_IF_ERROR(
+      cudaStreamWaitEvent(AsCuda(s), reinterpret_cast<cudaEvent_t>(event_), 0));
   return absl::OkStatus();
 }
 

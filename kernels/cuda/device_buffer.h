@@ -102,7 +102,8 @@ class Stream {
   CudaStream stream_ = nullptr;
 };
 
-// Owning timing event (for benchmarks).
+// Owning CUDA event: timing (benchmarks) or, made with timing = false, an
+// ordering point another stream (on any device) can wait for.
 class Event {
  public:
   Event() = default;
@@ -112,8 +113,11 @@ class Event {
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
 
-  static absl::StatusOr<Event> Create();
+  static absl::StatusOr<Event> Create(bool timing = true);
   absl::Status Record(CudaStream s);
+  // Work queued on `s` after this call waits until the work before the
+  // event's last Record has completed (the event may be another device's).
+  absl::Status WaitOn(CudaStream s) const;
   absl::Status Synchronize();
   // Milliseconds between two recorded (and completed) events.
   static absl::StatusOr<float> ElapsedMs(const Event& start, const Event& end);

@@ -70,8 +70,10 @@ constexpr size_t PrefillSmemBytes() {
 }
 template <int D, int TK>
 constexpr size_t DecodeSmemBytes() {
-  // The query tile, two stages of K and V tiles, DecodeRope's angles.
-  return sizeof(uint16_t) * (size_t{kDecodeRows} * D + 4 * size_t{TK} * D) + sizeof(float2) * D / 2;
+  // The query tile, two stages of K and V tiles, DecodeRope's angles and
+  // its heads' 1 / rms (the query rows', then the new key's).
+  return sizeof(uint16_t) * (size_t{kDecodeRows} * D + 4 * size_t{TK} * D) +
+         sizeof(float2) * D / 2 + sizeof(float) * (kDecodeRows + 1);
 }
 
 // K and V tiles of the double-buffer stage that key tile kt uses.
@@ -272,14 +274,16 @@ struct DecodeExtra {
 // rope_order the head is in the normal order (item c: features 8c .. 8c+7
 // and their partners D/2 on), with it in gemv.h's RoPE row order (item g:
 // the 8-row group with features 4g .. 4g+3, then their partners).
-// angles[i]: RopeAngle of feature i at the token's position.
+// angles[i]: RopeAngle of feature i at the token's position. With `norm`
+// (normal order only) each value is first NormScale'd by the head's `inv`.
 template <int D>
 __device__ __forceinline__ int RopeItems(bool rope_order) {
   return rope_order ? D / 8 : D / 16;
 }
 template <int D, class Store>
 __device__ __forceinline__ void RotateItem(const uint16_t* src, int item, const float2* angles,
-                                           bool rope_order, Store&& store) {
+                                           bool rope_order, const float* norm, float inv,
+                                           Store&& store) {
   constexpr int kHalf = D / 2;
   // Value j (0..7) of 8 packed bf16 values.
   auto at = [](const uint4& v, int j) {
@@ -290,8 +294,13 @@ __device__ __forceinline__ void RotateItem(const uint16_t* src, int item, const 
   // into lo / hi.
   auto pair = [&](const uint4& a, int j1, const uint4& b, int j2, int j, int f0, uint32_t* lo,
                   uint32_t* hi) {
+    float x1 = Bf16BitsToFloat(at(a, j1)), x2 = Bf16BitsToFloat(at(b, j2));
+    if (norm != nullptr) {
+      x1 = NormScale(x1, inv, norm[f0 + j]);
+      x2 = NormScale(x2, inv, norm[f0 + j + kHalf]);
+    }
     uint16_t l, h;
-    RopeApply(Bf16BitsToFloat(at(a, j1)), Bf16BitsToFloat(at(b, j2)), angles[f0 + j], &l, &h);
+    RopeApply(x1, x2, angles[f0 + j], &l, &h);
     const int shift = (j & 1) * 16;
     lo[j / 2] |= static_cast<uint32_t>(l) << shift;
     hi[j / 2] |= static_cast<uint32_t>(h) << shift;
@@ -328,7 +337,7 @@ __device__ __forceinline__ void StoreBf16s(uint16_t* dst, const V& v) {
 // CTA's NT threads (nothing for a slot outside the cache).
 template <int D, int NT>
 __device__ __forceinline__ void WriteNewKv(const DecodeRope& r, int token, int kv_head,
-                                           int64_t row_elems, const float2* angles) {
+                                           int64_t row_elems, const float2* angles, float k_inv) {
   const int64_t slot = r.slots[token];
   if (slot < 0 || slot >= r.num_slots) return;
   const int64_t src = int64_t{token} * r.kv_token_stride + int64_t{kv_head} * D;
@@ -336,7 +345,7 @@ __device__ __forceinline__ void WriteNewKv(const DecodeRope& r, int token, int k
   const int items = RopeItems<D>(r.rope_order);
   for (int c = threadIdx.x; c < items + D / 8; c += NT) {
     if (c < items) {
-      RotateItem<D>(r.k + src, c, angles, r.rope_order,
+      RotateItem<D>(r.k + src, c, angles, r.rope_order, r.k_norm, k_inv,
                     [&](int f, const auto& v) { StoreBf16s(r.k_cache + dst + f, v); });
     } else {
       const int chunk = c - items;
@@ -401,15 +410,34 @@ __global__ void __launch_bounds__(DecodeThreads<TK>())
     // stages; then the new K and V (the writing CTA), q's rows rotated
     // into the query tile, and zeros in its padding rows.
     float2* angles = reinterpret_cast<float2*>(stage_base + 4 * TK * D);
+    float* inv_rms = reinterpret_cast<float*>(angles + D / 2);  // rows, then the new key
     const float pos = static_cast<float>(x.rope.positions[token]);
     for (int i = threadIdx.x; i < D / 2; i += NT) angles[i] = RopeAngle(pos, x.rope.inv_freq[i]);
+    const uint16_t* q_row0 = p.q + int64_t{token} * p.q_token_stride + int64_t{head0} * D;
+    const uint16_t* new_k =
+        x.rope.k + int64_t{token} * x.rope.kv_token_stride + int64_t{kv_head} * D;
+    // The heads' 1 / rms, a warp per head, as rope.cu's kernel finds them.
+    const int q_norms = x.rope.q_norm != nullptr ? rows : 0;
+    const int norms = q_norms + (writes && x.rope.k_norm != nullptr ? 1 : 0);
+    for (int h = threadIdx.x >> 5; h < norms; h += NW) {
+      const uint16_t* head = h < q_norms ? q_row0 + int64_t{h} * D : new_k;
+      float ss = 0.f;
+      for (int i = threadIdx.x & 31; i < D / 2; i += 32) {
+        ss = AddPairSquares(ss, Bf16BitsToFloat(head[i]), Bf16BitsToFloat(head[i + D / 2]));
+      }
+      const float inv = HeadInvRms(WarpSum(ss), D, x.rope.norm_eps);
+      if ((threadIdx.x & 31) == 0) inv_rms[h < q_norms ? h : kDecodeRows] = inv;
+    }
     __syncthreads();
-    if (writes) WriteNewKv<D, NT>(x.rope, token, kv_head, int64_t{p.num_kv_heads} * D, angles);
+    if (writes) {
+      WriteNewKv<D, NT>(x.rope, token, kv_head, int64_t{p.num_kv_heads} * D, angles,
+                        inv_rms[kDecodeRows]);
+    }
     const int items = RopeItems<D>(x.rope.rope_order);
     for (int c = threadIdx.x; c < rows * items; c += NT) {
       const int row = c / items;
-      RotateItem<D>(p.q + int64_t{token} * p.q_token_stride + int64_t{head0 + row} * D, c % items,
-                    angles, x.rope.rope_order, [&](int f, const auto& v) {
+      RotateItem<D>(q_row0 + int64_t{row} * D, c % items, angles, x.rope.rope_order, x.rope.q_norm,
+                    inv_rms[row], [&](int f, const auto& v) {
                       StoreBf16s(sq + SwizzledOffset<D>(row, f / 8) + f % 8, v);
                     });
     }
@@ -751,6 +779,15 @@ absl::Status PagedAttentionDecode(const PagedAttentionParams& p, CUstream_st* st
           "PagedAttentionDecode: RoPE's k, v and caches must be 16-byte aligned, kv_token_stride ",
           r.kv_token_stride, " a multiple of 8 and >= num_kv_heads * head_dim (", row,
           "), num_slots ", r.num_slots, " >= 0"));
+    }
+    if (r.rope_order && (r.q_norm != nullptr || r.k_norm != nullptr)) {
+      return absl::InvalidArgumentError(
+          "PagedAttentionDecode: RoPE's q/k norms need q and k in the normal order, not "
+          "rope_order");
+    }
+    if (!std::isfinite(r.norm_eps) || r.norm_eps < 0.f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PagedAttentionDecode: RoPE's norm_eps ", r.norm_eps, " must be >= 0"));
     }
     x.rotate = true;
     x.rope = r;

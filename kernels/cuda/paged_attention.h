@@ -54,8 +54,11 @@ struct CUstream_st;
 namespace tessera::kernels::cuda {
 
 // Decode only: the step's RoPE and K/V-cache write done by the attention
-// kernel instead of a Rope launch before it (kernels/cuda/rope.h with `kv`,
-// without q/k norms: the same rotation, bit for bit). q (p.q) and the new
+// kernel instead of a Rope launch before it (kernels/cuda/rope.h with `kv`:
+// the same normalization and rotation, bit for bit). With q_norm (k_norm)
+// each q head (the new k head) is first RMS-normalized over its head_dim
+// values with those weights and norm_eps, as Qwen3 does; the norms need
+// the normal order (not rope_order). q (p.q) and the new
 // k and v rows are read as the qkv projection left them, unrotated; q and
 // k in the normal order, or with rope_order in the RoPE row order of the
 // qkv GEMV (gemv.h GemvRopeRow). Token t's rotated K and its V are stored
@@ -74,6 +77,9 @@ struct DecodeRope {
   int64_t num_slots = 0;
   uint16_t* k_cache = nullptr;  // the caches of PagedAttentionParams, writable
   uint16_t* v_cache = nullptr;
+  const float* q_norm = nullptr;  // device fp32 [head_dim] or null
+  const float* k_norm = nullptr;
+  float norm_eps = 1e-6f;
 };
 
 struct PagedAttentionParams {

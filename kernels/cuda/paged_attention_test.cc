@@ -592,6 +592,18 @@ TEST(PagedAttentionValidation, RejectsBadDecodeRope) {
   s = PagedAttentionDecode(p, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(std::string(s.message()).find("16-byte aligned"), std::string::npos) << s;
+  rope.v = any16;
+  // q/k norms need the normal order and a usable epsilon.
+  rope.rope_order = true;
+  rope.k_norm = reinterpret_cast<const float*>(any64);
+  s = PagedAttentionDecode(p, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("normal order"), std::string::npos) << s;
+  rope.rope_order = false;
+  rope.norm_eps = -1e-6f;
+  s = PagedAttentionDecode(p, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("norm_eps"), std::string::npos) << s;
   s = PagedAttentionPrefill(p, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(std::string(s.message()).find("decode only"), std::string::npos) << s;

@@ -64,14 +64,13 @@ __global__ void RopeKernel(uint16_t* __restrict__ q, int64_t q_stride, int num_h
         const int i2 = rope_order ? i1 + 4 : i + half;
         x1[j] = Bf16BitsToFloat(head[i1]);
         x2[j] = Bf16BitsToFloat(head[i2]);
-        ss += x1[j] * x1[j] + x2[j] * x2[j];
+        ss = AddPairSquares(ss, x1[j], x2[j]);
       }
     }
     __syncwarp();  // every lane's reads of the head before any lane writes it
     float inv = 1.f;
     if (norm != nullptr) {
-      ss = WarpSum(ss);
-      inv = rsqrtf(ss / static_cast<float>(head_dim) + eps);
+      inv = HeadInvRms(WarpSum(ss), head_dim, eps);
     }
 #pragma unroll
     for (int j = 0; j < kMaxPairsPerLane; ++j) {
@@ -79,8 +78,8 @@ __global__ void RopeKernel(uint16_t* __restrict__ q, int64_t q_stride, int num_h
       if (i < half) {
         float a = x1[j], b = x2[j];
         if (norm != nullptr) {
-          a = a * inv * norm[i];
-          b = b * inv * norm[i + half];
+          a = NormScale(a, inv, norm[i]);
+          b = NormScale(b, inv, norm[i + half]);
         }
         uint16_t lo, hi;
         RopeRotate(a, b, pos, inv_freq[i], &lo, &hi);

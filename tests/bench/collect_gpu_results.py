@@ -12,6 +12,8 @@ tests/bench/results/, each with the command that produced it:
   gpu_tp_trace_h200x2.json    the same steps kernel by kernel (CUPTI trace)
   gpu_tp_tuning_h200x2.json   what GEMM autotuning adds to a batch's first step
   gpu_tp_sampling_h200x2.json sampled decode, tokens drawn on the GPUs vs the host
+  gpu_decode_qwen3_h200.json  Qwen3-8B-shaped decode, RoPE and q/k norms inside
+                              decode attention vs the Rope kernel before it
   spec_decode_h200.json       speculative decoding with the trained pair
   spec_decode_h200_trees.json the same with token trees
   router_route_decision_live_h200_host.json
@@ -166,8 +168,11 @@ def tensor_parallel_trace(out, results):
 
 
 SAMPLING_NOTE = ("sampled_step_ms_on_gpu: decode steps drawing every token with temperature 1 "
-                 "and top-p 0.9 through ForwardSample (each rank's logits slice copied to rank "
-                 "0 over NVLink, kernels/cuda/sampling.h there; only token ids reach the host); "
+                 "and top-p 0.9 through ForwardSample (the rows split among the ranks, each "
+                 "rank copying the peers' slices of its rows over NVLink and drawing them with "
+                 "kernels/cuda/sampling.h; only token ids reach the host); "
+                 "sampled_step_ms_on_gpu_one_rank (TP > 1): the same with every row drawn on "
+                 "rank 0, which copies the peers' whole slices, as ForwardSample did before; "
                  "sampled_step_ms_on_host: the same steps through Forward (every rank's logits "
                  "copied to the host) and worker/sampling's sampler, which is how a "
                  "tensor-parallel worker drew its tokens before ForwardSample existed. Wall "
@@ -192,6 +197,17 @@ def tensor_parallel_sampling(out, results):
          "GPU machine with 2 GPUs: bash scripts/gpu-run.sh OUT (tests/bench/gpu_tp_bench "
          "--all_reduce_backends=p2p --sample_steps=8)",
          {"note": SAMPLING_NOTE})
+
+
+def decode_qwen3(out, results):
+    wrap(out, results, "bench/gpu_decode_qwen3.json", "gpu_decode_qwen3_h200.json",
+         "bash scripts/gpu-run.sh OUT (tests/bench/gpu_decode_bench --model=qwen3_8b "
+         "--rope_in_attention=1,0,1,0 --batch_sizes=1,64 --decode_steps=64 --long_prefill=0)",
+         {"note": "rope_in_attention true: decode attention normalizes q and the new k "
+                  "per head, rotates them and writes K/V to the cache "
+                  "(kernels/cuda/paged_attention.h DecodeRope); false: the Rope kernel does "
+                  "that before attention (one launch more per layer). Alternating rows of one "
+                  "process on one H200"})
 
 
 def speculative(out, results):
@@ -255,7 +271,7 @@ def main():
     results = sys.argv[2] if len(sys.argv) > 2 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results")
     for step in (decode, attention, ops, tensor_parallel, tensor_parallel_trace,
-                 tensor_parallel_tuning, tensor_parallel_sampling, speculative,
+                 tensor_parallel_tuning, tensor_parallel_sampling, decode_qwen3, speculative,
                  speculative_trees, router, generate_parity, doctor):
         step(out, results)
 

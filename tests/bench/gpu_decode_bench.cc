@@ -19,6 +19,10 @@
 //                              share of a step's wall time the GPU waits
 //                              for the host (staging, launches, the copy of
 //                              the token ids back, the next batch)
+// --model=qwen3_8b takes Qwen3-8B's shapes instead (per-head q/k norms);
+// --rope_in_attention=1,0 runs every batch size with RoPE (and q/k norms)
+// inside decode attention and then with the Rope kernel before it
+// (CudaModelRunner::SetRopeInAttention), each row saying which.
 // Usage: gpu_decode_bench [--batch_sizes=1,8,64] [--prompt_len=128]
 //        [--decode_steps=128] [--hbm_tbps=4.27] [--gemv=true|false]
 //        [--gemv_max_weight_elems=N]
@@ -28,6 +32,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -37,6 +42,7 @@
 #include "kernels/registry.h"
 #include "nlohmann/json.hpp"
 #include "tests/bench/llama3_8b_config.h"
+#include "tests/bench/qwen3_8b_config.h"
 #include "worker/model/config.h"
 #include "worker/runner/cuda_model_runner.h"
 
@@ -52,6 +58,10 @@ ABSL_FLAG(int64_t, gemv_max_weight_elems, 0,
           "largest weight (n x k) a GEMM of m <= 8 rows sends to the GEMV (0: the default, "
           "2^25)");
 ABSL_FLAG(std::string, device, "cuda", "device selector (cuda or cuda:<PCI bus id>)");
+ABSL_FLAG(std::string, model, "llama3_8b", "model shapes: llama3_8b or qwen3_8b");
+ABSL_FLAG(std::vector<std::string>, rope_in_attention, std::vector<std::string>({"1"}),
+          "CudaModelRunner::SetRopeInAttention values (0/1) to run every batch size with, in "
+          "order");
 ABSL_FLAG(std::string, out, "", "write the JSON here too");
 ABSL_FLAG(int, long_prefill, 4096,
           "also time the prefill of one prompt this long (0 = skip): TFLOP/s counting the "
@@ -62,8 +72,14 @@ namespace tessera {
 namespace {
 
 int Run() {
+  const std::string model_name = absl::GetFlag(FLAGS_model);
+  if (model_name != "llama3_8b" && model_name != "qwen3_8b") {
+    std::fprintf(stderr, "--model must be llama3_8b or qwen3_8b, not %s\n", model_name.c_str());
+    return 1;
+  }
+  const bool qwen3 = model_name == "qwen3_8b";
   absl::StatusOr<model::ModelConfig> config =
-      model::ParseModelConfig(kLlama3_8BConfig, "llama3_8b");
+      model::ParseModelConfig(qwen3 ? kQwen3_8BConfig : kLlama3_8BConfig, model_name);
   if (!config.ok()) {
     std::fprintf(stderr, "config: %s\n", config.status().ToString().c_str());
     return 1;
@@ -114,7 +130,15 @@ int Run() {
   const double kv_bytes_per_token = 2.0 * c.num_hidden_layers * c.kv_size() * 2;  // K+V, bf16
   nlohmann::json results = nlohmann::json::array();
   std::mt19937 rng(42);
-  for (int batch : batches) {
+  std::vector<std::pair<int, bool>> rows;  // (batch, rope in attention) in run order
+  for (const std::string& v : absl::GetFlag(FLAGS_rope_in_attention)) {
+    for (int batch : batches) rows.push_back({batch, v != "0"});
+  }
+  for (const auto& [batch, rope_in_attention] : rows) {
+    if (auto s = (*runner)->SetRopeInAttention(rope_in_attention); !s.ok()) {
+      std::fprintf(stderr, "SetRopeInAttention: %s\n", s.ToString().c_str());
+      return 1;
+    }
     // Prefill: every prompt in one step.
     runner::ForwardBatch prefill;
     prefill.block_table_stride = blocks_per_seq;
@@ -175,6 +199,7 @@ int Run() {
     const double roofline = batch * hbm / bytes_per_step;
     nlohmann::json r = {
         {"batch", batch},
+        {"rope_in_attention", rope_in_attention},
         {"prompt_len", prompt_len},
         {"decode_steps", steps},
         {"prefill_seconds", prefill_s},
@@ -240,7 +265,8 @@ int Run() {
   nlohmann::json out = {
       {"benchmark", "gpu_decode_bench"},
       {"long_prefill", long_prefill},
-      {"model", "Llama-3-8B shapes, random bf16 weights"},
+      {"model",
+       qwen3 ? "Qwen3-8B shapes, random bf16 weights" : "Llama-3-8B shapes, random bf16 weights"},
       {"device", device->Summary()},
       {"weight_bytes", (*runner)->weight_bytes()},
       {"hbm_bytes_per_second", hbm},

@@ -20,7 +20,10 @@
 // With --sample_steps=N: sampled_step_ms_on_gpu / _on_host, N decode steps
 // drawing with temperature 1 and top-p 0.9 through ForwardSample (logits
 // stay on the GPUs) or through Forward and the host sampler (the logits
-// copied to the host), the wall time per step.
+// copied to the host), the wall time per step; with TP > 1 also
+// sampled_step_ms_on_gpu_one_rank, ForwardSample with every row drawn on
+// rank 0 (set_split_sampling(false)) instead of the rows split among the
+// ranks.
 // Usage: gpu_tp_bench [--tp_sizes=1,2] [--batch_sizes=1,64] [--out=f.json]
 #include <chrono>
 #include <cstdio>
@@ -338,7 +341,7 @@ int Run() {
       auto graph_ms = (*runner)->ReplayLastDecodeGraphMs(steps);
       CHECK_OR_DIE(graph_ms.status());
       // Sampled decode, on the GPUs and on the host, from the same state.
-      double device_sample_ms = 0, host_sample_ms = 0;
+      double device_sample_ms = 0, one_rank_sample_ms = 0, host_sample_ms = 0;
       if (sample_steps > 0) {
         std::vector<runner::DeviceSamplingRow> rows(batch);
         for (int s = 0; s < batch; ++s) {
@@ -347,7 +350,12 @@ int Run() {
           rows[s].seed = 1000 + s;
         }
         std::vector<float> logits;
-        for (const bool on_device : {true, false}) {
+        // 0: on the GPUs, rows split among the ranks; 1: on the GPUs, all
+        // on rank 0 (TP > 1 only); 2: on the host.
+        for (const int mode : {0, 1, 2}) {
+          if (mode == 1 && tp == 1) continue;
+          const bool on_device = mode != 2;
+          (*runner)->set_split_sampling(mode == 0);
           next = first;
           auto c0 = std::chrono::steady_clock::now();
           for (int i = 0; i <= sample_steps; ++i) {  // step 0: set-up (buffers), not timed
@@ -379,8 +387,9 @@ int Run() {
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0)
                   .count() /
               sample_steps;
-          (on_device ? device_sample_ms : host_sample_ms) = ms;
+          (mode == 0 ? device_sample_ms : mode == 1 ? one_rank_sample_ms : host_sample_ms) = ms;
         }
+        (*runner)->set_split_sampling(true);
       }
       nlohmann::json trace;
       if (trace_steps > 0) {
@@ -409,6 +418,7 @@ int Run() {
           {"host_ms_per_step", 1e3 * s / steps - *graph_ms},
           {"decode_tokens_per_second", tps},
           {"sampled_step_ms_on_gpu", device_sample_ms},
+          {"sampled_step_ms_on_gpu_one_rank", one_rank_sample_ms},
           {"sampled_step_ms_on_host", host_sample_ms},
           {"first_step_ms", setup_ms[0]},
           {"second_step_ms", setup_ms[1]},

@@ -122,6 +122,7 @@ absl::Status CudaTensorParallelRunner::RunRank(int r, const runner::ForwardBatch
   }
   if (greedy_) return ranks_[r]->ForwardTopOne(batch, &top_ids_[r], &top_values_[r]);
   if (on_device_) return ranks_[r]->ForwardToDevice(batch);
+  if (sampling_) return SampleRank(r);
   std::vector<float>& local = local_logits_[r];
   if (absl::Status s = ranks_[r]->Forward(batch, &local); !s.ok()) return s;
   // Scatter this rank's vocabulary columns into the shared result (ranks
@@ -158,9 +159,33 @@ absl::Status CudaTensorParallelRunner::ForwardSample(
   absl::Status s = RunAll(batch);
   on_device_ = false;
   if (!s.ok()) return s;
+  // Second round: every rank draws its share of the rows.
+  sampling_ = true;
+  sample_rows_ = rows;
+  sample_tokens_.resize(size());
+  s = RunAll(batch);
+  sampling_ = false;
+  sample_rows_ = {};
+  if (!s.ok()) return s;
+  tokens->clear();
+  for (const std::vector<int32_t>& part : sample_tokens_) {
+    tokens->insert(tokens->end(), part.begin(), part.end());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaTensorParallelRunner::SampleRank(int r) {
+  const int64_t total = static_cast<int64_t>(sample_rows_.size());
+  const int64_t begin = split_sampling_ ? total * r / size() : 0;
+  const int64_t end = split_sampling_ ? total * (r + 1) / size() : (r == 0 ? total : 0);
   std::vector<runner::CudaModelRunner::LogitsSlice> slices;
-  for (const auto& rank : ranks_) slices.push_back(rank->device_logits());
-  return ranks_[0]->SampleSlices(slices, r, rows, tokens);
+  for (const auto& rank : ranks_) {
+    runner::CudaModelRunner::LogitsSlice sl = rank->device_logits();
+    sl.data += begin * sl.cols;
+    slices.push_back(sl);
+  }
+  return ranks_[r]->SampleSlices(slices, end - begin, sample_rows_.subspan(begin, end - begin),
+                                 &sample_tokens_[r]);
 }
 
 absl::Status CudaTensorParallelRunner::ForwardGreedy(const runner::ForwardBatch& batch,

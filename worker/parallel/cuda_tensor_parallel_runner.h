@@ -55,10 +55,14 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   // slots are checked against the smallest rank cache.
   absl::Status CopyKvSlots(absl::Span<const int64_t> from, absl::Span<const int64_t> to) override;
 
-  // Sampling on the GPUs: each rank leaves its logits slice on its device,
-  // rank 0 copies the peers' slices next to its own (peer to peer) and
-  // draws every row's token as the one-GPU runner does (kernels/cuda/
-  // sampling.h), so only token ids reach the host.
+  // Sampling on the GPUs: each rank leaves its logits slice on its device;
+  // then the rows are split among the ranks (rank r takes rows [R r / N,
+  // R (r + 1) / N)), and each rank copies the peers' slices of its rows
+  // next to its own (peer to peer, its stream waiting on the GPU for theirs
+  // to be written, not the host) and draws their tokens as the one-GPU
+  // runner does (kernels/cuda/sampling.h), so only token ids reach the
+  // host. A row's draw depends on its seed and position only, so the
+  // tokens do not depend on which rank draws it.
   bool SupportsDeviceSampling() const override { return true; }
   absl::Status ForwardSample(const runner::ForwardBatch& batch,
                              absl::Span<const runner::DeviceSamplingRow> rows,
@@ -68,6 +72,9 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   // each rank finds its slice's best (value, id), the host keeps the
   // largest (ties: the lower id).
   absl::Status ForwardGreedy(const runner::ForwardBatch& batch, std::vector<int32_t>* tokens);
+  // Benchmarks: false makes ForwardSample draw every row on rank 0 (rank 0
+  // copying the peers' whole slices) instead of splitting the rows.
+  void set_split_sampling(bool split) { split_sampling_ = split; }
 
   int size() const { return static_cast<int>(ranks_.size()); }
   const runner::CudaModelRunner& rank(int r) const { return *ranks_[r]; }
@@ -82,6 +89,8 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   CudaTensorParallelRunner() = default;
   // Runs rank `r` on the current batch and scatters its logits slice.
   absl::Status RunRank(int r, const runner::ForwardBatch& batch);
+  // ForwardSample's second round: rank r's share of sample_rows_.
+  absl::Status SampleRank(int r);
   // Hands the batch to every rank and waits for all.
   absl::Status RunAll(const runner::ForwardBatch& batch);
 
@@ -92,12 +101,16 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   std::vector<std::vector<float>> local_logits_;  // per rank
   // The step in flight (set before lockstep_->Run()).
   const runner::ForwardBatch* batch_ = nullptr;
-  std::vector<float>* out_ = nullptr;          // logits mode: the result
-  bool greedy_ = false;                        // ForwardGreedy
-  bool on_device_ = false;                     // ForwardSample: logits stay on the devices
-  int replays_ = 0;                            // ReplayLastDecodeGraphMs
-  std::vector<double> replay_ms_;              // per rank
-  std::vector<std::vector<int32_t>> top_ids_;  // per rank (greedy mode)
+  std::vector<float>* out_ = nullptr;  // logits mode: the result
+  bool greedy_ = false;                // ForwardGreedy
+  bool on_device_ = false;             // ForwardSample: logits stay on the devices
+  bool sampling_ = false;              // ForwardSample's second round
+  bool split_sampling_ = true;
+  absl::Span<const runner::DeviceSamplingRow> sample_rows_;
+  std::vector<std::vector<int32_t>> sample_tokens_;  // per rank, its rows' tokens
+  int replays_ = 0;                                  // ReplayLastDecodeGraphMs
+  std::vector<double> replay_ms_;                    // per rank
+  std::vector<std::vector<int32_t>> top_ids_;        // per rank (greedy mode)
   std::vector<std::vector<float>> top_values_;
   std::unique_ptr<LockstepRanks> lockstep_;  // last: its threads go first
 };

@@ -230,6 +230,11 @@ TEST(CudaTensorParallelTest, TwoRanksSampleOnTheDeviceAsTheHostSamplerDoes) {
   step.block_table_stride = 4;
   for (int q = 0; q < 3; ++q) step.AddSequence({42 + q}, 9 + 5 * q, tables[q], 16, true);
   check(step, "decode");
+  // One row: rank 0 draws none, rank 1 the row (copying rank 0's slice).
+  runner::ForwardBatch one;
+  one.block_table_stride = 4;
+  one.AddSequence({42}, 9, tables[0], 16, true);
+  check(one, "decode of one sequence");
   std::vector<int32_t> tokens;
   EXPECT_EQ((*two)->ForwardSample(step, std::vector<runner::DeviceSamplingRow>(2), &tokens).code(),
             absl::StatusCode::kInvalidArgument);

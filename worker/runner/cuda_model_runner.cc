@@ -191,6 +191,9 @@ struct CudaModelRunner::Impl {
   // GemvRopeRow), so that steps of <= 8 tokens rotate in the qkv GEMV's
   // epilogue; models with q/k norms keep the normal order.
   bool qkv_rope_order = false;
+  // Decode steps the GEMV does not rotate: RoPE in attention (DecodeRope)
+  // or, false (SetRopeInAttention, benchmarks), in the Rope kernel.
+  bool rope_in_attention = true;
   // gate_up_w (and gate_up_b) rows in the gate/up GEMV order (gemv.h
   // GemvGateUpRow) when the intermediate size is a multiple of 4, so that
   // one-token steps run SiLU·mul in the staged GEMV's epilogue; SiluMul
@@ -199,6 +202,8 @@ struct CudaModelRunner::Impl {
   int rank = 0;
   kcu::NcclGroup* nccl = nullptr;  // null: one rank
   kcu::Stream stream;
+  // Recorded after the logits of a ForwardToDevice step (LogitsSlice::ready).
+  kcu::Event logits_ready;
   std::unique_ptr<kcu::GemmContext> gemm;
   DeviceBuffer embed, lm_head_own, final_norm, inv_freq;
   const Bf16* lm_head = nullptr;
@@ -287,6 +292,9 @@ absl::Status CudaModelRunner::Init(const kernels::DeviceDescription& device) {
   absl::StatusOr<kcu::Stream> stream = kcu::Stream::Create();
   if (!stream.ok()) return stream.status();
   impl_->stream = std::move(*stream);
+  absl::StatusOr<kcu::Event> ready = kcu::Event::Create(/*timing=*/false);
+  if (!ready.ok()) return ready.status();
+  impl_->logits_ready = std::move(*ready);
   absl::StatusOr<std::unique_ptr<kcu::GemmContext>> gemm = kcu::GemmContext::Create();
   if (!gemm.ok()) return gemm.status();
   impl_->gemm = std::move(*gemm);
@@ -807,11 +815,11 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
       RETURN_IF_ERROR(
           m.gemm->GemmChained(xb, T, H, l.qkv_w.as<Bf16>(), QKV, f32(l.qkv_b), qkv, st));
     }
-    // Decode steps the GEMV does not take, without q/k norms: RoPE and the
-    // K/V write in the attention kernel (kcu::DecodeRope).
+    // Decode steps the GEMV does not take: RoPE (after Qwen3's q/k norms,
+    // whose rows are never RoPE-ordered) and the K/V write in the attention
+    // kernel (kcu::DecodeRope).
     kcu::DecodeRope decode_rope;
-    const bool rope_in_attention =
-        decode && !fuse_rope && f32(l.q_norm) == nullptr && f32(l.k_norm) == nullptr;
+    const bool rope_in_attention = decode && !fuse_rope && m.rope_in_attention;
     if (rope_in_attention) {
       decode_rope.positions = m.MetaPtr<int32_t>(m.off_positions);
       decode_rope.inv_freq = m.inv_freq.as<float>();
@@ -823,9 +831,13 @@ absl::Status CudaModelRunner::RunModel(int64_t T, int num_seqs, int64_t num_logi
       decode_rope.num_slots = slots;
       decode_rope.k_cache = k_cache;
       decode_rope.v_cache = v_cache;
+      decode_rope.q_norm = f32(l.q_norm);
+      decode_rope.k_norm = f32(l.k_norm);
+      decode_rope.norm_eps = eps;
     } else if (!fuse_rope) {
-      // RoPE (and Qwen3's q/k norm) in place, and K/V into the paged cache,
-      // in one kernel.
+      // Prefill: RoPE (and Qwen3's q/k norm) in place, and K/V into the
+      // paged cache, in one kernel (also decode, for comparison, after
+      // SetRopeInAttention(false)).
       kcu::RopeKvWrite kv_write;
       kv_write.v = qkv + Q + K;
       kv_write.v_token_stride = QKV;
@@ -1016,6 +1028,14 @@ absl::Status CudaModelRunner::SetUseGemv(bool use, int64_t max_weight_elems) {
   return absl::OkStatus();
 }
 
+absl::Status CudaModelRunner::SetRopeInAttention(bool in_attention) {
+  RETURN_IF_ERROR(kcu::Synchronize(impl_->stream.get()));
+  impl_->rope_in_attention = in_attention;
+  graphs_.clear();
+  last_graph_ = {-1, -1};
+  return absl::OkStatus();
+}
+
 absl::Status CudaModelRunner::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
   int64_t rows = 0;
   RETURN_IF_ERROR(Execute(batch, &rows));
@@ -1156,11 +1176,12 @@ absl::Status CudaModelRunner::SampleOnDevice(const float* logits, int64_t r, int
 absl::Status CudaModelRunner::ForwardToDevice(const ForwardBatch& batch) {
   int64_t computed = 0;
   RETURN_IF_ERROR(Execute(batch, &computed));
-  return kcu::Synchronize(impl_->stream.get());
+  return impl_->logits_ready.Record(impl_->stream.get());
 }
 
 CudaModelRunner::LogitsSlice CudaModelRunner::device_logits() const {
-  return {impl_->logits.as<float>(), impl_->vocab_start, impl_->vocab, impl_->ordinal};
+  return {impl_->logits.as<float>(), impl_->vocab_start, impl_->vocab, impl_->ordinal,
+          &impl_->logits_ready};
 }
 
 absl::Status CudaModelRunner::SampleSlices(absl::Span<const LogitsSlice> slices, int64_t r,
@@ -1197,6 +1218,11 @@ absl::Status CudaModelRunner::SampleSlices(absl::Span<const LogitsSlice> slices,
                               "gathered logits", st));
   float* full = m.gathered_logits.as<float>();
   for (const LogitsSlice& sl : slices) {
+    // A peer's rows are copied once its step has written them; this
+    // device's own are ordered by the stream already.
+    if (r > 0 && sl.ready != nullptr && sl.ordinal != m.ordinal) {
+      RETURN_IF_ERROR(sl.ready->WaitOn(st));
+    }
     RETURN_IF_ERROR(kcu::CopyRowsBetweenDevices(
         full + sl.start, m.ordinal, vocab * sizeof(float), sl.data, sl.ordinal,
         sl.cols * sizeof(float), sl.cols * sizeof(float), static_cast<size_t>(r), st));

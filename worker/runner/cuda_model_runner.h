@@ -62,6 +62,7 @@
 #include "worker/runner/model_runner.h"
 
 namespace tessera::kernels::cuda {
+class Event;
 class GemmTuningTable;
 class NcclGroup;
 class P2pAllReduce;
@@ -167,22 +168,30 @@ class CudaModelRunner final : public ModelRunner {
 
   // Tensor-parallel sampling (CudaTensorParallelRunner::ForwardSample):
   // Forward with the logits rows left on the device, this runner's
-  // vocabulary slice at device_logits(), until the next step; the stream is
-  // synchronized when it returns.
+  // vocabulary slice at device_logits(), until the next step. It returns
+  // once the step is queued, without waiting for the GPU: the slice's
+  // `ready` event marks when its rows are written. The caller must not
+  // start this runner's next step before every SampleSlices reading the
+  // slice has returned (each synchronizes its own stream, which waited for
+  // `ready`).
   absl::Status ForwardToDevice(const ForwardBatch& batch);
   struct LogitsSlice {
     const float* data = nullptr;  // [rows, cols] fp32
     int64_t start = 0;            // first vocabulary column
     int64_t cols = 0;
-    int ordinal = 0;  // the device holding it
+    int ordinal = 0;                              // the device holding it
+    const kernels::cuda::Event* ready = nullptr;  // recorded after the rows (null: already)
   };
   LogitsSlice device_logits() const;
   // On this runner's device: puts the `r` rows of every slice (in
   // vocabulary order, together the whole vocabulary; peers' slices copied
-  // peer to peer) side by side and draws one token per row as ForwardSample
-  // does (a single slice on this device, a one-rank group's, is sampled
-  // where it is, without a copy). INVALID_ARGUMENT for slices that do not
-  // tile the vocabulary or more rows than a step has.
+  // peer to peer once their `ready` events have fired) side by side and
+  // draws one token per row as ForwardSample does (a single slice on this
+  // device, a one-rank group's, is sampled where it is, without a copy);
+  // the stream is synchronized when it returns, also for r = 0. A slice's
+  // `data` may point into its rows (a tensor-parallel group splits the rows
+  // among its ranks). INVALID_ARGUMENT for slices that do not tile the
+  // vocabulary or more rows than a step has.
   absl::Status SampleSlices(absl::Span<const LogitsSlice> slices, int64_t r,
                             absl::Span<const DeviceSamplingRow> rows, std::vector<int32_t>* tokens);
 
@@ -205,6 +214,11 @@ class CudaModelRunner final : public ModelRunner {
   // size (n * k elements; 0: GemmContext's default). Drops the captured
   // decode graphs, which hold the earlier choice.
   absl::Status SetUseGemv(bool use, int64_t max_weight_elems = 0);
+  // Benchmarks: whether decode steps the qkv GEMV does not rotate do RoPE,
+  // q/k norms and the K/V write inside decode attention (kcu::DecodeRope,
+  // the default) or in the Rope kernel before it. Drops the captured decode
+  // graphs.
+  absl::Status SetRopeInAttention(bool in_attention);
 
  private:
   struct Impl;

@@ -267,7 +267,7 @@ TEST(CudaModelRunnerTest, MixedBatchesMatchTheCpuRunner) {
   EXPECT_GE((*gpu)->graphs_captured(), 1);  // the all-decode steps ran as graphs
 }
 // ForwardGreedy's tokens are the host argmax of Forward's logits; and
-// SampleSlices (tensor-parallel sampling on rank 0) with the runner's own
+// SampleSlices (a tensor-parallel rank's sampling) with the runner's own
 // logits as the only slice draws what ForwardSample draws, while slices that
 // do not tile the vocabulary, and rows that do not match, are refused.
 TEST(CudaModelRunnerTest, GreedyAndSlicedSamplingOnTheDevice) {
