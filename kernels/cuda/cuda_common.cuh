@@ -81,10 +81,11 @@ __device__ __forceinline__ void RopeRotate(float x1, float x2, float pos, float 
 
 // Qwen3's per-head RMSNorm before RoPE, shared by rope.cu and decode
 // attention's DecodeRope so that both normalize bit for bit alike (explicit
-// roundings, as for RopeApply): a lane adds the squares of its pairs
-// (feature i and its partner i + head_dim / 2, i = lane + 32 j in j order)
-// with AddPairSquares; the warp's WarpSum of those, given to HeadInvRms,
-// makes the head's 1 / rms; feature i is then NormScale(x, inv, w[i]).
+// roundings, as for RopeApply): lane l adds the squares of pairs 8l ..
+// 8l+7 (feature i and its partner i + head_dim / 2) in order with
+// AddPairSquares; the warp's sum of those (WarpSum's tree), given to
+// HeadInvRms, makes the head's 1 / rms; feature i is then NormScale(x,
+// inv, w[i]).
 __device__ __forceinline__ float AddPairSquares(float ss, float x1, float x2) {
   return __fadd_rn(ss, __fmaf_rn(x1, x1, __fmul_rn(x2, x2)));
 }

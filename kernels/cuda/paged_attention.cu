@@ -70,10 +70,8 @@ constexpr size_t PrefillSmemBytes() {
 }
 template <int D, int TK>
 constexpr size_t DecodeSmemBytes() {
-  // The query tile, two stages of K and V tiles, DecodeRope's angles and
-  // its heads' 1 / rms (the query rows', then the new key's).
-  return sizeof(uint16_t) * (size_t{kDecodeRows} * D + 4 * size_t{TK} * D) +
-         sizeof(float2) * D / 2 + sizeof(float) * (kDecodeRows + 1);
+  // The query tile, two stages of K and V tiles, DecodeRope's angles.
+  return sizeof(uint16_t) * (size_t{kDecodeRows} * D + 4 * size_t{TK} * D) + sizeof(float2) * D / 2;
 }
 
 // K and V tiles of the double-buffer stage that key tile kt uses.
@@ -274,15 +272,23 @@ struct DecodeExtra {
 // rope_order the head is in the normal order (item c: features 8c .. 8c+7
 // and their partners D/2 on), with it in gemv.h's RoPE row order (item g:
 // the 8-row group with features 4g .. 4g+3, then their partners).
-// angles[i]: RopeAngle of feature i at the token's position. With `norm`
-// (normal order only) each value is first NormScale'd by the head's `inv`.
+// angles[i]: RopeAngle of feature i at the token's position.
+//
+// With `norm` (q/k norms; normal order only) the head is first
+// RMS-normalized: each of its D/16 items adds its pairs' squares in pair
+// order (AddPairSquares), the item's lanes sum those with xor shuffles at
+// offsets D/32, ..., 1 (the order in which rope.cu's WarpSum meets them,
+// its other lanes adding zeros), and every value is NormScale'd by the
+// resulting HeadInvRms. So the warp must call it convergently with a head's
+// items on aligned lanes (item = lane % (D/16)); a lane with src null
+// takes part with zeros (its store may be skipped).
 template <int D>
 __device__ __forceinline__ int RopeItems(bool rope_order) {
   return rope_order ? D / 8 : D / 16;
 }
 template <int D, class Store>
 __device__ __forceinline__ void RotateItem(const uint16_t* src, int item, const float2* angles,
-                                           bool rope_order, const float* norm, float inv,
+                                           bool rope_order, const float* norm, float eps,
                                            Store&& store) {
   constexpr int kHalf = D / 2;
   // Value j (0..7) of 8 packed bf16 values.
@@ -292,6 +298,7 @@ __device__ __forceinline__ void RotateItem(const uint16_t* src, int item, const 
   };
   // Pair j: x1 = value j1 of a, x2 = value j2 of b, feature f0 + j, packed
   // into lo / hi.
+  float inv = 1.f;
   auto pair = [&](const uint4& a, int j1, const uint4& b, int j2, int j, int f0, uint32_t* lo,
                   uint32_t* hi) {
     float x1 = Bf16BitsToFloat(at(a, j1)), x2 = Bf16BitsToFloat(at(b, j2));
@@ -319,6 +326,16 @@ __device__ __forceinline__ void RotateItem(const uint16_t* src, int item, const 
       a = *reinterpret_cast<const uint4*>(src + item * 8);
       b = *reinterpret_cast<const uint4*>(src + kHalf + item * 8);
     }
+    if (norm != nullptr) {
+      float ss = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        ss = AddPairSquares(ss, Bf16BitsToFloat(at(a, j)), Bf16BitsToFloat(at(b, j)));
+      }
+#pragma unroll
+      for (int o = D / 32; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      inv = HeadInvRms(ss, D, eps);
+    }
     uint32_t lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int j = 0; j < 8; ++j) pair(a, j, b, j, j, item * 8, lo, hi);
@@ -337,21 +354,24 @@ __device__ __forceinline__ void StoreBf16s(uint16_t* dst, const V& v) {
 // CTA's NT threads (nothing for a slot outside the cache).
 template <int D, int NT>
 __device__ __forceinline__ void WriteNewKv(const DecodeRope& r, int token, int kv_head,
-                                           int64_t row_elems, const float2* angles, float k_inv) {
+                                           int64_t row_elems, const float2* angles) {
   const int64_t slot = r.slots[token];
   if (slot < 0 || slot >= r.num_slots) return;
   const int64_t src = int64_t{token} * r.kv_token_stride + int64_t{kv_head} * D;
   const int64_t dst = slot * row_elems + int64_t{kv_head} * D;
-  const int items = RopeItems<D>(r.rope_order);
-  for (int c = threadIdx.x; c < items + D / 8; c += NT) {
-    if (c < items) {
-      RotateItem<D>(r.k + src, c, angles, r.rope_order, r.k_norm, k_inv,
-                    [&](int f, const auto& v) { StoreBf16s(r.k_cache + dst + f, v); });
-    } else {
-      const int chunk = c - items;
-      *reinterpret_cast<uint4*>(r.v_cache + dst + chunk * 8) =
-          *reinterpret_cast<const uint4*>(r.v + src + chunk * 8);
-    }
+  // K's items on the first warp's first lanes, the whole warp taking part
+  // (RotateItem's norm shuffles); V's 16-byte chunks on every thread.
+  const int items = RopeItems<D>(r.rope_order);  // <= 32
+  if (threadIdx.x < 32) {
+    const bool mine = static_cast<int>(threadIdx.x) < items;
+    RotateItem<D>(mine ? r.k + src : nullptr, threadIdx.x % items, angles, r.rope_order, r.k_norm,
+                  r.norm_eps, [&](int f, const auto& v) {
+                    if (mine) StoreBf16s(r.k_cache + dst + f, v);
+                  });
+  }
+  for (int c = threadIdx.x; c < D / 8; c += NT) {
+    *reinterpret_cast<uint4*>(r.v_cache + dst + c * 8) =
+        *reinterpret_cast<const uint4*>(r.v + src + c * 8);
   }
 }
 
@@ -410,35 +430,21 @@ __global__ void __launch_bounds__(DecodeThreads<TK>())
     // stages; then the new K and V (the writing CTA), q's rows rotated
     // into the query tile, and zeros in its padding rows.
     float2* angles = reinterpret_cast<float2*>(stage_base + 4 * TK * D);
-    float* inv_rms = reinterpret_cast<float*>(angles + D / 2);  // rows, then the new key
     const float pos = static_cast<float>(x.rope.positions[token]);
     for (int i = threadIdx.x; i < D / 2; i += NT) angles[i] = RopeAngle(pos, x.rope.inv_freq[i]);
-    const uint16_t* q_row0 = p.q + int64_t{token} * p.q_token_stride + int64_t{head0} * D;
-    const uint16_t* new_k =
-        x.rope.k + int64_t{token} * x.rope.kv_token_stride + int64_t{kv_head} * D;
-    // The heads' 1 / rms, a warp per head, as rope.cu's kernel finds them.
-    const int q_norms = x.rope.q_norm != nullptr ? rows : 0;
-    const int norms = q_norms + (writes && x.rope.k_norm != nullptr ? 1 : 0);
-    for (int h = threadIdx.x >> 5; h < norms; h += NW) {
-      const uint16_t* head = h < q_norms ? q_row0 + int64_t{h} * D : new_k;
-      float ss = 0.f;
-      for (int i = threadIdx.x & 31; i < D / 2; i += 32) {
-        ss = AddPairSquares(ss, Bf16BitsToFloat(head[i]), Bf16BitsToFloat(head[i + D / 2]));
-      }
-      const float inv = HeadInvRms(WarpSum(ss), D, x.rope.norm_eps);
-      if ((threadIdx.x & 31) == 0) inv_rms[h < q_norms ? h : kDecodeRows] = inv;
-    }
     __syncthreads();
-    if (writes) {
-      WriteNewKv<D, NT>(x.rope, token, kv_head, int64_t{p.num_kv_heads} * D, angles,
-                        inv_rms[kDecodeRows]);
-    }
+    if (writes) WriteNewKv<D, NT>(x.rope, token, kv_head, int64_t{p.num_kv_heads} * D, angles);
+    // q's rows, item c of row c / items; every warp's lanes run the same
+    // iterations (RotateItem's norm shuffles), those past the rows idle.
     const int items = RopeItems<D>(x.rope.rope_order);
-    for (int c = threadIdx.x; c < rows * items; c += NT) {
+    const uint16_t* q_row0 = p.q + int64_t{token} * p.q_token_stride + int64_t{head0} * D;
+    for (int c0 = 0; c0 < rows * items; c0 += NT) {
+      const int c = c0 + threadIdx.x;
       const int row = c / items;
-      RotateItem<D>(q_row0 + int64_t{row} * D, c % items, angles, x.rope.rope_order, x.rope.q_norm,
-                    inv_rms[row], [&](int f, const auto& v) {
-                      StoreBf16s(sq + SwizzledOffset<D>(row, f / 8) + f % 8, v);
+      const bool mine = c < rows * items;
+      RotateItem<D>(mine ? q_row0 + int64_t{row} * D : nullptr, c % items, angles,
+                    x.rope.rope_order, x.rope.q_norm, x.rope.norm_eps, [&](int f, const auto& v) {
+                      if (mine) StoreBf16s(sq + SwizzledOffset<D>(row, f / 8) + f % 8, v);
                     });
     }
     for (int c = rows * (D / 8) + threadIdx.x; c < kDecodeRows * (D / 8); c += NT) {

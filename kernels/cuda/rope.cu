@@ -51,7 +51,6 @@ __global__ void RopeKernel(uint16_t* __restrict__ q, int64_t q_stride, int num_h
                           : k + t * k_stride + static_cast<int64_t>(h - q_heads) * head_dim;
     const float* norm = is_q ? q_norm : k_norm;
     float x1[kMaxPairsPerLane], x2[kMaxPairsPerLane];
-    float ss = 0.f;
 #pragma unroll
     for (int j = 0; j < kMaxPairsPerLane; ++j) {
       const int i = lane + 32 * j;
@@ -64,14 +63,20 @@ __global__ void RopeKernel(uint16_t* __restrict__ q, int64_t q_stride, int num_h
         const int i2 = rope_order ? i1 + 4 : i + half;
         x1[j] = Bf16BitsToFloat(head[i1]);
         x2[j] = Bf16BitsToFloat(head[i2]);
-        ss = AddPairSquares(ss, x1[j], x2[j]);
       }
     }
-    __syncwarp();  // every lane's reads of the head before any lane writes it
     float inv = 1.f;
     if (norm != nullptr) {
+      // The squares in the order decode attention's DecodeRope adds them
+      // (paged_attention.cu RotateItem), so that both agree bit for bit:
+      // lane l takes pairs 8l .. 8l+7 in order, then the warp's tree.
+      float ss = 0.f;
+      for (int i = 8 * lane; i < min(half, 8 * lane + 8); ++i) {
+        ss = AddPairSquares(ss, Bf16BitsToFloat(head[i]), Bf16BitsToFloat(head[i + half]));
+      }
       inv = HeadInvRms(WarpSum(ss), head_dim, eps);
     }
+    __syncwarp();  // every lane's reads of the head before any lane writes it
 #pragma unroll
     for (int j = 0; j < kMaxPairsPerLane; ++j) {
       const int i = lane + 32 * j;
