@@ -268,8 +268,10 @@ TEST(CudaModelRunnerTest, MixedBatchesMatchTheCpuRunner) {
 }
 // ForwardGreedy's tokens are the host argmax of Forward's logits; and
 // SampleSlices (a tensor-parallel rank's sampling) with the runner's own
-// logits as the only slice draws what ForwardSample draws, while slices that
-// do not tile the vocabulary, and rows that do not match, are refused.
+// logits as the only slice, or a row of them in two slices, draws what
+// ForwardSample draws, while slices that do not tile the vocabulary, rows
+// that do not match, and a slice on a device that does not exist are
+// refused.
 TEST(CudaModelRunnerTest, GreedyAndSlicedSamplingOnTheDevice) {
   REQUIRE_GPU(device);
   auto model = model::LoadModel(SourcePath("models/draft"));
@@ -315,6 +317,26 @@ TEST(CudaModelRunnerTest, GreedyAndSlicedSamplingOnTheDevice) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*gpu)->SampleSlices({half}, 2, rows, &got).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*gpu)->SampleSlices({all}, 1, rows, &got).code(), absl::StatusCode::kInvalidArgument);
+  // Each row alone from two slices of it, gathered side by side (a
+  // tensor-parallel rank's share: slices pointing at its first row; one row,
+  // so the slices' row pitch does not matter), draws the same.
+  rest.start = vocab / 2;
+  rest.cols = vocab - rest.start;
+  for (int64_t i = 0; i < 2; ++i) {
+    CudaModelRunner::LogitsSlice lo = half, hi = rest;
+    lo.data = all.data + i * vocab;
+    hi.data = all.data + i * vocab + rest.start;
+    ASSERT_TRUE((*gpu)->SampleSlices({lo, hi}, 1, {rows[i]}, &got).ok());
+    EXPECT_EQ(got, std::vector<int32_t>{want[i]}) << "row " << i;
+  }
+  // A slice on a device that does not exist: the copy fails with an error,
+  // and the runner keeps sampling.
+  CudaModelRunner::LogitsSlice lo = half, elsewhere = rest;
+  elsewhere.data = all.data + rest.start;
+  elsewhere.ordinal = 1000;
+  EXPECT_FALSE((*gpu)->SampleSlices({lo, elsewhere}, 1, {rows[0]}, &got).ok());
+  ASSERT_TRUE((*gpu)->SampleSlices({all}, 2, rows, &got).ok());
+  EXPECT_EQ(got, want);
 }
 
 // The sampler's scratch is allocated on the first sampled step. With the
