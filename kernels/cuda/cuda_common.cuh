@@ -18,8 +18,13 @@
 
 namespace tessera::kernels::cuda {
 
+// The status of a failed CUDA call. It also takes the error out of the
+// runtime's last-error slot, so that a later launch check
+// (cudaGetLastError) does not report it again for a kernel that launched
+// fine; a sticky error (a faulted context) stays and keeps being reported.
 inline absl::Status CudaError(cudaError_t err, std::string_view what) {
   if (err == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();
   return absl::InternalError(absl::StrCat(std::string(what), ": ", cudaGetErrorName(err), " (",
                                           cudaGetErrorString(err), ")"));
 }

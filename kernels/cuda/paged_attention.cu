@@ -685,7 +685,13 @@ absl::Status LaunchDecodeKernel(const PagedAttentionParams& p, const DecodeExtra
 // heads, d 128, 192-key contexts: 64 sequences 15.7 µs against 21.2 with
 // 64-key tiles, but 16 sequences 10.8 against 7.4 and one TP=2 rank's 16 /
 // 4 heads at 64 sequences 10.9 against 9.3: fewer CTAs, each walking more
-// tiles).
+// tiles). Tried and dropped: three stages instead of two when a split has
+// three tiles or more and the grid still fits at once, so that a short
+// context's tiles are mostly in flight together. Slower in every decode
+// step measured (2 x H200, alternating builds, two rounds: one-GPU batch 1
+// 4.33 / 4.35 ms against 4.30 / 4.31, TP=2 batch 64 3.60 / 3.56 against
+// 3.53 / 3.52); the larger CTAs leave less shared memory to the staged
+// o_proj GEMV that runs beside them and fewer CTAs resident.
 template <int D>
 absl::Status LaunchDecode(const PagedAttentionParams& p, const DecodeExtra& x,
                           cudaStream_t stream) {
