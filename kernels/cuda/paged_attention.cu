@@ -365,7 +365,9 @@ __device__ __forceinline__ void WriteNewKv(const DecodeRope& r, int token, int k
   const int64_t src = int64_t{token} * r.kv_token_stride + int64_t{kv_head} * D;
   const int64_t dst = slot * row_elems + int64_t{kv_head} * D;
   // K's items on the first warp's first lanes, the whole warp taking part
-  // (RotateItem's norm shuffles); V's 16-byte chunks on every thread.
+  // (RotateItem's norm shuffles); V's 16-byte chunks from the second warp
+  // on (D / 8 <= 32 <= NT - 32), so both go at once.
+  static_assert(NT >= 64 && D / 8 <= NT - 32);
   const int items = RopeItems<D>(r.rope_order);  // <= 32
   if (threadIdx.x < 32) {
     const bool mine = static_cast<int>(threadIdx.x) < items;
@@ -374,7 +376,7 @@ __device__ __forceinline__ void WriteNewKv(const DecodeRope& r, int token, int k
                     if (mine) StoreBf16s(r.k_cache + dst + f, v);
                   });
   }
-  for (int c = threadIdx.x; c < D / 8; c += NT) {
+  for (int c = static_cast<int>(threadIdx.x) - 32; c >= 0 && c < D / 8; c += NT) {
     *reinterpret_cast<uint4*>(r.v_cache + dst + c * 8) =
         *reinterpret_cast<const uint4*>(r.v + src + c * 8);
   }
