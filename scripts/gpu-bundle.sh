@@ -31,6 +31,7 @@ bins=(
   kernels/cuda/prefill_attention_sm90_test
   worker/runner/cuda_model_runner_test
   kernels/cuda/cuda_ops_bench
+  kernels/cuda/gemm_search_bench
   kernels/cuda/paged_attention_bench
   tests/bench/gpu_decode_bench
   worker/parallel/cuda_tensor_parallel_test

@@ -98,6 +98,7 @@ if [[ "$QUICK" != "--quick" ]]; then
     --batch=16 --requests=16 --tree_branching=3 --tree_depth=2 \
     --out="$OUT/bench/spec_decode_h200_trees.json"
   step_json bench/cuda_ops 120 "$BIN/cuda_ops_bench"
+  step_json bench/gemm_search 240 "$BIN/gemm_search_bench" --max_configs=3000 --bases=2
   step_json bench/paged_attention 120 "$BIN/paged_attention_bench"
   step bench/sdpa_reference 180 python3 tests/gpu/sdpa_reference.py --out="$OUT/bench/sdpa_reference.json"
   step bench/gpu_decode 300 "$BIN/gpu_decode_bench" --device="$DEV" --out="$OUT/bench/gpu_decode.json"

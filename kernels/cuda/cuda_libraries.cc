@@ -136,6 +136,18 @@ CUBLAS_FWD(cublasLtMatmulAlgoInit,
             cudaDataType_t B, cudaDataType_t C, cudaDataType_t D, int id,
             cublasLtMatmulAlgo_t* algo),
            (h, c, s, A, B, C, D, id, algo))
+CUBLAS_FWD(cublasLtMatmulAlgoCapGetAttribute,
+           (const cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoCapAttributes_t a, void* buf,
+            size_t n, size_t* written),
+           (algo, a, buf, n, written))
+CUBLAS_FWD(cublasLtMatmulAlgoConfigSetAttribute,
+           (cublasLtMatmulAlgo_t * algo, cublasLtMatmulAlgoConfigAttributes_t a, const void* buf,
+            size_t n),
+           (algo, a, buf, n))
+CUBLAS_FWD(cublasLtMatmulAlgoConfigGetAttribute,
+           (const cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttributes_t a, void* buf,
+            size_t n, size_t* written),
+           (algo, a, buf, n, written))
 
 NCCL_FWD(ncclGetVersion, (int* v), (v))
 NCCL_FWD(ncclCommInitAll, (ncclComm_t * comms, int n, const int* devs), (comms, n, devs))

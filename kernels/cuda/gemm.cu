@@ -76,6 +76,20 @@ __global__ void AddBiasF32Kernel(float* __restrict__ y, int64_t m, int64_t n,
   }
 }
 
+// Reads `n` 16-byte words through L2 (not L1), so that L2 ends up holding
+// clean lines of this buffer only: the tuner's flush before each timed
+// GEMM. `sink` is written only for a value the buffer (zeros) never sums
+// to, which keeps the loads.
+__global__ void ReadThroughL2Kernel(const int4* __restrict__ p, int64_t n, int* sink) {
+  int acc = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int4 v = __ldcg(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x5eed5eed) *sink = acc;
+}
+
 unsigned ElementwiseBlocks(int64_t total, int threads) {
   return static_cast<unsigned>(std::min<int64_t>((total + threads - 1) / threads, 65535 * 8));
 }
@@ -156,6 +170,8 @@ struct GemmContext::Impl {
   void* flush = nullptr;
   size_t flush_bytes = 0;
   bool flush_tried = false;
+  GemmTuningFlush flush_kind = GemmTuningFlush::kRead;  // SetAutotuneFlush
+  int flush_blocks = 0;                                 // SMs x 4 for the read
 
   void FreeFlush() {
     if (flush != nullptr) cudaFree(flush);
@@ -323,6 +339,17 @@ struct GemmContext::Impl {
     return status;
   }
 
+  // One flush of L2 before timed run `i` (flush != nullptr).
+  cudaError_t Flush(int i, CudaStream stream) {
+    if (flush_kind == GemmTuningFlush::kWrite) {
+      return cudaMemsetAsync(flush, i & 0xff, flush_bytes, AsCuda(stream));
+    }
+    ReadThroughL2Kernel<<<flush_blocks, 512, 0, AsCuda(stream)>>>(
+        static_cast<const int4*>(flush), static_cast<int64_t>(flush_bytes / 16),
+        static_cast<int*>(workspace));
+    return cudaGetLastError();
+  }
+
   // Times `candidates` (see Tune) and sets p.algo to the fastest; `found`
   // (optional): whether any could be timed.
   absl::Status TimeCandidates(const std::vector<cublasLtMatmulAlgo_t>& candidates, Plan& p,
@@ -338,15 +365,27 @@ struct GemmContext::Impl {
     // A decode step streams every weight from HBM once, but back-to-back
     // runs of one GEMM would find a weight that fits in L2 (a TP rank's
     // qkv or o_proj) already there, and pick for that. So each timed run
-    // follows a write of twice the L2 size (where that much memory can be
-    // had for the tuning).
+    // follows a flush of twice the L2 size (where that much memory can be
+    // had for the tuning). In a step, L2 holds what the kernels before
+    // read (mostly weights), clean lines, so the flush reads (kRead): a
+    // flush that writes (kWrite) leaves dirty lines whose write-back then
+    // competes with the timed GEMM, which slowed the decode shapes by
+    // 20-30% on the H200 and changed the pick for some of them
+    // (tests/bench/results/gemm_search_h200.json).
     if (!flush_tried) {
       flush_tried = true;
-      int l2_bytes = 0, dev = 0;
+      int l2_bytes = 0, dev = 0, sms = 0;
       if (cudaGetDevice(&dev) == cudaSuccess &&
           cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, dev) == cudaSuccess &&
+          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
           l2_bytes > 0 && cudaMalloc(&flush, 2 * static_cast<size_t>(l2_bytes)) == cudaSuccess) {
-        flush_bytes = 2 * static_cast<size_t>(l2_bytes);
+        flush_bytes = 2 * static_cast<size_t>(l2_bytes) / 16 * 16;
+        flush_blocks = std::max(1, sms) * 4;
+        if (cudaMemset(flush, 0, flush_bytes) != cudaSuccess) {
+          cudaFree(flush);
+          flush = nullptr;
+          flush_bytes = 0;
+        }
       } else {
         flush = nullptr;
       }
@@ -365,7 +404,7 @@ struct GemmContext::Impl {
       float total_ms = 0.f;
       cudaError_t err = cudaSuccess;
       for (int i = 0; i < kAutotuneReps && err == cudaSuccess; ++i) {
-        if (flush != nullptr) err = cudaMemsetAsync(flush, i & 0xff, flush_bytes, AsCuda(stream));
+        if (flush != nullptr) err = Flush(i, stream);
         if (err == cudaSuccess) err = cudaEventRecord(start, AsCuda(stream));
         if (err == cudaSuccess && run() != CUBLAS_STATUS_SUCCESS) err = cudaErrorUnknown;
         if (err == cudaSuccess) err = cudaEventRecord(stop, AsCuda(stream));
@@ -532,6 +571,11 @@ void GemmContext::SetAutotune(int64_t max_m) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->autotune_max_m = max_m;
   if (max_m <= 0) impl_->FreeFlush();  // the window closed
+}
+
+void GemmContext::SetAutotuneFlush(GemmTuningFlush kind) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->flush_kind = kind;
 }
 
 void GemmContext::SetAutotuneCandidates(int candidates) {

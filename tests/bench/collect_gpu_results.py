@@ -134,6 +134,11 @@ def ops(out, results):
          "bash scripts/gpu-run.sh OUT (kernels/cuda/cuda_ops_bench)")
 
 
+def gemm_search(out, results):
+    wrap(out, results, "bench/gemm_search.json", "gemm_search_h200.json",
+         "bash scripts/gpu-run.sh OUT (kernels/cuda/gemm_search_bench)")
+
+
 def tensor_parallel(out, results):
     wrap(out, results, "bench/gpu_tp.json", "gpu_tp_h200x2.json",
          "GPU machine with 2 GPUs: bash scripts/gpu-run.sh OUT (tests/bench/gpu_tp_bench "
@@ -270,7 +275,7 @@ def main():
     out = sys.argv[1]
     results = sys.argv[2] if len(sys.argv) > 2 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results")
-    for step in (decode, attention, ops, tensor_parallel, tensor_parallel_trace,
+    for step in (decode, attention, ops, gemm_search, tensor_parallel, tensor_parallel_trace,
                  tensor_parallel_tuning, tensor_parallel_sampling, decode_qwen3, speculative,
                  speculative_trees, router, generate_parity, doctor):
         step(out, results)
