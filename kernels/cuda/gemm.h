@@ -92,8 +92,8 @@ class GemmContext {
   // m <= max_m that has not been tuned yet is: of the algorithms cuBLASLt's
   // heuristic offers (up to SetAutotuneCandidates' number), each is timed
   // on the call's own operands, every run after an L2 flush (a step streams
-  // its weights from HBM; SetAutotuneFlush), and the fastest is kept for the shape from then
-  // on (a one-time cost of a few hundred GEMMs and flushes, milliseconds
+  // its weights from HBM; SetAutotuneFlush), and the fastest is kept for
+  // the shape from then on (a one-time cost of a few hundred GEMMs and flushes, milliseconds
   // per shape; during stream capture nothing can be timed, and the shape
   // keeps the heuristic's first choice for good). Rounding may then differ
   // between processes, never between calls of one context. Default 0: the
