@@ -31,6 +31,7 @@ struct PeerTable {
 struct Exchange {
   const PeerTable* table;
   uint32_t* state;
+  uint32_t* timed_out;  // host-mapped word: set by a call that gave up (TakeTimedOut)
   int64_t cap;
   int rank, world;
 };
@@ -206,7 +207,10 @@ __device__ __forceinline__ void EndCall(const Exchange& x, const Call& c, uint32
   if (timed_out) s_timed_out = 1;
   __syncthreads();
   if (threadIdx.x != 0) return;
-  if (s_timed_out) atomicAdd(x.state + kTimeouts, 1u);
+  if (s_timed_out) {
+    atomicAdd(x.state + kTimeouts, 1u);
+    *reinterpret_cast<volatile uint32_t*>(x.timed_out) = 1u;
+  }
   // No fence: the state is read by the next call, which starts after this
   // kernel ends, and a fence here would wait until this thread's stores to
   // the peers are acknowledged (2 x H200: the fused 8 KB call took 6.45 us
@@ -549,6 +553,18 @@ absl::StatusOr<std::unique_ptr<P2pAllReduce>> P2pAllReduce::Create(const std::ve
     FillKernel<<<256, 256>>>(g->inbox_[a].as<uint32_t>(), inbox_values / 2, kEmptyPair);
     TESSERA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
+  // One host-mapped word per rank, which a call that gave up sets: the
+  // host reads it after a step without a copy (TakeTimedOut).
+  for (int r = 0; r < n; ++r) {
+    void* host = nullptr;
+    TESSERA_CUDA_RETURN_IF_ERROR(
+        cudaHostAlloc(&host, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable));
+    g->timed_out_.push_back(static_cast<uint32_t*>(host));
+    *g->timed_out_.back() = 0;
+    void* dev = nullptr;
+    TESSERA_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&dev, host, 0));
+    g->timed_out_dev_.push_back(static_cast<uint32_t*>(dev));
+  }
   PeerTable table{};
   for (int r = 0; r < n; ++r) table.inbox[r] = g->inbox_[r].as<uint16_t>();
   for (int r = 0; r < n; ++r) {
@@ -573,7 +589,11 @@ absl::Status P2pAllReduce::AllReduceSumBf16(int rank, Bf16* data, int64_t count,
                                             CudaStream stream) {
   if (absl::Status s = CheckCall(rank, count, data == nullptr); !s.ok()) return s;
   if (count == 0) return absl::OkStatus();
-  const Exchange x{tables_[rank].as<const PeerTable>(), state_[rank].as<uint32_t>(), cap_, rank,
+  const Exchange x{tables_[rank].as<const PeerTable>(),
+                   state_[rank].as<uint32_t>(),
+                   timed_out_dev_[rank],
+                   cap_,
+                   rank,
                    size()};
   uint16_t* d = reinterpret_cast<uint16_t*>(data);
   if (count % 8 == 0 && Aligned16(data)) {
@@ -618,7 +638,11 @@ absl::Status P2pAllReduce::LaunchRmsNorm(int rank, const Bf16* delta, float* res
     return absl::InvalidArgumentError(absl::StrCat("P2P all-reduce + RMSNorm needs cols % 8 == 0 (",
                                                    cols, ") and 16-byte-aligned buffers"));
   }
-  const Exchange x{tables_[rank].as<const PeerTable>(), state_[rank].as<uint32_t>(), cap_, rank,
+  const Exchange x{tables_[rank].as<const PeerTable>(),
+                   state_[rank].as<uint32_t>(),
+                   timed_out_dev_[rank],
+                   cap_,
+                   rank,
                    size()};
   const int ctas = static_cast<int>(std::min<int64_t>(rows, kMaxCtas));  // a row per CTA
   if (rows <= kMaxCtas && cols <= int64_t{8} * kRowBatch * kThreads) {
@@ -632,6 +656,27 @@ absl::Status P2pAllReduce::LaunchRmsNorm(int rank, const Bf16* delta, float* res
       reinterpret_cast<const uint16_t*>(delta), residual, rows, cols, w, eps,
       reinterpret_cast<uint16_t*>(out), accumulate, x);
   return CudaError(cudaGetLastError(), "P2P all-reduce + RMSNorm");
+}
+
+P2pAllReduce::~P2pAllReduce() {
+  for (uint32_t* h : timed_out_) cudaFreeHost(h);
+}
+
+bool P2pAllReduce::TakeTimedOut(int rank) {
+  if (rank < 0 || rank >= size()) return false;
+  volatile uint32_t* flag = timed_out_[rank];
+  const bool timed_out = *flag != 0;
+  *flag = 0;
+  return timed_out;
+}
+
+absl::StatusOr<uint32_t> P2pAllReduce::CallIndex(int rank) {
+  if (rank < 0 || rank >= size()) return absl::InvalidArgumentError("P2P rank out of range");
+  uint32_t buffer = 0;
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinals_[rank]));
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaMemcpy(&buffer, state_[rank].as<uint32_t>() + kBuffer,
+                                          sizeof(buffer), cudaMemcpyDeviceToHost));
+  return buffer;
 }
 
 absl::StatusOr<uint32_t> P2pAllReduce::Timeouts(int rank) {

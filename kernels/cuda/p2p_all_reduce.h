@@ -23,7 +23,7 @@
 // REQUIRES: every rank makes the same sequence of calls with the same
 // sizes (lockstep ranks); count <= max_count. A rank whose peers never
 // arrive gives up after about two seconds and counts a timeout
-// (Timeouts()); its result is then wrong, never a hang.
+// (Timeouts(), TakeTimedOut()); its result is then wrong, never a hang.
 //
 // Thread-safety: Create() from one thread; afterwards rank r's calls from
 // one thread with rank r's device current.
@@ -76,6 +76,21 @@ class P2pAllReduce {
 
   // Calls of `rank` that stopped waiting for a peer (0 when healthy).
   absl::StatusOr<uint32_t> Timeouts(int rank);
+  // Whether a call of `rank` stopped waiting for a peer since the last
+  // TakeTimedOut(rank), which clears it: a read of host memory, no copy, so
+  // callers can check after every step. Valid once the rank's calls so far
+  // have ended (its stream synchronized). A rank that timed out is out of
+  // step with its peers for good (the ranks no longer agree on the inbox
+  // buffer of a call), so every later call would time out as well.
+  bool TakeTimedOut(int rank);
+  // The inbox buffer (0..2) `rank`'s next call uses: equal on every rank
+  // while they are in step (a copy from the device; the rank's stream
+  // must be idle).
+  absl::StatusOr<uint32_t> CallIndex(int rank);
+
+  ~P2pAllReduce();
+  P2pAllReduce(const P2pAllReduce&) = delete;
+  P2pAllReduce& operator=(const P2pAllReduce&) = delete;
 
  private:
   P2pAllReduce() = default;
@@ -89,6 +104,8 @@ class P2pAllReduce {
   std::vector<DeviceBuffer> inbox_;   // per rank: [3 buffers][ranks][cap] bf16
   std::vector<DeviceBuffer> state_;   // per rank: buffer index, previous size, CTAs done, timeouts
   std::vector<DeviceBuffer> tables_;  // per rank: every rank's inbox
+  std::vector<uint32_t*> timed_out_;  // per rank: host-mapped "a call gave up" word
+  std::vector<uint32_t*> timed_out_dev_;
 };
 
 }  // namespace tessera::kernels::cuda

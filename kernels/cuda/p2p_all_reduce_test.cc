@@ -7,7 +7,7 @@
 // capacity are refused; -0.0 values (the protocol's empty marker) are sent
 // as +0.0; the fused residual add + RMSNorm matches the all-reduce followed
 // by FusedAddRmsNorm; a rank whose peer never calls times out instead of
-// hanging.
+// hanging, and says so (TakeTimedOut) and where it stands (CallIndex).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -369,6 +369,13 @@ TEST(P2pAllReduceTest, MissingPeerTimesOutInsteadOfHanging) {
   absl::StatusOr<uint32_t> timeouts = g.p2p->Timeouts(0);
   ASSERT_TRUE(timeouts.ok());
   EXPECT_EQ(*timeouts, 2u);  // one CTA per call
+  // The host-visible word says so once, and rank 0 is now two calls ahead.
+  EXPECT_TRUE(g.p2p->TakeTimedOut(0));
+  EXPECT_FALSE(g.p2p->TakeTimedOut(0));
+  EXPECT_FALSE(g.p2p->TakeTimedOut(1));
+  absl::StatusOr<uint32_t> ahead = g.p2p->CallIndex(0), behind = g.p2p->CallIndex(1);
+  ASSERT_TRUE(ahead.ok() && behind.ok());
+  EXPECT_EQ(*ahead, (*behind + 2) % 3);
 }
 
 }  // namespace

@@ -194,6 +194,13 @@ int main(int argc, char** argv) {
   service_options.tensor_parallel_size = lo.tensor_parallel_size;
   service_options.default_drain_deadline = options.drain_deadline;
   service_options.backends = (*local)->backends;
+  // A runner that can run no more steps (a tensor-parallel group out of
+  // step) takes the worker out of service: readiness and health go to
+  // NOT_SERVING, so routers send its work elsewhere.
+  engine.OnRunnerFailed([&service, &host](const absl::Status&) {
+    service.SetReady(false);
+    host.SetReady(false);
+  });
   engine.Start();
   service.AttachEngine(&engine, service_options);
   if (auto s = tessera::engine::WarmUp(engine); !s.ok()) {

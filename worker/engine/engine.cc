@@ -268,9 +268,21 @@ bool Engine::Step() {
                                : runner_->Forward(forward, &logits);
   observer_->OnStep(*batch, absl::Now() - start);
   if (!run.ok()) {
-    LogError("model step failed; failing the batch's requests",
+    const absl::Status health = runner_->Health();
+    LogError(health.ok() ? "model step failed; failing the batch's requests"
+                         : "model step failed and the runner can run no more; failing every "
+                           "request",
              {{"error", std::string(run.message())}});
-    FailAll(run);
+    if (health.ok()) {
+      FailStep(*batch, run);
+    } else {
+      FailAll(run);
+      EndFailedStep();
+      if (!runner_failed_) {
+        runner_failed_ = true;
+        if (on_runner_failed_) on_runner_failed_(health);
+      }
+    }
     return true;
   }
 
@@ -283,6 +295,7 @@ bool Engine::Step() {
   absl::StatusOr<std::vector<SequenceOutput>> outputs = scheduler_->OnStepDone(sampled);
   if (!outputs.ok()) {
     FailAll(outputs.status());
+    EndFailedStep();
     return true;
   }
   // Load first: a reader that sees a request finish then sees its blocks freed.
@@ -698,6 +711,30 @@ void Engine::Emit(const std::vector<SequenceOutput>& outputs) {
       req.stream->Push(std::move(e));
     }
   }
+}
+
+void Engine::FailStep(const ScheduledBatch& batch, const absl::Status& status) {
+  for (const ScheduledSequence& seq : batch.sequences) {
+    auto it = active_.find(seq.id);
+    if (it == active_.end()) continue;
+    StreamEvent e;
+    e.finished = true;
+    e.error = status;
+    it->second->stream->Push(std::move(e));
+    CloseDrafts(*it->second);
+    pending_reports_.erase(seq.id);
+    active_.erase(it);
+  }
+  EndFailedStep();  // aborts and frees the step's sequences
+}
+
+void Engine::EndFailedStep() {
+  // Without this the scheduler would still hold the step in flight and
+  // refuse every later one.
+  if (absl::StatusOr<std::vector<SequenceId>> ended = scheduler_->OnStepFailed(); !ended.ok()) {
+    LogError("ending a failed step", {{"error", std::string(ended.status().message())}});
+  }
+  PublishLoad();
 }
 
 void Engine::FailAll(const absl::Status& status) {

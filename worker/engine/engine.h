@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -152,6 +153,12 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // Called once, on the loop thread, when a step fails and the runner then
+  // reports itself unable to run any more (ModelRunner::Health): the worker
+  // takes itself out of service. Set before Start().
+  void OnRunnerFailed(std::function<void(const absl::Status&)> fn) {
+    on_runner_failed_ = std::move(fn);
+  }
   // Starts the loop thread.
   void Start();
   // Stops the loop; in-flight requests end with an error event.
@@ -221,12 +228,19 @@ class Engine {
   void CloseDrafts(Request& req);
   void Emit(const std::vector<SequenceOutput>& outputs);
   void FailAll(const absl::Status& status);
+  // After FailAll for a step that produced no usable tokens: the scheduler
+  // drops the step (its sequences freed) and takes new work.
+  void EndFailedStep();
+  // A failed model step: its requests fail with `status`, the others go on.
+  void FailStep(const ScheduledBatch& batch, const absl::Status& status);
   void PublishLoad();
   void ApplyToSnapshot(const KvCacheEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::unique_ptr<runner::ModelRunner> runner_;
   EngineOptions options_;
   EngineObserver* observer_;
+  std::function<void(const absl::Status&)> on_runner_failed_;
+  bool runner_failed_ = false;            // loop thread
   std::unique_ptr<Scheduler> scheduler_;  // engine thread only
 
   mutable absl::Mutex mu_;

@@ -1,6 +1,6 @@
 // The engine loop with the CPU runner on a small random model: batch
 // invariance (also across preemption), prefix caching, cancellation and
-// backpressure.
+// backpressure; a runner that breaks for good.
 #include "worker/engine/engine.h"
 
 #include <cstdlib>
@@ -202,6 +202,129 @@ TEST_F(EngineTest, FullQueueAndBadRequestsAreRefused) {
   EngineRequest hot = Greedy({1, 2}, 4);
   hot.sampling.temperature = -1;
   EXPECT_THAT(std::string(engine->Submit(hot).status().message()), HasSubstr("temperature"));
+}
+
+// A runner whose step number `fail_step` (counting from 1) fails; with
+// `permanent`, every later one too, and Health() says why (a
+// tensor-parallel group whose ranks fell out of step).
+class FailingRunner final : public runner::ModelRunner {
+ public:
+  FailingRunner(std::unique_ptr<runner::ModelRunner> inner, int fail_step, bool permanent)
+      : inner_(std::move(inner)), fail_step_(fail_step), permanent_(permanent) {}
+  const model::ModelConfig& config() const override { return inner_->config(); }
+  int block_size() const override { return inner_->block_size(); }
+  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  absl::Status Forward(const runner::ForwardBatch& batch, std::vector<float>* logits) override {
+    ++steps_;
+    if (steps_ == fail_step_ || (permanent_ && steps_ > fail_step_)) {
+      absl::Status failed = absl::FailedPreconditionError("group out of step");
+      if (permanent_) broken_ = failed;
+      return failed;
+    }
+    return inner_->Forward(batch, logits);
+  }
+  absl::Status Health() const override { return broken_; }
+  int steps() const { return steps_; }
+
+ private:
+  std::unique_ptr<runner::ModelRunner> inner_;
+  int fail_step_;
+  bool permanent_;
+  int steps_ = 0;
+  absl::Status broken_;
+};
+
+class EngineFailureTest : public EngineTest {
+ protected:
+  // An engine over FailingRunner (host sampling), started, whose
+  // OnRunnerFailed reports land in reports_ (read after Stop()).
+  std::unique_ptr<Engine> MakeFailing(int fail_step, bool permanent, FailingRunner** runner,
+                                      int max_num_seqs = 8) {
+    runner::CpuRunnerOptions ro;
+    ro.block_size = 16;
+    ro.num_kv_blocks = 64;
+    auto cpu = runner::CpuModelRunner::Create(model_, ro);
+    EXPECT_TRUE(cpu.ok()) << cpu.status();
+    auto failing = std::make_unique<FailingRunner>(std::move(*cpu), fail_step, permanent);
+    *runner = failing.get();
+    EngineOptions eo;
+    eo.scheduler.max_num_batched_tokens = 256;
+    eo.scheduler.max_num_seqs = max_num_seqs;
+    eo.scheduler.max_model_len = 512;
+    eo.scheduler.watermark = 0;
+    eo.eos_token_ids = {2};
+    eo.device_sampling = false;
+    auto engine = Engine::Create(std::move(failing), eo);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    (*engine)->OnRunnerFailed([this](const absl::Status& s) { reports_.push_back(s); });
+    (*engine)->Start();
+    return std::move(*engine);
+  }
+  std::vector<absl::Status> reports_;
+};
+
+// One failed step fails the request in it and frees its KV blocks; a
+// request waiting outside the step, and one submitted afterwards, run as
+// on a runner that never failed; nothing is reported.
+TEST_F(EngineFailureTest, OneFailedStepFailsItsRequestsOnly) {
+  const std::vector<TokenId> prompt_b = RandomPrompt(8, 5), prompt_c = RandomPrompt(9, 6);
+  std::vector<TokenId> want_b, want_c;
+  {
+    auto healthy = MakeEngine(64);
+    healthy->Start();
+    auto b = healthy->Submit(Greedy(prompt_b, 6));
+    auto c = healthy->Submit(Greedy(prompt_c, 5));
+    ASSERT_TRUE(b.ok() && c.ok());
+    want_b = Collect(**b, nullptr);
+    want_c = Collect(**c, nullptr);
+    ASSERT_EQ(want_b.size(), 6u);
+    ASSERT_EQ(want_c.size(), 5u);
+  }
+  FailingRunner* runner = nullptr;
+  // One sequence per step: b waits while a runs.
+  auto engine = MakeFailing(/*fail_step=*/3, /*permanent=*/false, &runner, /*max_num_seqs=*/1);
+  auto a = engine->Submit(Greedy(RandomPrompt(8, 4), 10));
+  auto b = engine->Submit(Greedy(prompt_b, 6));
+  ASSERT_TRUE(a.ok() && b.ok());
+  StreamEvent end;
+  EXPECT_EQ(Collect(**a, &end).size(), 2u);  // the prefill's token and one decode step's
+  EXPECT_EQ(end.error.code(), absl::StatusCode::kFailedPrecondition) << end.error;
+  EXPECT_EQ(Collect(**b, &end), want_b);
+  EXPECT_TRUE(end.error.ok()) << end.error;
+  auto c = engine->Submit(Greedy(prompt_c, 5));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Collect(**c, &end), want_c);
+  EXPECT_TRUE(end.error.ok()) << end.error;
+  engine->Stop();
+  EXPECT_TRUE(reports_.empty());
+  EXPECT_EQ(engine->Load().kv_blocks_used, 0);  // the failed request's blocks were freed
+}
+
+// A step that fails with the runner broken for good fails its requests
+// with the runner's error and reports the breakage once (the worker then
+// leaves service); later requests fail the same way, without another
+// report.
+TEST_F(EngineFailureTest, BrokenRunnerFailsRequestsAndIsReportedOnce) {
+  FailingRunner* runner = nullptr;
+  auto engine = MakeFailing(/*fail_step=*/4, /*permanent=*/true, &runner);
+  auto first = engine->Submit(Greedy(RandomPrompt(8, 4), 10));
+  ASSERT_TRUE(first.ok()) << first.status();
+  StreamEvent end;
+  EXPECT_EQ(Collect(**first, &end).size(), 3u);  // the prefill's token and two decode steps'
+  EXPECT_EQ(end.error.code(), absl::StatusCode::kFailedPrecondition) << end.error;
+  EXPECT_THAT(std::string(end.error.message()), HasSubstr("group out of step"));
+
+  auto second = engine->Submit(Greedy(RandomPrompt(8, 5), 4));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(Collect(**second, &end).empty());
+  EXPECT_THAT(std::string(end.error.message()), HasSubstr("group out of step"));
+  engine->Stop();
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_EQ(reports_[0].code(), absl::StatusCode::kFailedPrecondition);
+  // The second request ran one failing step, unless it was still in the
+  // engine's inbox when the first failure failed every request.
+  EXPECT_GE(runner->steps(), 4);
+  EXPECT_LE(runner->steps(), 5);
 }
 
 }  // namespace

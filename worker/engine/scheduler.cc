@@ -411,6 +411,34 @@ absl::StatusOr<std::vector<SequenceOutput>> Scheduler::OnStepDone(
   return outputs;
 }
 
+absl::StatusOr<std::vector<SequenceId>> Scheduler::OnStepFailed() {
+  if (!in_flight_.has_value()) {
+    return absl::FailedPreconditionError("OnStepFailed called with no step in flight");
+  }
+  const absl::Time now = Now();
+  std::vector<SequenceId> aborted;
+  for (const InFlight& entry : *in_flight_) {
+    auto it = sequences_.find(entry.id);
+    if (it == sequences_.end()) continue;
+    Sequence* seq = it->second.get();
+    if (!seq->is_finished()) {
+      waiting_.erase(seq);
+      running_.erase(seq);
+      seq->Finish(FinishReason::kAbort, now);
+      ++counters_.num_aborted;
+      aborted.push_back(entry.id);
+    }
+    blocks_->Free(entry.id);
+    sequences_.erase(it);
+  }
+  in_flight_.reset();
+  for (SequenceId id : aborted_in_flight_) {
+    if (sequences_.erase(id) > 0) blocks_->Free(id);
+  }
+  aborted_in_flight_.clear();
+  return aborted;
+}
+
 void Scheduler::CompleteEntry(const InFlight& entry, const SampledTokens* sampled, absl::Time now,
                               std::vector<SequenceOutput>* outputs) {
   Sequence* seq = sequences_.at(entry.id).get();

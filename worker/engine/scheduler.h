@@ -197,6 +197,12 @@ class Scheduler {
   // nothing, when `sampled` does not match the batch (missing, unexpected or
   // duplicate entries, ids outside the vocabulary).
   absl::StatusOr<std::vector<SequenceOutput>> OnStepDone(absl::Span<const SampledTokens> sampled);
+  // Ends the step in flight without results (the model step failed, or its
+  // tokens were refused): its KV is unknown, so every sequence of the step
+  // is aborted and freed, with those aborted during it; returns their ids
+  // (those not aborted before). The scheduler takes new steps afterwards.
+  // FAILED_PRECONDITION with no step in flight.
+  absl::StatusOr<std::vector<SequenceId>> OnStepFailed();
 
   bool HasUnfinished() const { return !running_.empty() || !waiting_.empty(); }
   int num_running() const { return static_cast<int>(running_.size()); }

@@ -500,6 +500,41 @@ TEST(SchedulerTest, AbortDuringAStepCompletesWithTheStep) {
   EXPECT_TRUE(h.scheduler().CheckInvariants().ok()) << h.scheduler().CheckInvariants();
 }
 
+// A failed step: its sequences (one aborted during it) are aborted and
+// freed, one not in the step keeps waiting, and the scheduler takes the
+// next step.
+TEST(SchedulerTest, FailedStepAbortsAndFreesItsSequences) {
+  SchedulerOptions o = BaseOptions();
+  o.max_num_seqs = 2;
+  Harness h(o);
+  FakeModel model(256, 16, kVocab);
+  EXPECT_EQ(h.scheduler().OnStepFailed().status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(h.Add(1, RandomTokens(20, 30), Opts(10)).ok());
+  ASSERT_TRUE(h.Add(2, RandomTokens(20, 31), Opts(10)).ok());
+  ASSERT_TRUE(h.Add(3, RandomTokens(20, 32), Opts(10)).ok());  // beyond max_num_seqs: waits
+  auto batch = h.scheduler().Schedule();
+  ASSERT_TRUE(batch.ok());
+  ASSERT_EQ(batch->sequences.size(), 2u);
+  ASSERT_TRUE(h.scheduler().Abort(2).ok());
+  auto ended = h.scheduler().OnStepFailed();
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_THAT(*ended, ElementsAreArray({SequenceId{1}}));
+  EXPECT_FALSE(h.scheduler().step_in_flight());
+  EXPECT_EQ(h.scheduler().FindSequence(1), nullptr);
+  EXPECT_EQ(h.scheduler().FindSequence(2), nullptr);
+  ASSERT_NE(h.scheduler().FindSequence(3), nullptr);
+  EXPECT_EQ(h.scheduler().block_manager().num_used_blocks(), 0);
+  EXPECT_TRUE(h.scheduler().CheckInvariants().ok()) << h.scheduler().CheckInvariants();
+  auto next = h.scheduler().Schedule();
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_EQ(next->sequences.size(), 1u);
+  EXPECT_EQ(next->sequences[0].id, 3u);
+  auto sampled = model.Run(*next);
+  ASSERT_TRUE(sampled.ok());
+  ASSERT_TRUE(h.scheduler().OnStepDone(*sampled).ok());
+  EXPECT_TRUE(h.scheduler().CheckInvariants().ok()) << h.scheduler().CheckInvariants();
+}
+
 TEST(SchedulerTest, StepProtocolErrorsChangeNothing) {
   Harness h(BaseOptions());
   FakeModel model(256, 16, kVocab);

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/nccl_group.h"
 #include "kernels/cuda/p2p_all_reduce.h"
@@ -139,12 +140,13 @@ absl::Status CudaTensorParallelRunner::RunRank(int r, const runner::ForwardBatch
 
 absl::Status CudaTensorParallelRunner::Forward(const runner::ForwardBatch& batch,
                                                std::vector<float>* logits) {
+  if (absl::Status h = Health(); !h.ok()) return h;
   logits->assign(batch.logits_indices.size() * static_cast<size_t>(config().vocab_size), 0.0f);
   out_ = logits;
   greedy_ = false;
   absl::Status s = RunAll(batch);
   out_ = nullptr;
-  return s;
+  return AfterStep(std::move(s));
 }
 
 absl::Status CudaTensorParallelRunner::ForwardSample(
@@ -155,10 +157,11 @@ absl::Status CudaTensorParallelRunner::ForwardSample(
     return absl::InvalidArgumentError(
         absl::StrCat(rows.size(), " sampling rows for ", r, " logits rows"));
   }
+  if (absl::Status h = Health(); !h.ok()) return h;
   on_device_ = true;
   absl::Status s = RunAll(batch);
   on_device_ = false;
-  if (!s.ok()) return s;
+  if (!s.ok()) return AfterStep(std::move(s));
   // Second round: every rank draws its share of the rows.
   sampling_ = true;
   sample_rows_ = rows;
@@ -166,7 +169,7 @@ absl::Status CudaTensorParallelRunner::ForwardSample(
   s = RunAll(batch);
   sampling_ = false;
   sample_rows_ = {};
-  if (!s.ok()) return s;
+  if (s = AfterStep(std::move(s)); !s.ok()) return s;
   tokens->clear();
   for (const std::vector<int32_t>& part : sample_tokens_) {
     tokens->insert(tokens->end(), part.begin(), part.end());
@@ -190,12 +193,13 @@ absl::Status CudaTensorParallelRunner::SampleRank(int r) {
 
 absl::Status CudaTensorParallelRunner::ForwardGreedy(const runner::ForwardBatch& batch,
                                                      std::vector<int32_t>* tokens) {
+  if (absl::Status h = Health(); !h.ok()) return h;
   greedy_ = true;
   top_ids_.resize(size());
   top_values_.resize(size());
   absl::Status s = RunAll(batch);
   greedy_ = false;
-  if (!s.ok()) return s;
+  if (s = AfterStep(std::move(s)); !s.ok()) return s;
   const size_t rows = batch.logits_indices.size();
   tokens->assign(rows, -1);
   for (size_t i = 0; i < rows; ++i) {
@@ -228,6 +232,85 @@ absl::Status CudaTensorParallelRunner::RunAll(const runner::ForwardBatch& batch)
   absl::Status s = lockstep_->Run();
   batch_ = nullptr;
   return s;
+}
+
+absl::Status CudaTensorParallelRunner::Health() const {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  return broken_;
+}
+
+absl::Status CudaTensorParallelRunner::AfterStep(absl::Status s) {
+  std::string why;
+  // A step that succeeded has synchronized every rank (its results reached
+  // the host), so the p2p all-reduce's "gave up" words are final.
+  if (s.ok() && p2p_ != nullptr) {
+    for (int r = 0; r < size() && why.empty(); ++r) {
+      if (p2p_->TakeTimedOut(r)) {
+        why = absl::StrCat("rank ", r,
+                           "'s all-reduce stopped waiting for its peers after about 2 s (its "
+                           "results were wrong)");
+      }
+    }
+  }
+  if (!s.ok()) why = OutOfStep(s);
+  if (why.empty()) return s;
+  absl::Status broken = absl::FailedPreconditionError(
+      absl::StrCat("tensor-parallel group of ", size(), " ranks out of step: ", why,
+                   s.ok() ? "" : absl::StrCat(" (the step failed: ", s.message(), ")"),
+                   "; no further steps run; restart the worker"));
+  std::lock_guard<std::mutex> lock(health_mu_);
+  broken_ = broken;
+  return broken;
+}
+
+std::string CudaTensorParallelRunner::OutOfStep(const absl::Status& s) {
+  // A rejected batch is refused by every rank before any collective.
+  if (s.code() == absl::StatusCode::kInvalidArgument) return "";
+  if (p2p_ == nullptr) {
+    return "a step failed after its NCCL all-reduces may have started on some ranks only";
+  }
+  // Let every rank's queued work end (a call whose peers never come gives
+  // up after about 2 s), then compare the ranks' next calls.
+  std::vector<uint32_t> next(size());
+  for (int r = 0; r < size(); ++r) {
+    if (absl::Status sync = ranks_[r]->Synchronize(); !sync.ok()) {
+      return absl::StrCat("rank ", r, "'s GPU failed: ", sync.message());
+    }
+    absl::StatusOr<uint32_t> call = p2p_->CallIndex(r);
+    if (!call.ok()) {
+      return absl::StrCat("rank ", r, "'s all-reduce state: ", call.status().message());
+    }
+    next[r] = *call;
+  }
+  for (int r = 0; r < size(); ++r) {
+    if (p2p_->TakeTimedOut(r)) {
+      return absl::StrCat("rank ", r, "'s all-reduce stopped waiting for its peers");
+    }
+    if (next[r] != next[0]) return "the ranks stopped at different all-reduce calls";
+  }
+  return "";
+}
+
+absl::Status CudaTensorParallelRunner::DesyncAllReduceForTest(int rank) {
+  if (p2p_ == nullptr || rank < 0 || rank >= size()) {
+    return absl::FailedPreconditionError("DesyncAllReduceForTest needs the p2p all-reduce");
+  }
+  if (absl::Status s = ranks_[rank]->Synchronize(); !s.ok()) return s;
+  absl::StatusOr<kernels::cuda::Stream> stream = kernels::cuda::Stream::Create();
+  if (!stream.ok()) return stream.status();
+  absl::StatusOr<kernels::cuda::DeviceBuffer> data = kernels::cuda::DeviceBuffer::Allocate(16);
+  if (!data.ok()) return data.status();
+  if (absl::Status s = kernels::cuda::MemsetDevice(data->data(), 0, 16, stream->get()); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          p2p_->AllReduceSumBf16(rank, data->as<kernels::cuda::Bf16>(), 8, stream->get());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = kernels::cuda::Synchronize(stream->get()); !s.ok()) return s;
+  p2p_->TakeTimedOut(rank);  // this call's own timeout: the next step must find its own
+  return absl::OkStatus();
 }
 
 }  // namespace tessera::parallel

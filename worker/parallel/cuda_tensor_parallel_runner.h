@@ -15,7 +15,9 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -85,6 +87,19 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   // replay. The step time minus this is the host's share of a step.
   absl::StatusOr<double> ReplayLastDecodeGraphMs(int replays);
 
+  // FAILED_PRECONDITION once the ranks are out of step: an all-reduce gave
+  // up waiting for a peer (the p2p all-reduce's bounded wait), or a step
+  // failed after the ranks may have made different collective calls (with
+  // p2p: checked, the ranks' next calls differ; with NCCL: any failure but a
+  // rejected batch). Every later Forward, ForwardSample and ForwardGreedy
+  // then returns it without running.
+  absl::Status Health() const override;
+  // Tests: makes one p2p all-reduce call on `rank` alone, which gives up
+  // waiting for its peers after about two seconds and leaves that rank one
+  // call ahead (the timeout it counted is cleared, so the next step has to
+  // find its own). FAILED_PRECONDITION without the p2p all-reduce.
+  absl::Status DesyncAllReduceForTest(int rank);
+
  private:
   CudaTensorParallelRunner() = default;
   // Runs rank `r` on the current batch and scatters its logits slice.
@@ -93,6 +108,12 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   absl::Status SampleRank(int r);
   // Hands the batch to every rank and waits for all.
   absl::Status RunAll(const runner::ForwardBatch& batch);
+  // After a step (`s`, its result): marks the group out of step where it
+  // is (see Health) and returns that instead of `s`.
+  absl::Status AfterStep(absl::Status s);
+  // Why the ranks are out of step after the failed step `s` ("" when they
+  // are not).
+  std::string OutOfStep(const absl::Status& s);
 
   std::unique_ptr<kernels::cuda::NcclGroup> nccl_;
   std::unique_ptr<kernels::cuda::P2pAllReduce> p2p_;  // all_reduce_backend "p2p"
@@ -108,9 +129,11 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   bool split_sampling_ = true;
   absl::Span<const runner::DeviceSamplingRow> sample_rows_;
   std::vector<std::vector<int32_t>> sample_tokens_;  // per rank, its rows' tokens
-  int replays_ = 0;                                  // ReplayLastDecodeGraphMs
-  std::vector<double> replay_ms_;                    // per rank
-  std::vector<std::vector<int32_t>> top_ids_;        // per rank (greedy mode)
+  mutable std::mutex health_mu_;
+  absl::Status broken_;                        // Health(); OK until the group falls out of step
+  int replays_ = 0;                            // ReplayLastDecodeGraphMs
+  std::vector<double> replay_ms_;              // per rank
+  std::vector<std::vector<int32_t>> top_ids_;  // per rank (greedy mode)
   std::vector<std::vector<float>> top_values_;
   std::unique_ptr<LockstepRanks> lockstep_;  // last: its threads go first
 };

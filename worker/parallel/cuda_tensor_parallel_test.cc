@@ -3,13 +3,15 @@
 // access, reproduces TP=1's logits within the bf16 tolerance and transformers'
 // greedy continuations of the trained model pair, eager and with CUDA
 // graphs; token trees (a tree step, CopyKvSlots, a decode step) match TP=1;
-// sampling on the GPUs draws what the host sampler draws; and a rank per
-// GPU is enforced.
+// sampling on the GPUs draws what the host sampler draws; ranks that fell
+// out of step stop the group instead of giving wrong logits; and a rank
+// per GPU is enforced.
 //
 // Tolerance: as worker/runner/cuda_model_runner_test.cc — logits max error
 // <= 0.04 x max(1, max |reference|) against TP=1; greedy tokens compared up
 // to the first fixture step whose top-1/top-2 margin is below 0.25.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -249,6 +251,48 @@ TEST(CudaTensorParallelTest, TwoRanksSampleOnTheDeviceAsTheHostSamplerDoes) {
   EXPECT_EQ((*two)->ForwardSample(bad, std::vector<runner::DeviceSamplingRow>(3), &tokens).code(),
             absl::StatusCode::kInvalidArgument);
   check(step, "decode after a refused batch");
+}
+
+// Ranks out of step (rank 0 one p2p all-reduce call ahead of rank 1, as an
+// asymmetric failure would leave them): the next step's all-reduces give up
+// waiting for their peers, the step fails with FAILED_PRECONDITION instead
+// of returning wrong logits, Health() reports it, and every later step is
+// refused at once without running.
+TEST(CudaTensorParallelTest, RanksOutOfStepBreakTheGroupForGood) {
+  kernels::DetectedCudaDevices found = kernels::DetectCudaDevices();
+  if (found.devices.size() < 2) GTEST_SKIP() << "needs two CUDA devices; " << found.devices.size();
+  if (!kernels::cuda::AllPeersAccessible({found.devices[0].ordinal, found.devices[1].ordinal})) {
+    GTEST_SKIP() << "the p2p all-reduce needs peer access";
+  }
+  auto model = model::LoadModel(SourcePath("models/draft"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  runner::CudaRunnerOptions o = Options(true);
+  o.all_reduce_backend = "p2p";
+  auto two = CudaTensorParallelRunner::Create(model->get(), (*model)->config,
+                                              {found.devices[0], found.devices[1]}, o);
+  ASSERT_TRUE(two.ok()) << two.status();
+  runner::ForwardBatch pre;
+  pre.block_table_stride = 2;
+  pre.AddSequence({5, 17, 29, 41, 53}, 0, {0, 1}, 16, true);
+  std::vector<float> logits;
+  ASSERT_TRUE((*two)->Forward(pre, &logits).ok());
+  EXPECT_TRUE((*two)->Health().ok());
+  // An extra call on rank 0 alone (it gives up after about 2 s).
+  ASSERT_TRUE((*two)->DesyncAllReduceForTest(0).ok());
+  runner::ForwardBatch step;
+  step.block_table_stride = 2;
+  step.AddSequence({61}, 5, {0, 1}, 16, true);
+  const absl::Status s = (*two)->Forward(step, &logits);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("out of step"), std::string::npos) << s;
+  EXPECT_EQ((*two)->Health().code(), absl::StatusCode::kFailedPrecondition);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ((*two)->Forward(step, &logits).code(), absl::StatusCode::kFailedPrecondition);
+  std::vector<int32_t> tokens;
+  EXPECT_EQ((*two)->ForwardSample(step, std::vector<runner::DeviceSamplingRow>(1), &tokens).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*two)->ForwardGreedy(step, &tokens).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
 }
 
 TEST(CudaTensorParallelTest, UnknownAllReduceBackendIsAnError) {

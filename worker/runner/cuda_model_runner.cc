@@ -1028,6 +1028,11 @@ absl::Status CudaModelRunner::SetUseGemv(bool use, int64_t max_weight_elems) {
   return absl::OkStatus();
 }
 
+absl::Status CudaModelRunner::Synchronize() {
+  RETURN_IF_ERROR(kcu::SetDevice(impl_->ordinal));
+  return kcu::Synchronize(impl_->stream.get());
+}
+
 absl::Status CudaModelRunner::SetRopeInAttention(bool in_attention) {
   RETURN_IF_ERROR(kcu::Synchronize(impl_->stream.get()));
   impl_->rope_in_attention = in_attention;

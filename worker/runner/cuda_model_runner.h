@@ -219,6 +219,8 @@ class CudaModelRunner final : public ModelRunner {
   // the default) or in the Rope kernel before it. Drops the captured decode
   // graphs.
   absl::Status SetRopeInAttention(bool in_attention);
+  // Waits until the work this runner queued on its GPU has ended.
+  absl::Status Synchronize();
 
  private:
   struct Impl;

@@ -69,6 +69,11 @@ class ModelRunner {
                                      std::vector<int32_t>* tokens) {
     return absl::UnimplementedError("this runner samples on the host only");
   }
+
+  // OK while the runner can run steps; otherwise why not, for good (a
+  // tensor-parallel group whose ranks fell out of step): every later step
+  // fails with it, and the worker stops taking work. Any thread.
+  virtual absl::Status Health() const { return absl::OkStatus(); }
 };
 
 }  // namespace tessera::runner
