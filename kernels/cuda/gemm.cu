@@ -370,7 +370,7 @@ struct GemmContext::Impl {
     // read (mostly weights), clean lines, so the flush reads (kRead): a
     // flush that writes (kWrite) leaves dirty lines whose write-back then
     // competes with the timed GEMM, which slowed the decode shapes by
-    // 20-30% on the H200 and changed the pick for some of them
+    // 13-31% on the H200 and changed the pick for some of them
     // (tests/bench/results/gemm_search_h200.json).
     if (!flush_tried) {
       flush_tried = true;
