@@ -96,6 +96,17 @@ unsigned ElementwiseBlocks(int64_t total, int threads) {
 
 }  // namespace
 
+absl::Status ReadThroughL2(const void* buf, size_t bytes, int blocks, int* sink,
+                           CudaStream stream) {
+  if (buf == nullptr || sink == nullptr || bytes % 16 != 0 || blocks < 1) {
+    return absl::InvalidArgumentError(
+        "ReadThroughL2: needs a buffer, a sink, a multiple of 16 bytes and a block");
+  }
+  ReadThroughL2Kernel<<<blocks, 512, 0, AsCuda(stream)>>>(static_cast<const int4*>(buf),
+                                                          static_cast<int64_t>(bytes / 16), sink);
+  return CheckLastLaunch("ReadThroughL2");
+}
+
 // Key: m, n, k, fp32 output, bias, alignments of x, w, y, bias.
 using GemmKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, int>;
 

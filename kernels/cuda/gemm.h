@@ -72,6 +72,13 @@ class GemmTuningTable {
 
 enum class GemmTuningFlush { kRead, kWrite };
 
+// Reads `bytes` (a multiple of 16) of device memory at `buf` through L2,
+// not L1, with `blocks` CTAs, so that L2 ends up holding clean lines of it
+// only: the flush GemmContext's tuning runs before each timed GEMM
+// (GemmTuningFlush::kRead). `sink` (device, 4 bytes) is written only for a
+// sum of the words that a buffer of zeros never has.
+absl::Status ReadThroughL2(const void* buf, size_t bytes, int blocks, int* sink, CudaStream stream);
+
 class GemmContext {
  public:
   // Creates the handle and workspace on the current device.

@@ -32,6 +32,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/cuda/gemm.h"
 
 namespace {
 
@@ -51,16 +52,6 @@ void CheckLt(cublasStatus_t s, const char* what) {
   }
 }
 
-__global__ void ReadThroughL2(const int4* __restrict__ p, int64_t n, int* sink) {
-  int acc = 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int4 v = __ldcg(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x5eed5eed) *sink = acc;
-}
-
 struct Bench {
   cublasLtHandle_t handle = nullptr;
   cublasLtMatmulDesc_t desc = nullptr;
@@ -73,10 +64,12 @@ struct Bench {
 
   void Flush(bool read, int i) {
     if (read) {
-      ReadThroughL2<<<flush_blocks, 512, 0, stream>>>(static_cast<const int4*>(flush),
-                                                      static_cast<int64_t>(flush_bytes / 16),
-                                                      static_cast<int*>(ws));
-      Check(cudaGetLastError(), "flush");
+      const absl::Status s = tessera::kernels::cuda::ReadThroughL2(flush, flush_bytes, flush_blocks,
+                                                                   static_cast<int*>(ws), stream);
+      if (!s.ok()) {
+        std::fprintf(stderr, "flush: %s\n", s.ToString().c_str());
+        std::exit(1);
+      }
     } else {
       Check(cudaMemsetAsync(flush, i & 0xff, flush_bytes, stream), "flush");
     }
