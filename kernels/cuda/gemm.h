@@ -100,10 +100,11 @@ class GemmContext {
   // heuristic offers (up to SetAutotuneCandidates' number), each is timed
   // on the call's own operands, every run after an L2 flush (a step streams
   // its weights from HBM; SetAutotuneFlush), and the fastest is kept for
-  // the shape from then on (a one-time cost of a few hundred GEMMs and flushes, milliseconds
-  // per shape; during stream capture nothing can be timed, and the shape
-  // keeps the heuristic's first choice for good). Rounding may then differ
-  // between processes, never between calls of one context. Default 0: the
+  // the shape from then on (a one-time cost of a few hundred GEMMs and
+  // flushes, milliseconds per shape; during stream capture nothing can be
+  // timed, and the shape keeps the heuristic's first choice for good).
+  // Rounding may then differ between processes, never between calls of one
+  // context. Default 0: the
   // heuristic's first choice. The CUDA runner opens this window for one
   // eager decode step per batch bucket, before it captures that bucket's
   // first graph.

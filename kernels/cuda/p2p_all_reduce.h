@@ -79,9 +79,11 @@ class P2pAllReduce {
   // Whether a call of `rank` stopped waiting for a peer since the last
   // TakeTimedOut(rank), which clears it: a read of host memory, no copy, so
   // callers can check after every step. Valid once the rank's calls so far
-  // have ended (its stream synchronized). A rank that timed out is out of
-  // step with its peers for good (the ranks no longer agree on the inbox
-  // buffer of a call), so every later call would time out as well.
+  // have ended (its stream synchronized). After a timeout the group cannot
+  // be trusted again: a rank that made a call its peers did not is out of
+  // step with them (every later call pairs the wrong partners), and a peer
+  // that was only late pushes its values into a slot the waiting rank has
+  // since marked empty again, where a later call would take them.
   bool TakeTimedOut(int rank);
   // The inbox buffer (0..2) `rank`'s next call uses: equal on every rank
   // while they are in step (a copy from the device; the rank's stream
