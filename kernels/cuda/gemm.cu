@@ -351,14 +351,12 @@ struct GemmContext::Impl {
   }
 
   // One flush of L2 before timed run `i` (flush != nullptr).
-  cudaError_t Flush(int i, CudaStream stream) {
+  absl::Status Flush(int i, CudaStream stream) {
     if (flush_kind == GemmTuningFlush::kWrite) {
-      return cudaMemsetAsync(flush, i & 0xff, flush_bytes, AsCuda(stream));
+      return CudaError(cudaMemsetAsync(flush, i & 0xff, flush_bytes, AsCuda(stream)),
+                       "GEMM autotune flush");
     }
-    ReadThroughL2Kernel<<<flush_blocks, 512, 0, AsCuda(stream)>>>(
-        static_cast<const int4*>(flush), static_cast<int64_t>(flush_bytes / 16),
-        static_cast<int*>(workspace));
-    return cudaGetLastError();
+    return ReadThroughL2(flush, flush_bytes, flush_blocks, static_cast<int*>(workspace), stream);
   }
 
   // Times `candidates` (see Tune) and sets p.algo to the fastest; `found`
@@ -414,9 +412,11 @@ struct GemmContext::Impl {
       if (run() != CUBLAS_STATUS_SUCCESS) continue;
       float total_ms = 0.f;
       cudaError_t err = cudaSuccess;
-      for (int i = 0; i < kAutotuneReps && err == cudaSuccess; ++i) {
-        if (flush != nullptr) err = Flush(i, stream);
-        if (err == cudaSuccess) err = cudaEventRecord(start, AsCuda(stream));
+      absl::Status flushed;
+      for (int i = 0; i < kAutotuneReps && err == cudaSuccess && flushed.ok(); ++i) {
+        if (flush != nullptr) flushed = Flush(i, stream);
+        if (!flushed.ok()) break;
+        err = cudaEventRecord(start, AsCuda(stream));
         if (err == cudaSuccess && run() != CUBLAS_STATUS_SUCCESS) err = cudaErrorUnknown;
         if (err == cudaSuccess) err = cudaEventRecord(stop, AsCuda(stream));
         if (err == cudaSuccess) err = cudaEventSynchronize(stop);
@@ -424,8 +424,8 @@ struct GemmContext::Impl {
         if (err == cudaSuccess) err = cudaEventElapsedTime(&ms, start, stop);
         total_ms += ms;
       }
-      if (err != cudaSuccess) {
-        status.Update(CudaError(err, "GEMM autotune"));
+      if (!flushed.ok() || err != cudaSuccess) {
+        status.Update(flushed.ok() ? CudaError(err, "GEMM autotune") : flushed);
         break;
       }
       if (!have_best || total_ms < best_ms) {

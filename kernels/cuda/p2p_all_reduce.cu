@@ -670,22 +670,17 @@ bool P2pAllReduce::TakeTimedOut(int rank) {
   return timed_out;
 }
 
-absl::StatusOr<uint32_t> P2pAllReduce::CallIndex(int rank) {
+absl::StatusOr<uint32_t> P2pAllReduce::StateWord(int rank, int word) {
   if (rank < 0 || rank >= size()) return absl::InvalidArgumentError("P2P rank out of range");
-  uint32_t buffer = 0;
+  uint32_t value = 0;
   TESSERA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinals_[rank]));
-  TESSERA_CUDA_RETURN_IF_ERROR(cudaMemcpy(&buffer, state_[rank].as<uint32_t>() + kBuffer,
-                                          sizeof(buffer), cudaMemcpyDeviceToHost));
-  return buffer;
+  TESSERA_CUDA_RETURN_IF_ERROR(cudaMemcpy(&value, state_[rank].as<uint32_t>() + word, sizeof(value),
+                                          cudaMemcpyDeviceToHost));
+  return value;
 }
 
-absl::StatusOr<uint32_t> P2pAllReduce::Timeouts(int rank) {
-  if (rank < 0 || rank >= size()) return absl::InvalidArgumentError("P2P rank out of range");
-  uint32_t timeouts = 0;
-  TESSERA_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinals_[rank]));
-  TESSERA_CUDA_RETURN_IF_ERROR(cudaMemcpy(&timeouts, state_[rank].as<uint32_t>() + kTimeouts,
-                                          sizeof(timeouts), cudaMemcpyDeviceToHost));
-  return timeouts;
-}
+absl::StatusOr<uint32_t> P2pAllReduce::CallIndex(int rank) { return StateWord(rank, kBuffer); }
+
+absl::StatusOr<uint32_t> P2pAllReduce::Timeouts(int rank) { return StateWord(rank, kTimeouts); }
 
 }  // namespace tessera::kernels::cuda

@@ -97,6 +97,8 @@ class P2pAllReduce {
  private:
   P2pAllReduce() = default;
   absl::Status CheckCall(int rank, int64_t count, bool null_data) const;
+  // Word `word` of rank's call state, copied from its device.
+  absl::StatusOr<uint32_t> StateWord(int rank, int word);
   absl::Status LaunchRmsNorm(int rank, const Bf16* delta, float* residual, int64_t rows,
                              int64_t cols, const float* w, float eps, Bf16* out, bool accumulate,
                              CudaStream stream);
