@@ -200,6 +200,21 @@ void ServiceHost::RequestDrain(absl::Duration deadline, std::string reason) {
   drain_.Begin(deadline, std::move(reason));
 }
 
+void ServiceHost::RequestFailureExit(std::string reason) {
+  int expected = 0;
+  if (!exit_code_.compare_exchange_strong(expected, kExitServiceFailed)) return;
+  LogError("the service failed for good; exiting so that it is restarted",
+           {{"reason", reason}, {"exit_code", kExitServiceFailed}});
+  // Out of service at once, before the drain loop notices.
+  if (server_) {
+    grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+    for (auto& [service, name] : services_) health->SetServingStatus(name, false);
+    health->SetServingStatus("", false);
+  }
+  metrics_.SetReady(false);
+  drain_.Begin(std::min(options_.drain_deadline, kFailureDrainDeadline), std::move(reason));
+}
+
 void ServiceHost::WaitForDrainRequest() {
   sigset_t set;
   sigemptyset(&set);
@@ -263,8 +278,9 @@ int ServiceHost::RunUntilShutdown() {
   done.store(true);
   signal_thread.join();
   metrics_.Stop();
-  LogInfo("stopped", {{"clean", idle ? "true" : "false"}});
-  return 0;
+  const int code = exit_code_.load();
+  LogInfo("stopped", {{"clean", idle ? "true" : "false"}, {"exit_code", code}});
+  return code;
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(

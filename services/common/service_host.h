@@ -12,6 +12,10 @@
 //
 // A second SIGTERM/SIGINT during the drain cuts the deadline to now.
 //
+// RequestFailureExit runs the same drain when the service has failed for
+// good, with liveness NOT_SERVING too, and ends with exit code 3 so that the
+// supervisor restarts the process.
+//
 // Under systemd (Type=notify) it sends READY=1 when readiness first turns
 // SERVING (after preflight, model load and warm-up), STOPPING=1 when the
 // drain starts, and WATCHDOG=1 at half of WatchdogSec while running.
@@ -84,11 +88,22 @@ class ServiceHost {
   void SetReady(bool ready);
 
   // Blocks until a signal or a Drain request, drains, shuts down. Returns
-  // the process exit code (0 after a clean drain).
+  // the process exit code (0 after a clean drain, kExitServiceFailed after
+  // RequestFailureExit).
   int RunUntilShutdown();
 
   // Starts a drain from inside the process (the Drain RPC).
   void RequestDrain(absl::Duration deadline, std::string reason);
+
+  // The service can no longer do its work (a worker whose model runner
+  // failed for good): liveness and readiness turn NOT_SERVING, a drain of
+  // at most kFailureDrainDeadline starts (the caller has already failed the
+  // work in flight), and RunUntilShutdown returns kExitServiceFailed, so
+  // that systemd (Restart=on-failure) or the kubelet starts the process
+  // afresh. Any thread; later calls change nothing.
+  void RequestFailureExit(std::string reason);
+  static constexpr int kExitServiceFailed = 3;
+  static constexpr absl::Duration kFailureDrainDeadline = absl::Seconds(5);
 
   DrainState& drain() { return drain_; }
   MetricsServer& metrics() { return metrics_; }
@@ -107,6 +122,7 @@ class ServiceHost {
   std::unique_ptr<grpc::Server> server_;
   int grpc_port_ = 0;
   std::atomic<bool> notified_ready_{false};
+  std::atomic<int> exit_code_{0};
   std::thread watchdog_;  // systemd watchdog pings, when enabled
 };
 

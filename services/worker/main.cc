@@ -197,9 +197,13 @@ int main(int argc, char** argv) {
   // A runner that can run no more steps (a tensor-parallel group out of
   // step) takes the worker out of service: readiness and health go to
   // NOT_SERVING, so routers send its work elsewhere.
-  engine.OnRunnerFailed([&service, &host](const absl::Status&) {
+  // A runner that can run no more steps (a tensor-parallel group whose
+  // ranks fell out of step) has failed its requests with UNAVAILABLE, which
+  // routers retry elsewhere; the process then drains and exits with
+  // ServiceHost::kExitServiceFailed, and its supervisor starts it afresh.
+  engine.OnRunnerFailed([&service, &host](const absl::Status& why) {
     service.SetReady(false);
-    host.SetReady(false);
+    host.RequestFailureExit(absl::StrCat("model runner failed: ", why.message()));
   });
   engine.Start();
   service.AttachEngine(&engine, service_options);

@@ -1,8 +1,8 @@
 // The router on loopback in front of real tessera-worker processes (tiny
 // fixture models, or simulated models whose cost is time): routing and
-// streaming, migration when a worker is killed mid-stream, routing around a
-// hung (SIGSTOP'd) worker, cancellation reaching the worker, admission
-// control and API keys.
+// streaming, migration when a worker is killed mid-stream or its model
+// runner fails for good, routing around a hung (SIGSTOP'd) worker,
+// cancellation reaching the worker, admission control and API keys.
 #include <signal.h>
 
 #include <algorithm>
@@ -71,12 +71,14 @@ struct Cluster {
   std::unique_ptr<Inference::Stub> stub;
 };
 
-Cluster StartCluster(int n, const std::vector<std::string>& worker_args,
+// One worker per entry of `worker_args` (its flags), then the router.
+Cluster StartCluster(const std::vector<std::vector<std::string>>& worker_args,
                      std::vector<std::string> router_args = {}, const std::string& api_key = "") {
   Cluster c;
   std::vector<std::string> addrs;
-  for (int i = 0; i < n; ++i) {
-    c.workers.push_back(Start("services/worker/tessera-worker", worker_args));
+  const int n = static_cast<int>(worker_args.size());
+  for (const std::vector<std::string>& args : worker_args) {
+    c.workers.push_back(Start("services/worker/tessera-worker", args));
     addrs.push_back(absl::StrCat("127.0.0.1:", c.workers.back().grpc_port));
   }
   router_args.push_back("--workers=" + absl::StrJoin(addrs, ","));
@@ -96,6 +98,12 @@ Cluster StartCluster(int n, const std::vector<std::string>& worker_args,
   }
   EXPECT_TRUE(ready) << "router log:\n" << c.router.process->ReadLog();
   return c;
+}
+
+Cluster StartCluster(int n, const std::vector<std::string>& worker_args,
+                     std::vector<std::string> router_args = {}, const std::string& api_key = "") {
+  return StartCluster(std::vector<std::vector<std::string>>(n, worker_args), std::move(router_args),
+                      api_key);
 }
 
 GenerateRequest Greedy(const std::vector<int32_t>& prompt, int max_tokens) {
@@ -217,6 +225,52 @@ TEST(RouterTest, KillNineMidStreamMigratesWithoutLosingOrRepeatingTokens) {
     EXPECT_EQ(killed[i].complete.usage().completion_tokens(), kTokens);
   }
   EXPECT_GT(MetricValue(c.router.metrics_port, "tessera_router_migrations_total"), 0);
+}
+
+// A worker whose model runner fails for good (as a tensor-parallel group
+// whose ranks fell out of step) ends its streams with UNAVAILABLE: the
+// router resumes them on the other worker, so every client stream completes
+// with the tokens a healthy cluster gives, and the failed worker exits with
+// code 3 for its supervisor to restart it.
+TEST(RouterTest, StreamsOfAWorkerWhoseRunnerFailsForGoodMoveOnAndTheWorkerExits) {
+  // Worker 0 breaks at its 31st step (the warm-up is its first), some 0.6 s
+  // into the streams; round robin gives it half of them.
+  Cluster c = StartCluster({{std::string(kSlowSim) + ",fail_after_steps=30"}, {kSlowSim}},
+                           {"--policy=round_robin"});
+  const int kStreams = 8, kTokens = 40;
+  auto prompt = [](int i) {
+    std::vector<int32_t> p;
+    for (int j = 0; j < 6 + i; ++j) p.push_back(3 + (i * 17 + j * 11) % 1000);
+    return p;
+  };
+  auto run_all = [&] {
+    std::vector<Result> results(kStreams);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kStreams; ++i) {
+      threads.emplace_back(
+          [&, i] { results[i] = RunStream(c.stub.get(), Greedy(prompt(i), kTokens)); });
+    }
+    for (auto& t : threads) t.join();
+    return results;
+  };
+  std::vector<Result> failed_over = run_all();
+  auto exit = c.workers[0].process->Wait(absl::Seconds(30));
+  ASSERT_TRUE(exit.has_value()) << "worker 0 still runs:\n" << c.workers[0].process->ReadLog();
+  EXPECT_TRUE(exit->exited);
+  EXPECT_EQ(exit->code, 3) << c.workers[0].process->ReadLog();
+  EXPECT_THAT(c.workers[0].process->ReadLog(),
+              HasSubstr("the simulated device broke after 30 steps"));
+  EXPECT_GT(MetricValue(c.router.metrics_port, "tessera_router_migrations_total"), 0);
+  // The same streams again, all on worker 1 now.
+  std::vector<Result> reference = run_all();
+  for (int i = 0; i < kStreams; ++i) {
+    SCOPED_TRACE(absl::StrCat("stream ", i));
+    ASSERT_TRUE(failed_over[i].status.ok()) << failed_over[i].status.error_message();
+    ASSERT_TRUE(reference[i].status.ok()) << reference[i].status.error_message();
+    EXPECT_EQ(failed_over[i].tokens.size(), static_cast<size_t>(kTokens));
+    EXPECT_EQ(failed_over[i].tokens, reference[i].tokens);
+    EXPECT_EQ(failed_over[i].complete.usage().completion_tokens(), kTokens);
+  }
 }
 
 TEST(RouterTest, HungWorkerIsRoutedAroundWithinTheStalenessBound) {

@@ -1,7 +1,8 @@
 // The real tessera-worker binary on loopback: many concurrent streams with
 // outputs checked against transformers' fixtures, cancellation freeing KV
-// blocks (seen through WatchLoad), SIGTERM draining in-flight streams, and
-// precise INVALID_ARGUMENT / RESOURCE_EXHAUSTED answers.
+// blocks (seen through WatchLoad), SIGTERM draining in-flight streams,
+// precise INVALID_ARGUMENT / RESOURCE_EXHAUSTED answers, and a worker whose
+// model runner fails for good leaving service with exit code 3.
 #include <signal.h>
 
 #include <atomic>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
@@ -342,6 +344,52 @@ TEST(WorkerTest, FullQueueAnswersResourceExhausted) {
   EXPECT_GT(ok, 0) << results[0].status.error_message();
   EXPECT_GT(exhausted, 0);
   EXPECT_EQ(ok + exhausted, kStreams);
+}
+
+// The health status of `service` ("" = liveness); UNKNOWN when the call
+// fails.
+grpc::health::v1::HealthCheckResponse::ServingStatus HealthOf(
+    const std::shared_ptr<grpc::Channel>& channel, const std::string& service) {
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  return stub->Check(&ctx, req, &resp).ok() ? resp.status()
+                                            : grpc::health::v1::HealthCheckResponse::UNKNOWN;
+}
+
+// A model runner that breaks for good (as a tensor-parallel group whose
+// ranks fell out of step): the stream in flight ends with UNAVAILABLE naming
+// the cause after the tokens of the steps that ran, liveness and readiness
+// turn NOT_SERVING, later requests are refused, and the process exits with
+// code 3 for its supervisor to restart it.
+TEST(WorkerTest, RunnerThatFailsForGoodEndsStreamsUnavailableAndExitsThree) {
+  // Step 1 is the warm-up, 2 the request's prefill, 3..6 decode steps; step
+  // 7 fails. The grace period keeps the process up for the checks below.
+  RunningWorker w =
+      StartWorker("", {"--simulate=vocab=512,context=4096,decode_step_us=2000,fail_after_steps=6",
+                       "--drain_grace=3s"});
+  ASSERT_TRUE(w.stub);
+  const absl::Time start = absl::Now();
+  StreamResult r = RunStream(w.stub.get(), Greedy({5, 6, 7}, 50));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_THAT(r.status.error_message(),
+              HasSubstr("model runner failed for good: the simulated device broke after 6 steps"));
+  EXPECT_EQ(r.tokens.size(), 5u);  // the prefill's token and four decode steps'
+  using grpc::health::v1::HealthCheckResponse;
+  EXPECT_EQ(HealthOf(w.channel, ""), HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(HealthOf(w.channel, "tessera.v1.Worker"), HealthCheckResponse::NOT_SERVING);
+  StreamResult later = RunStream(w.stub.get(), Greedy({5, 6, 7}, 5));
+  EXPECT_EQ(later.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(later.tokens.empty());
+  auto exit = w.process->Wait(absl::Seconds(30));
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_TRUE(exit->exited);
+  EXPECT_EQ(exit->code, 3) << w.process->ReadLog();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_THAT(w.process->ReadLog(), HasSubstr("the service failed for good"));
 }
 
 }  // namespace

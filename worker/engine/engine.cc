@@ -276,12 +276,17 @@ bool Engine::Step() {
     if (health.ok()) {
       FailStep(*batch, run);
     } else {
-      FailAll(run);
-      EndFailedStep();
+      // The worker leaves service first, so that a router does not send the
+      // failed requests back to it.
       if (!runner_failed_) {
         runner_failed_ = true;
         if (on_runner_failed_) on_runner_failed_(health);
       }
+      // UNAVAILABLE: the requests themselves are sound, so a router retries
+      // them, or resumes them after the tokens already sent, elsewhere.
+      FailAll(absl::UnavailableError(
+          absl::StrCat("the worker's model runner failed for good: ", health.message())));
+      EndFailedStep();
     }
     return true;
   }

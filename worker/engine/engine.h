@@ -155,7 +155,9 @@ class Engine {
 
   // Called once, on the loop thread, when a step fails and the runner then
   // reports itself unable to run any more (ModelRunner::Health): the worker
-  // takes itself out of service. Set before Start().
+  // takes itself out of service. Every request in the engine, and every
+  // later one, then fails with UNAVAILABLE naming the runner's reason (the
+  // request is sound: a router may run it elsewhere). Set before Start().
   void OnRunnerFailed(std::function<void(const absl::Status&)> fn) {
     on_runner_failed_ = std::move(fn);
   }

@@ -301,9 +301,9 @@ TEST_F(EngineFailureTest, OneFailedStepFailsItsRequestsOnly) {
 }
 
 // A step that fails with the runner broken for good fails its requests
-// with the runner's error and reports the breakage once (the worker then
-// leaves service); later requests fail the same way, without another
-// report.
+// with UNAVAILABLE naming the runner's reason (so that a router runs them
+// elsewhere) and reports the breakage once (the worker then leaves
+// service); later requests fail the same way, without another report.
 TEST_F(EngineFailureTest, BrokenRunnerFailsRequestsAndIsReportedOnce) {
   FailingRunner* runner = nullptr;
   auto engine = MakeFailing(/*fail_step=*/4, /*permanent=*/true, &runner);
@@ -311,12 +311,14 @@ TEST_F(EngineFailureTest, BrokenRunnerFailsRequestsAndIsReportedOnce) {
   ASSERT_TRUE(first.ok()) << first.status();
   StreamEvent end;
   EXPECT_EQ(Collect(**first, &end).size(), 3u);  // the prefill's token and two decode steps'
-  EXPECT_EQ(end.error.code(), absl::StatusCode::kFailedPrecondition) << end.error;
-  EXPECT_THAT(std::string(end.error.message()), HasSubstr("group out of step"));
+  EXPECT_EQ(end.error.code(), absl::StatusCode::kUnavailable) << end.error;
+  EXPECT_THAT(std::string(end.error.message()),
+              HasSubstr("model runner failed for good: group out of step"));
 
   auto second = engine->Submit(Greedy(RandomPrompt(8, 5), 4));
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_TRUE(Collect(**second, &end).empty());
+  EXPECT_EQ(end.error.code(), absl::StatusCode::kUnavailable) << end.error;
   EXPECT_THAT(std::string(end.error.message()), HasSubstr("group out of step"));
   engine->Stop();
   ASSERT_EQ(reports_.size(), 1u);

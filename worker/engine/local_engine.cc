@@ -46,6 +46,7 @@ runner::SimulatedRunnerOptions ToRunnerOptions(const SimulationOptions& s) {
   r.prefill_us_per_token = s.prefill_us_per_token;
   r.decode_step_us = s.decode_step_us;
   r.decode_us_per_seq = s.decode_us_per_seq;
+  r.fail_after_steps = s.fail_after_steps;
   return r;
 }
 
@@ -95,10 +96,13 @@ absl::StatusOr<SimulationOptions> ParseSimulationSpec(std::string_view spec) {
       status = micros(&o.decode_us_per_seq);
     } else if (key == "kv_bytes_per_token") {
       status = integer(1, int64_t{1} << 40, &o.kv_bytes_per_token);
+    } else if (key == "fail_after_steps") {
+      status = integer(0, int64_t{1} << 40, &o.fail_after_steps);
     } else {
       status = BadSpecPair(pair,
                            "unknown key; known: vocab, context, prefill_us_per_token, "
-                           "decode_step_us, decode_us_per_seq, kv_bytes_per_token");
+                           "decode_step_us, decode_us_per_seq, kv_bytes_per_token, "
+                           "fail_after_steps");
     }
     if (!status.ok()) return status;
   }
@@ -110,7 +114,8 @@ std::string SimulationSpecString(const SimulationOptions& o) {
                       ",prefill_us_per_token=", ShortestDouble(o.prefill_us_per_token),
                       ",decode_step_us=", ShortestDouble(o.decode_step_us),
                       ",decode_us_per_seq=", ShortestDouble(o.decode_us_per_seq),
-                      ",kv_bytes_per_token=", o.kv_bytes_per_token);
+                      ",kv_bytes_per_token=", o.kv_bytes_per_token,
+                      ",fail_after_steps=", o.fail_after_steps);
 }
 
 LocalEngine::~LocalEngine() {

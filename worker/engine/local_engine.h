@@ -48,6 +48,9 @@ struct SimulationOptions {
   // blocks when kv_cache_blocks is 0. Default: Llama-3-8B in 16-bit
   // (32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes).
   int64_t kv_bytes_per_token = 131072;
+  // > 0: the runner breaks for good after this many steps (tests of a
+  // worker whose device fails; runner::SimulatedRunnerOptions).
+  int64_t fail_after_steps = 0;
 };
 
 // Parses a spec such as
@@ -57,7 +60,7 @@ struct SimulationOptions {
 // defaults. Spaces around keys and values are ignored. INVALID_ARGUMENT
 // naming the pair for an unknown or repeated key, a malformed number or a
 // value out of range (costs: finite, in [0, 1e9] us; context in [1, 2^30];
-// kv_bytes_per_token >= 1).
+// kv_bytes_per_token >= 1; fail_after_steps >= 0).
 absl::StatusOr<SimulationOptions> ParseSimulationSpec(std::string_view spec);
 
 // The canonical spec of `options` (every key, in declaration order); it

@@ -50,6 +50,10 @@ absl::StatusOr<std::unique_ptr<SimulatedModelRunner>> SimulatedModelRunner::Crea
   if (auto s = CheckCost(options.prefill_us_per_token, "prefill_us_per_token"); !s.ok()) return s;
   if (auto s = CheckCost(options.decode_step_us, "decode_step_us"); !s.ok()) return s;
   if (auto s = CheckCost(options.decode_us_per_seq, "decode_us_per_seq"); !s.ok()) return s;
+  if (options.fail_after_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fail_after_steps must be >= 0, got ", options.fail_after_steps));
+  }
   return std::unique_ptr<SimulatedModelRunner>(new SimulatedModelRunner(std::move(options)));
 }
 
@@ -102,9 +106,21 @@ absl::Status SimulatedModelRunner::ValidateBatch(const ForwardBatch& b) const {
                                   options_.block_size, options_.num_kv_blocks});
 }
 
+bool SimulatedModelRunner::Broken() const {
+  return options_.fail_after_steps > 0 && steps_.load() >= options_.fail_after_steps;
+}
+
+absl::Status SimulatedModelRunner::Health() const {
+  if (!Broken()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the simulated device broke after ", options_.fail_after_steps, " steps (fail_after_steps)"));
+}
+
 absl::Status SimulatedModelRunner::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
   const absl::Time start = absl::Now();
+  if (Broken()) return absl::InternalError("simulated device failure");
   if (auto s = ValidateBatch(batch); !s.ok()) return s;
+  steps_.fetch_add(1);
   const int64_t vocab = config_.vocab_size;
   const size_t rows = batch.logits_indices.size();
   logits->assign(rows * static_cast<size_t>(vocab), 0.0f);

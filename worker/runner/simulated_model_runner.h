@@ -35,9 +35,11 @@
 // would with a real runner.
 //
 // Thread-safety: not thread-safe (one engine loop owns it), like every
-// ModelRunner. NextToken and StepCost are pure.
+// ModelRunner, except Health() (any thread). NextToken and StepCost are
+// pure.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -59,6 +61,11 @@ struct SimulatedRunnerOptions {
   double prefill_us_per_token = 20;
   double decode_step_us = 2000;
   double decode_us_per_seq = 50;
+  // For tests of a worker whose device fails: after this many steps the
+  // runner breaks for good (every later step fails at once and Health()
+  // says why), as a tensor-parallel group whose ranks fell out of step
+  // does. 0 = never. >= 0.
+  int64_t fail_after_steps = 0;
 };
 
 class SimulatedModelRunner final : public ModelRunner {
@@ -95,7 +102,10 @@ class SimulatedModelRunner final : public ModelRunner {
 
   // Validates the batch (INVALID_ARGUMENT, without waiting, when malformed),
   // waits StepCost(batch), and returns one logits row per logits index.
+  // Once broken (fail_after_steps), INTERNAL at once.
   absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
+  // FAILED_PRECONDITION once fail_after_steps steps have run.
+  absl::Status Health() const override;
   // Chains only: the engine verifies a token tree's first-child chain.
   bool SupportsTreeAttention() const override { return false; }
 
@@ -103,8 +113,11 @@ class SimulatedModelRunner final : public ModelRunner {
   explicit SimulatedModelRunner(SimulatedRunnerOptions options);
   absl::Status ValidateBatch(const ForwardBatch& batch) const;
 
+  bool Broken() const;
+
   SimulatedRunnerOptions options_;
   model::ModelConfig config_;
+  std::atomic<int64_t> steps_{0};  // steps run (Health() reads it from any thread)
 };
 
 }  // namespace tessera::runner

@@ -151,6 +151,31 @@ TEST(SimulatedModelRunnerTest, MalformedBatchesFailAtOnce) {
   }
 }
 
+// fail_after_steps: the steps before it run; from then on every step fails
+// at once (a malformed batch too) and Health() says why; a rejected batch
+// does not count as a step.
+TEST(SimulatedModelRunnerTest, BreaksForGoodAfterFailAfterSteps) {
+  SimulatedRunnerOptions o = Costs(0, 0, 0);
+  o.fail_after_steps = 2;
+  auto created = SimulatedModelRunner::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status();
+  SimulatedModelRunner& runner = **created;
+  const ForwardBatch good = BatchBuilder(2).Add(Iota(5, 10), 0).Build();
+  ForwardBatch bad = good;
+  bad.token_ids[0] = -1;
+  std::vector<float> logits;
+  EXPECT_EQ(runner.Forward(bad, &logits).code(), absl::StatusCode::kInvalidArgument);
+  for (int step = 0; step < 2; ++step) {
+    EXPECT_TRUE(runner.Health().ok());
+    ASSERT_TRUE(runner.Forward(good, &logits).ok()) << "step " << step;
+  }
+  EXPECT_EQ(runner.Health().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(runner.Health().message()), HasSubstr("broke after 2 steps"));
+  EXPECT_EQ(runner.Forward(good, &logits).code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(runner.Forward(bad, &logits).code(), absl::StatusCode::kInternal);
+  EXPECT_FALSE(runner.Health().ok());
+}
+
 TEST(SimulatedModelRunnerTest, CreateRejectsOptionsOutOfRange) {
   SimulatedRunnerOptions o = Costs(0, 0, 0);
   o.vocab_size = 3;
@@ -164,6 +189,10 @@ TEST(SimulatedModelRunnerTest, CreateRejectsOptionsOutOfRange) {
   o = Costs(0, 0, 0);
   o.num_kv_blocks = 0;
   EXPECT_EQ(SimulatedModelRunner::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Costs(0, 0, 0);
+  o.fail_after_steps = -1;
+  EXPECT_THAT(std::string(SimulatedModelRunner::Create(o).status().message()),
+              HasSubstr("fail_after_steps must be >= 0"));
   auto ok = SimulatedModelRunner::Create(Costs(0, 0, 0));
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ((*ok)->config().vocab_size, 1024);
@@ -323,7 +352,7 @@ TEST(SimulatedEngineTest, PrefixCacheHitsSkipPrefillCost) {
 TEST(SimulationSpecTest, ParsesEveryKeyAndKeepsDefaults) {
   auto o = engine::ParseSimulationSpec(
       "vocab=2048, context=8192,prefill_us_per_token=12.5,decode_step_us=1500,"
-      "decode_us_per_seq=40,kv_bytes_per_token=4096");
+      "decode_us_per_seq=40,kv_bytes_per_token=4096,fail_after_steps=7");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->vocab, 2048);
   EXPECT_EQ(o->context, 8192);
@@ -331,6 +360,7 @@ TEST(SimulationSpecTest, ParsesEveryKeyAndKeepsDefaults) {
   EXPECT_EQ(o->decode_step_us, 1500);
   EXPECT_EQ(o->decode_us_per_seq, 40);
   EXPECT_EQ(o->kv_bytes_per_token, 4096);
+  EXPECT_EQ(o->fail_after_steps, 7);
 
   auto partial = engine::ParseSimulationSpec("decode_step_us=0");
   ASSERT_TRUE(partial.ok());
@@ -367,6 +397,7 @@ TEST(SimulationSpecTest, RejectsBadSpecsNamingThePair) {
       {"decode_us_per_seq=fast", "not a number"},
       {"vocab", "'vocab': expected key=value"},
       {"kv_bytes_per_token=0", "must be in [1, "},
+      {"fail_after_steps=-1", "'fail_after_steps=-1': must be in [0, "},
   };
   for (const auto& [spec, message] : bad) {
     auto o = engine::ParseSimulationSpec(spec);
