@@ -539,6 +539,7 @@ bool Engine::DeviceSamplingRows(const ScheduledBatch& batch,
 
 void Engine::TakeDeviceTokens(const ScheduledBatch& batch, const std::vector<int32_t>& tokens,
                               std::vector<SampledTokens>* sampled) {
+  const int64_t vocab = runner_->config().vocab_size;
   size_t row = 0;
   for (const ScheduledSequence& s : batch.sequences) {
     if (!s.needs_logits) continue;
@@ -546,14 +547,26 @@ void Engine::TakeDeviceTokens(const ScheduledBatch& batch, const std::vector<int
     row += 1 + s.num_draft_tokens;
     auto it = active_.find(s.id);
     if (it == active_.end()) continue;  // aborted during the step
-    bool finite = row <= tokens.size();
-    for (size_t i = first; finite && i < row; ++i) finite = tokens[i] >= 0;
-    if (!finite) {
+    if (row > tokens.size()) {
+      FailSampling(s.id, absl::InternalError(absl::StrCat("the runner drew ", tokens.size(),
+                                                          " tokens for at least ", row, " rows")));
+      continue;
+    }
+    const auto bad = std::find_if(tokens.begin() + first, tokens.begin() + row,
+                                  [vocab](int32_t t) { return t < 0 || t >= vocab; });
+    if (bad != tokens.begin() + row) {
       // The GPU sampler's -1: a NaN or +inf logit, no finite logit, or its
       // group of CTAs for the row could not all run (kernels/cuda/sampling.h).
-      FailSampling(s.id, absl::InvalidArgumentError(
-                             "no token drawn on the GPU: the logits row is not finite, or the "
-                             "sampler's CTAs for the row could not all run"));
+      // Any other id outside the vocabulary fails this request alone too,
+      // rather than the whole step in Scheduler::OnStepDone.
+      FailSampling(
+          s.id,
+          *bad < 0
+              ? absl::InvalidArgumentError("no token drawn on the GPU: the logits row is not "
+                                           "finite, or the sampler's CTAs for the row could not "
+                                           "all run")
+              : absl::InternalError(absl::StrCat("the device sampler returned token id ", *bad,
+                                                 ", outside the vocabulary of ", vocab)));
       continue;
     }
     if (s.num_draft_tokens > 0) {

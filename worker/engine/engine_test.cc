@@ -329,5 +329,98 @@ TEST_F(EngineFailureTest, BrokenRunnerFailsRequestsAndIsReportedOnce) {
   EXPECT_LE(runner->steps(), 5);
 }
 
+// A runner that "samples on the device" by the host argmax of the inner
+// runner's logits, and on its step number `bad_step` returns the
+// vocabulary size, an id outside it, as the first row's token.
+class OutOfVocabSampler final : public runner::ModelRunner {
+ public:
+  OutOfVocabSampler(std::unique_ptr<runner::ModelRunner> inner, int bad_step)
+      : inner_(std::move(inner)), bad_step_(bad_step) {}
+  const model::ModelConfig& config() const override { return inner_->config(); }
+  int block_size() const override { return inner_->block_size(); }
+  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  absl::Status Forward(const runner::ForwardBatch& batch, std::vector<float>* logits) override {
+    return inner_->Forward(batch, logits);
+  }
+  bool SupportsDeviceSampling() const override { return true; }
+  absl::Status ForwardSample(const runner::ForwardBatch& batch,
+                             absl::Span<const runner::DeviceSamplingRow> rows,
+                             std::vector<int32_t>* tokens) override {
+    std::vector<float> logits;
+    if (absl::Status s = inner_->Forward(batch, &logits); !s.ok()) return s;
+    const int64_t vocab = config().vocab_size;
+    tokens->clear();
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const float* row = logits.data() + r * vocab;
+      tokens->push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+    }
+    if (++steps_ == bad_step_) (*tokens)[0] = static_cast<int32_t>(vocab);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::unique_ptr<runner::ModelRunner> inner_;
+  int bad_step_;
+  int steps_ = 0;
+};
+
+// A token id outside the vocabulary from the device sampler fails that
+// row's request alone with INTERNAL; the other request of the step goes on
+// to the tokens it gets on a sound runner, and no KV block is left behind.
+TEST_F(EngineTest, DeviceTokenOutsideTheVocabularyFailsItsRequestOnly) {
+  const std::vector<TokenId> prompts[2] = {RandomPrompt(8, 7), RandomPrompt(9, 8)};
+  std::vector<TokenId> want[2];
+  {
+    auto healthy = MakeEngine(64);
+    healthy->Start();
+    for (int i = 0; i < 2; ++i) {
+      auto s = healthy->Submit(Greedy(prompts[i], 6));
+      ASSERT_TRUE(s.ok());
+      want[i] = Collect(**s, nullptr);
+      ASSERT_EQ(want[i].size(), 6u);
+    }
+  }
+  runner::CpuRunnerOptions ro;
+  ro.block_size = 16;
+  ro.num_kv_blocks = 64;
+  auto cpu = runner::CpuModelRunner::Create(model_, ro);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EngineOptions eo;
+  eo.scheduler.max_num_batched_tokens = 256;
+  eo.scheduler.max_num_seqs = 8;
+  eo.scheduler.max_model_len = 512;
+  eo.scheduler.watermark = 0;
+  eo.eos_token_ids = {2};
+  eo.device_sampling = true;
+  auto engine =
+      Engine::Create(std::make_unique<OutOfVocabSampler>(std::move(*cpu), /*bad_step=*/3), eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  // Both submitted before the loop starts: one step holds both prompts.
+  std::shared_ptr<RequestStream> streams[2];
+  for (int i = 0; i < 2; ++i) {
+    auto s = (*engine)->Submit(Greedy(prompts[i], 6));
+    ASSERT_TRUE(s.ok()) << s.status();
+    streams[i] = *s;
+  }
+  (*engine)->Start();
+  int failed = 0;
+  for (int i = 0; i < 2; ++i) {
+    StreamEvent end;
+    std::vector<TokenId> got = Collect(*streams[i], &end);
+    if (end.error.ok()) {
+      EXPECT_EQ(got, want[i]) << "request " << i;
+      continue;
+    }
+    ++failed;
+    EXPECT_EQ(end.error.code(), absl::StatusCode::kInternal) << end.error;
+    EXPECT_THAT(std::string(end.error.message()),
+                HasSubstr("returned token id 512, outside the vocabulary of 512"));
+    EXPECT_EQ(got.size(), 2u);  // the prefill's token and the first decode step's
+  }
+  EXPECT_EQ(failed, 1);
+  (*engine)->Stop();
+  EXPECT_EQ((*engine)->Load().kv_blocks_used, 0);
+}
+
 }  // namespace
 }  // namespace tessera::engine
