@@ -2,11 +2,18 @@
 // and a router pointed at the workers — waits until every service is ready,
 // prints the endpoints, and runs until SIGINT/SIGTERM, then drains and stops
 // them all. Options can come from one file with --flagfile=cluster.flags.
+//
+// A worker that exits with kExitServiceFailed (its model runner failed for
+// good) is started again on the same ports, as systemd or the kubelet would
+// restart it, so the router finds it where it was; up to kMaxRestarts
+// times in kRestartWindow per worker. Any other exit of a service stops the
+// cluster.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <string>
@@ -19,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "services/cli/commands.h"
+#include "services/common/exit_codes.h"
 
 ABSL_FLAG(int, workers, 1, "up: number of workers");
 ABSL_FLAG(std::string, up_model, "", "up: model directory the workers serve");
@@ -45,6 +53,9 @@ namespace {
 volatile sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
 
+constexpr int kMaxRestarts = 3;
+constexpr absl::Duration kRestartWindow = absl::Minutes(10);
+
 struct Child {
   std::string name;
   pid_t pid = -1;
@@ -52,6 +63,10 @@ struct Child {
   std::string port_file;
   std::string log;
   std::map<std::string, int> ports;
+  // What Spawn started, for a restart.
+  std::string binary;
+  std::vector<std::string> args;
+  std::deque<absl::Time> restarts;  // within kRestartWindow
 };
 
 std::string SelfDir() {
@@ -72,7 +87,13 @@ std::string FindBinary(const std::string& name, const std::string& service_dir) 
   return "";
 }
 
-bool Spawn(Child& c, const std::string& binary, std::vector<std::string> args) {
+// Starts `binary` with `args`, its output to c.log (appended to with
+// `append`, e.g. after a restart).
+bool Spawn(Child& c, const std::string& binary, std::vector<std::string> args,
+           bool append = false) {
+  c.binary = binary;
+  c.args = args;
+  c.exit_status = -1;
   args.insert(args.begin(), binary);
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -80,7 +101,7 @@ bool Spawn(Child& c, const std::string& binary, std::vector<std::string> args) {
   pid_t pid = fork();
   if (pid < 0) return false;
   if (pid == 0) {
-    FILE* log = std::fopen(c.log.c_str(), "w");
+    FILE* log = std::fopen(c.log.c_str(), append ? "a" : "w");
     if (log) {
       dup2(fileno(log), STDOUT_FILENO);
       dup2(fileno(log), STDERR_FILENO);
@@ -120,6 +141,42 @@ bool WaitReady(const Child& c, const std::string& service, absl::Duration timeou
       SelfDir(), "/tessera health --target=127.0.0.1:", c.ports.at("grpc_port"),
       " --service=", service, " --wait=", absl::ToInt64Seconds(timeout), "s > /dev/null 2>&1");
   return std::system(cmd.c_str()) == 0;
+}
+
+// A worker that exited with kExitServiceFailed: started again with the
+// ports it had (the router knows it by its address), unless it was
+// restarted kMaxRestarts times within kRestartWindow already. False when
+// it is not restarted.
+bool RestartFailedWorker(Child& c) {
+  if (c.name.rfind("worker-", 0) != 0 || !WIFEXITED(c.exit_status) ||
+      WEXITSTATUS(c.exit_status) != services::kExitServiceFailed) {
+    return false;
+  }
+  const absl::Time now = absl::Now();
+  while (!c.restarts.empty() && now - c.restarts.front() > kRestartWindow) c.restarts.pop_front();
+  if (static_cast<int>(c.restarts.size()) >= kMaxRestarts) {
+    std::fprintf(stderr, "error: %s failed again after %d restarts within %s; log %s\n",
+                 c.name.c_str(), kMaxRestarts, absl::FormatDuration(kRestartWindow).c_str(),
+                 c.log.c_str());
+    return false;
+  }
+  std::vector<std::string> args = c.args;
+  for (std::string& a : args) {
+    if (a.rfind("--listen=", 0) == 0) {
+      a = absl::StrCat("--listen=127.0.0.1:", c.ports["grpc_port"]);
+    } else if (a.rfind("--metrics_listen=", 0) == 0 && c.ports.count("metrics_port") > 0) {
+      a = absl::StrCat("--metrics_listen=127.0.0.1:", c.ports["metrics_port"]);
+    }
+  }
+  c.restarts.push_back(now);
+  std::fprintf(stderr,
+               "%s exited with code %d (its model runner failed for good); restarting it on port "
+               "%d (restart %zu of at most %d within %s); log %s\n",
+               c.name.c_str(), services::kExitServiceFailed, c.ports["grpc_port"],
+               c.restarts.size(), kMaxRestarts, absl::FormatDuration(kRestartWindow).c_str(),
+               c.log.c_str());
+  std::fflush(stderr);
+  return Spawn(c, c.binary, args, /*append=*/true);
 }
 
 int StopAll(std::vector<Child>& children) {
@@ -269,7 +326,7 @@ int RunUp(const std::vector<char*>&) {
   std::fflush(stdout);
   while (!g_stop) {
     for (Child& c : children) {
-      if (!Alive(c)) {
+      if (!Alive(c) && !RestartFailedWorker(c)) {
         std::fprintf(stderr, "error: %s exited; log %s\n", c.name.c_str(), c.log.c_str());
         g_stop = 1;
       }

@@ -7,6 +7,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "base/log.h"
+#include "services/common/exit_codes.h"
 #include "services/common/version.h"
 #include "systemd/sd-daemon.h"
 
@@ -67,7 +68,7 @@ int StartupError(const absl::Status& status) {
   sd_notifyf(0, "STATUS=start-up failed: %s", std::string(status.message()).c_str());
   LogError("start-up failed", {{"error", std::string(status.message())},
                                {"code", absl::StatusCodeToString(status.code())}});
-  return 1;
+  return kExitStartupError;
 }
 
 }  // namespace tessera::services

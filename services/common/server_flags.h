@@ -17,7 +17,8 @@ std::vector<char*> ParseServiceFlags(int argc, char** argv, const char* usage);
 // Fills ServerOptions from the shared flags.
 ServerOptions ServerOptionsFromFlags(const std::string& service_name);
 
-// Logs `status` as a one-line start-up error and returns exit code 1.
+// Logs `status` as a one-line start-up error and returns kExitStartupError
+// (1, exit_codes.h).
 int StartupError(const absl::Status& status);
 
 }  // namespace tessera::services

@@ -278,7 +278,7 @@ int ServiceHost::RunUntilShutdown() {
   done.store(true);
   signal_thread.join();
   metrics_.Stop();
-  const int code = exit_code_.load();
+  const int code = exit_code_.load();  // kExitClean unless RequestFailureExit
   LogInfo("stopped", {{"clean", idle ? "true" : "false"}, {"exit_code", code}});
   return code;
 }

@@ -13,8 +13,9 @@
 // A second SIGTERM/SIGINT during the drain cuts the deadline to now.
 //
 // RequestFailureExit runs the same drain when the service has failed for
-// good, with liveness NOT_SERVING too, and ends with exit code 3 so that the
-// supervisor restarts the process.
+// good, with liveness NOT_SERVING too, and ends with exit code
+// kExitServiceFailed (3, exit_codes.h) so that the supervisor restarts the
+// process.
 //
 // Under systemd (Type=notify) it sends READY=1 when readiness first turns
 // SERVING (after preflight, model load and warm-up), STOPPING=1 when the
@@ -36,6 +37,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "services/common/drain.h"
+#include "services/common/exit_codes.h"
 #include "services/common/metrics.h"
 
 namespace grpc {
@@ -102,7 +104,6 @@ class ServiceHost {
   // that systemd (Restart=on-failure) or the kubelet starts the process
   // afresh. Any thread; later calls change nothing.
   void RequestFailureExit(std::string reason);
-  static constexpr int kExitServiceFailed = 3;
   static constexpr absl::Duration kFailureDrainDeadline = absl::Seconds(5);
 
   DrainState& drain() { return drain_; }
@@ -122,7 +123,7 @@ class ServiceHost {
   std::unique_ptr<grpc::Server> server_;
   int grpc_port_ = 0;
   std::atomic<bool> notified_ready_{false};
-  std::atomic<int> exit_code_{0};
+  std::atomic<int> exit_code_{kExitClean};
   std::thread watchdog_;  // systemd watchdog pings, when enabled
 };
 

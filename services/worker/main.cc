@@ -198,9 +198,10 @@ int main(int argc, char** argv) {
   // step) takes the worker out of service: readiness and health go to
   // NOT_SERVING, so routers send its work elsewhere.
   // A runner that can run no more steps (a tensor-parallel group whose
-  // ranks fell out of step) has failed its requests with UNAVAILABLE, which
-  // routers retry elsewhere; the process then drains and exits with
-  // ServiceHost::kExitServiceFailed, and its supervisor starts it afresh.
+  // ranks fell out of step): the worker leaves service here, the engine then
+  // fails its requests with UNAVAILABLE, which routers retry elsewhere, and
+  // the process drains and exits with kExitServiceFailed (exit_codes.h) for
+  // its supervisor to start it afresh.
   engine.OnRunnerFailed([&service, &host](const absl::Status& why) {
     service.SetReady(false);
     host.RequestFailureExit(absl::StrCat("model runner failed: ", why.message()));

@@ -22,6 +22,7 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "services/common/exit_codes.h"
 #include "tessera/v1/inference.grpc.pb.h"
 #include "tessera/v1/worker.grpc.pb.h"
 #include "tests/integration/test_process.h"
@@ -257,7 +258,7 @@ TEST(RouterTest, StreamsOfAWorkerWhoseRunnerFailsForGoodMoveOnAndTheWorkerExits)
   auto exit = c.workers[0].process->Wait(absl::Seconds(30));
   ASSERT_TRUE(exit.has_value()) << "worker 0 still runs:\n" << c.workers[0].process->ReadLog();
   EXPECT_TRUE(exit->exited);
-  EXPECT_EQ(exit->code, 3) << c.workers[0].process->ReadLog();
+  EXPECT_EQ(exit->code, services::kExitServiceFailed) << c.workers[0].process->ReadLog();
   EXPECT_THAT(c.workers[0].process->ReadLog(),
               HasSubstr("the simulated device broke after 30 steps"));
   EXPECT_GT(MetricValue(c.router.metrics_port, "tessera_router_migrations_total"), 0);

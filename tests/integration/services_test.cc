@@ -1,5 +1,6 @@
 // End-to-end checks of the three service binaries: health, reflection,
-// metrics, drain on SIGTERM and start-up errors. Every test starts the real
+// metrics, drain on SIGTERM and start-up errors, and `tessera up`
+// restarting a worker that failed for good. Every test starts the real
 // binaries on loopback.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -7,7 +8,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -18,6 +21,8 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "services/common/exit_codes.h"
+#include "tessera/v1/inference.grpc.pb.h"
 #include "tessera/v1/worker.grpc.pb.h"
 #include "tests/integration/test_process.h"
 
@@ -293,6 +298,85 @@ TEST(ServicesTest, BadFlagsGiveOneLineErrors) {
     ExpectStartupError(spec, {"--metrics_listen=" + busy}, "cannot serve metrics on " + busy);
   }
   close(fd);
+}
+
+// The whole of a file ("" when it cannot be read).
+std::string ReadWhole(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Polls `path` until it contains `text`; returns its last contents.
+std::string WaitForText(const std::string& path, const std::string& text, absl::Duration timeout) {
+  const absl::Time until = absl::Now() + timeout;
+  std::string got = ReadWhole(path);
+  while (got.find(text) == std::string::npos && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
+    got = ReadWhole(path);
+  }
+  return got;
+}
+
+// `tessera up` with one simulated worker that breaks for good after a few
+// steps: the worker exits with kExitServiceFailed, `up` starts it again on
+// its ports, the router finds it there and serves again, and Ctrl-C still
+// stops the cluster cleanly.
+TEST(ServicesTest, UpRestartsAWorkerWhoseModelRunnerFailedOnItsPorts) {
+  const std::string dir = MakeTempDir();
+  TestProcess up;
+  // 12 steps: the warm-up, then a prefill and 10 decode steps.
+  ASSERT_TRUE(up.Start(BinaryPath("services/cli/tessera"),
+                       {"up", "--workers=1", "--run_dir=" + dir,
+                        "--up_simulate=vocab=512,context=4096,decode_step_us=1000,"
+                        "fail_after_steps=12"},
+                       dir + "/up.out")
+                  .ok());
+  const std::string started = WaitForText(dir + "/up.out", "\nrouter=", absl::Seconds(60));
+  const size_t at = started.find("\nrouter=");
+  ASSERT_NE(at, std::string::npos) << started;
+  const std::string router = started.substr(at + 8, started.find('\n', at + 1) - at - 8);
+  auto stub = tessera::v1::Inference::NewStub(
+      grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
+  auto generate = [&](int max_tokens, int* tokens) {
+    tessera::v1::GenerateRequest req;
+    for (int32_t t : {5, 6, 7}) req.mutable_token_ids()->add_ids(t);
+    req.mutable_sampling()->set_temperature(0);
+    req.mutable_sampling()->set_max_tokens(max_tokens);
+    req.mutable_sampling()->set_ignore_eos(true);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto reader = stub->Generate(&ctx, req);
+    tessera::v1::GenerateResponse resp;
+    *tokens = 0;
+    while (reader->Read(&resp)) *tokens += resp.chunk().token_ids_size();
+    return reader->Finish();
+  };
+  int tokens = 0;
+  // Breaks the worker: no other worker to resume on, so the stream fails.
+  grpc::Status broken = generate(40, &tokens);
+  EXPECT_FALSE(broken.ok());
+  EXPECT_EQ(tokens, 11);  // the prefill's token and ten decode steps'
+  const std::string restarted = WaitForText(
+      dir + "/up.out", absl::StrCat("worker-0 exited with code ", services::kExitServiceFailed),
+      absl::Seconds(30));
+  EXPECT_THAT(restarted, HasSubstr("restarting it on port"));
+  // Served again once the router sees the new process ready.
+  grpc::Status again;
+  const absl::Time until = absl::Now() + absl::Seconds(60);
+  do {
+    absl::SleepFor(absl::Milliseconds(100));
+    again = generate(4, &tokens);
+  } while (!again.ok() && absl::Now() < until);
+  EXPECT_TRUE(again.ok()) << again.error_message() << "\n" << ReadWhole(dir + "/up.out");
+  EXPECT_EQ(tokens, 4);
+  up.Signal(SIGINT);
+  auto exit = up.Wait(absl::Seconds(60));
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->code, 0) << ReadWhole(dir + "/up.out");
+  // Both processes' output is in the worker's log.
+  EXPECT_THAT(ReadWhole(dir + "/worker-0.log"), HasSubstr("the service failed for good"));
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "services/common/exit_codes.h"
 #include "tessera/v1/worker.grpc.pb.h"
 #include "tests/integration/test_process.h"
 #include "worker/runner/test_model.h"
@@ -387,7 +388,7 @@ TEST(WorkerTest, RunnerThatFailsForGoodEndsStreamsUnavailableAndExitsThree) {
   auto exit = w.process->Wait(absl::Seconds(30));
   ASSERT_TRUE(exit.has_value());
   EXPECT_TRUE(exit->exited);
-  EXPECT_EQ(exit->code, 3) << w.process->ReadLog();
+  EXPECT_EQ(exit->code, services::kExitServiceFailed) << w.process->ReadLog();
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
   EXPECT_THAT(w.process->ReadLog(), HasSubstr("the service failed for good"));
 }
