@@ -12,6 +12,7 @@ tests/bench/results/, each with the command that produced it:
   gpu_tp_trace_h200x2.json    the same steps kernel by kernel (CUPTI trace)
   gpu_tp_tuning_h200x2.json   what GEMM autotuning adds to a batch's first step
   gpu_tp_sampling_h200x2.json sampled decode, tokens drawn on the GPUs vs the host
+  gpu_tp_shard_h200x2.json    TP=1, one TP=2 rank's shard alone (no collectives), TP=2
   gpu_decode_qwen3_h200.json  Qwen3-8B-shaped decode, RoPE and q/k norms inside
                               decode attention vs the Rope kernel before it
   spec_decode_h200.json       speculative decoding with the trained pair
@@ -204,6 +205,21 @@ def tensor_parallel_sampling(out, results):
          {"note": SAMPLING_NOTE})
 
 
+SHARD_NOTE = ("shard_of_tp 2: one rank's shard of TP=2 (16 of 32 heads, 4 of 8 KV heads, "
+              "half the MLP and of the vocabulary; hidden size whole) run alone on one GPU as "
+              "a TP=1 model: no all-reduce and no waiting for a peer. Its speedup_vs_tp1 is "
+              "what TP=2 would reach with the rank kernels of this build if its collectives "
+              "and the waits between the ranks cost nothing; the TP=2 row of the same run "
+              "beside it")
+
+
+def tensor_parallel_shard(out, results):
+    wrap(out, results, "bench/gpu_tp_shard.json", "gpu_tp_shard_h200x2.json",
+         "GPU machine with 2 GPUs: bash scripts/gpu-run.sh OUT (tests/bench/gpu_tp_bench "
+         "--tp_sizes=1,2s,2 --all_reduce_backends=p2p)",
+         {"note": SHARD_NOTE})
+
+
 def decode_qwen3(out, results):
     wrap(out, results, "bench/gpu_decode_qwen3.json", "gpu_decode_qwen3_h200.json",
          "bash scripts/gpu-run.sh OUT (tests/bench/gpu_decode_bench --model=qwen3_8b "
@@ -276,7 +292,8 @@ def main():
     results = sys.argv[2] if len(sys.argv) > 2 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results")
     for step in (decode, attention, ops, gemm_search, tensor_parallel, tensor_parallel_trace,
-                 tensor_parallel_tuning, tensor_parallel_sampling, decode_qwen3, speculative,
+                 tensor_parallel_tuning, tensor_parallel_sampling, tensor_parallel_shard,
+                 decode_qwen3, speculative,
                  speculative_trees, router, generate_parity, doctor):
         step(out, results)
 

@@ -50,7 +50,10 @@
 #include "worker/parallel/cuda_tensor_parallel_runner.h"
 #include "worker/sampling/sampler.h"
 
-ABSL_FLAG(std::vector<std::string>, tp_sizes, std::vector<std::string>({"1", "2"}), "TP sizes");
+ABSL_FLAG(std::vector<std::string>, tp_sizes, std::vector<std::string>({"1", "2"}),
+          "TP sizes; \"Ns\" runs one rank's shard of TP=N alone on one GPU (1/N of the heads, "
+          "KV heads, MLP and vocabulary; no collectives): what TP=N would take if its "
+          "all-reduces and the waits between the ranks cost nothing");
 ABSL_FLAG(std::vector<std::string>, batch_sizes, std::vector<std::string>({"1", "64"}),
           "decode batch sizes");
 ABSL_FLAG(std::vector<std::string>, all_reduce_backends, std::vector<std::string>({"nccl", "p2p"}),
@@ -265,6 +268,7 @@ int Run() {
     std::string backend;
     int autotune;
     int staged;
+    int shard_of = 1;  // > 1: one rank's shard of TP=shard_of, alone (tp is 1)
   };
   std::vector<Config> configs;
   for (const auto& staged_text : absl::GetFlag(FLAGS_staged_gemv)) {
@@ -273,6 +277,10 @@ int Run() {
       const int tune = std::stoi(tune_text);
       for (const auto& tp_text : absl::GetFlag(FLAGS_tp_sizes)) {
         const int tp = std::stoi(tp_text);
+        if (tp_text.back() == 's') {
+          configs.push_back({1, "none", tune, staged, tp});
+          continue;
+        }
         if (tp == 1) {
           configs.push_back({1, "none", tune, staged});
           continue;
@@ -282,7 +290,14 @@ int Run() {
       }
     }
   }
-  for (const auto& [tp, backend, autotune, staged] : configs) {
+  for (const auto& [tp, backend, autotune, staged, shard_of] : configs) {
+    // One rank's shapes of TP=shard_of (worker/parallel's sharding: heads,
+    // KV heads, MLP and vocabulary divided; the hidden size whole).
+    model::ModelConfig shape = *config;
+    shape.num_attention_heads /= shard_of;
+    shape.num_key_value_heads /= shard_of;
+    shape.intermediate_size /= shard_of;
+    shape.vocab_size /= shard_of;
     if (tp > static_cast<int>(found.devices.size())) {
       std::fprintf(stderr, "TP=%d skipped: %zu GPUs visible\n", tp, found.devices.size());
       continue;
@@ -298,7 +313,7 @@ int Run() {
     o.num_kv_blocks = int64_t{max_batch} * blocks_per_seq + 16;
     o.max_num_seqs = max_batch;
     o.max_num_tokens = std::max(max_batch * prompt_len, 256);
-    auto runner = parallel::CudaTensorParallelRunner::Create(nullptr, *config, devices, o, 99);
+    auto runner = parallel::CudaTensorParallelRunner::Create(nullptr, shape, devices, o, 99);
     CHECK_OR_DIE(runner.status());
     std::mt19937 rng(5);
     for (int batch : batches) {
@@ -308,7 +323,7 @@ int Run() {
       for (int s = 0; s < batch; ++s) {
         for (int j = 0; j < blocks_per_seq; ++j) tables[s].push_back(s * blocks_per_seq + j);
         std::vector<int32_t> prompt(prompt_len);
-        for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % config->vocab_size);
+        for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % shape.vocab_size);
         prefill.AddSequence(prompt, 0, tables[s], block, true);
       }
       std::vector<int32_t> next;
@@ -336,7 +351,7 @@ int Run() {
       for (int i = 1; i <= steps; ++i) step(prompt_len + i);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double tps = batch * steps / s;
-      if (tp == 1) tp1[{batch, autotune, staged}] = tps;
+      if (tp == 1 && shard_of == 1) tp1[{batch, autotune, staged}] = tps;
       // The same step's graph replayed back to back: the GPUs' share.
       auto graph_ms = (*runner)->ReplayLastDecodeGraphMs(steps);
       CHECK_OR_DIE(graph_ms.status());
@@ -371,7 +386,7 @@ int Run() {
               continue;
             }
             CHECK_OR_DIE((*runner)->Forward(d, &logits));
-            const int64_t vocab = config->vocab_size;
+            const int64_t vocab = shape.vocab_size;
             for (int q = 0; q < batch; ++q) {
               sampling::SamplingParams p;
               p.temperature = rows[q].temperature;
@@ -411,6 +426,7 @@ int Run() {
       const int reduces_per_step = 2 * static_cast<int>(config->num_hidden_layers) + 1;
       nlohmann::json r = {
           {"tp", tp},
+          {"shard_of_tp", shard_of},
           {"all_reduce_backend", backend},
           {"batch", batch},
           {"decode_ms_per_step", 1e3 * s / steps},
