@@ -1,6 +1,15 @@
 // gpu_tp_bench: tensor-parallel decode on the GPUs of one host — Llama-3-8B
 // shapes, random bf16 weights — at TP=1 and TP=2 (and more when the host has
-// the GPUs) in one run, with the cost of the all-reduces.
+// the GPUs) in one run, with the cost of the all-reduces; "2s" in
+// --tp_sizes is one TP=2 rank's shard alone on one GPU (no collectives).
+//
+// Each configuration runs in a child process of its own (this binary with
+// --only_config), as a worker runs its one runner: in one process every
+// runner after the first ran slower on the H200 (batch 64, graph step:
+// TP=1 5.20 ms first, 5.30 and 5.33 after; a TP=2 rank's shard 3.02 first,
+// 3.14 and 3.13 after; the extra time is gaps between kernels), which
+// favoured whichever configuration ran first. --process_per_config=false
+// runs them all in this process.
 //
 // Per TP size and batch: B prompts of --prompt_len random tokens prefilled,
 // then --decode_steps greedy steps (CUDA graphs; the ranks' argmax combined on
@@ -25,6 +34,9 @@
 // rank 0 (set_split_sampling(false)) instead of the rows split among the
 // ranks.
 // Usage: gpu_tp_bench [--tp_sizes=1,2] [--batch_sizes=1,64] [--out=f.json]
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -77,6 +89,12 @@ ABSL_FLAG(int, kernel_trace_steps, 0,
           "if > 0, this many more steps per row under a CUPTI kernel trace, summarized per "
           "device and kernel in the row");
 ABSL_FLAG(std::string, out, "", "write the JSON here too");
+ABSL_FLAG(bool, process_per_config, true,
+          "run each configuration (TP size or shard, backend, autotune, staged GEMV) in a "
+          "process of its own, as a worker runs its one runner; false: all in this process, "
+          "one after another (every runner after a process's first ran 2-4% slower on the "
+          "H200)");
+ABSL_FLAG(int, only_config, -1, "run only configuration N of the list (set by the parent)");
 
 namespace tessera {
 namespace {
@@ -241,13 +259,63 @@ AllReduceTimes TimeAllReduce(const std::vector<kernels::DeviceDescription>& devi
   return times;
 }
 
+// The command line, for the children of --process_per_config.
+std::vector<std::string> g_args;
+
+// Each row's speedup_vs_tp1: its tok/s over the TP=1 row (whole model) of
+// the same batch, autotune and staged GEMV setting, when there is one.
+void SetSpeedups(nlohmann::json& results) {
+  std::map<std::tuple<int, bool, bool>, double> tp1;
+  for (const auto& r : results) {
+    if (r["tp"] == 1 && r["shard_of_tp"] == 1) {
+      tp1[{r["batch"].get<int>(), r["gemm_autotune"].get<bool>(), r["staged_gemv"].get<bool>()}] =
+          r["decode_tokens_per_second"].get<double>();
+    }
+  }
+  for (auto& r : results) {
+    auto it = tp1.find(
+        {r["batch"].get<int>(), r["gemm_autotune"].get<bool>(), r["staged_gemv"].get<bool>()});
+    r["speedup_vs_tp1"] =
+        it != tp1.end() ? r["decode_tokens_per_second"].get<double>() / it->second : 0.0;
+  }
+}
+
+// Runs configuration `index` in a child process (this binary with
+// --only_config) and returns its JSON output.
+nlohmann::json RunChild(int index) {
+  const std::string out = absl::StrCat("/tmp/gpu_tp_bench.", getpid(), ".", index, ".json");
+  std::vector<std::string> args = g_args;
+  args.push_back(absl::StrCat("--only_config=", index));
+  args.push_back("--out=" + out);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) CHECK_OR_DIE(absl::InternalError("fork failed"));
+  if (pid == 0) {
+    FILE* null = std::fopen("/dev/null", "w");  // the JSON goes to --out
+    if (null != nullptr) dup2(fileno(null), STDOUT_FILENO);
+    execv("/proc/self/exe", argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    CHECK_OR_DIE(absl::InternalError(
+        absl::StrCat("configuration ", index, " failed (wait status ", status, ")")));
+  }
+  std::ifstream in(out);
+  nlohmann::json j = nlohmann::json::parse(in);
+  std::remove(out.c_str());
+  return j;
+}
+
 int Run() {
   auto config = model::ParseModelConfig(kLlama3_8BConfig, "llama3_8b");
   CHECK_OR_DIE(config.status());
   const int trace_steps = absl::GetFlag(FLAGS_kernel_trace_steps);
   const int sample_steps = absl::GetFlag(FLAGS_sample_steps);
-  if (trace_steps > 0) CHECK_OR_DIE(bench::KernelTrace::Enable());  // before any graph exists
-  kernels::DetectedCudaDevices found = kernels::DetectCudaDevices();
   const int prompt_len = absl::GetFlag(FLAGS_prompt_len);
   const int steps = absl::GetFlag(FLAGS_decode_steps);
   std::vector<int> batches;
@@ -257,8 +325,6 @@ int Run() {
   const int block = 16;
   const int blocks_per_seq = (prompt_len + steps + 1 + block - 1) / block;
   nlohmann::json results = nlohmann::json::array();
-  // (batch, autotune, staged) -> tok/s at TP=1
-  std::map<std::tuple<int, int, int>, double> tp1;
   std::set<std::pair<int, int>> timed;  // (TP, batch) whose collectives were timed
   // (TP size, all-reduce backend, GEMM autotune, staged GEMV) in run order:
   // TP=1 once per autotune and staged value, larger groups once per backend
@@ -290,7 +356,34 @@ int Run() {
       }
     }
   }
-  for (const auto& [tp, backend, autotune, staged, shard_of] : configs) {
+  const int only = absl::GetFlag(FLAGS_only_config);
+  nlohmann::json out = {{"benchmark", "gpu_tp_bench"},
+                        {"model", "Llama-3-8B shapes, random bf16 weights"},
+                        {"prompt_len", prompt_len},
+                        {"decode_steps", steps},
+                        {"process_per_config", absl::GetFlag(FLAGS_process_per_config)}};
+  if (absl::GetFlag(FLAGS_process_per_config) && only < 0 && configs.size() > 1) {
+    // This process only starts the children (no CUDA context of its own).
+    for (size_t i = 0; i < configs.size(); ++i) {
+      nlohmann::json child = RunChild(static_cast<int>(i));
+      for (const char* key : {"nccl", "gpus", "device"}) out[key] = child[key];
+      for (auto& r : child["results"]) results.push_back(r);
+    }
+    SetSpeedups(results);
+    out["results"] = results;
+    std::printf("%s\n", out.dump(2).c_str());
+    if (!absl::GetFlag(FLAGS_out).empty()) std::ofstream(absl::GetFlag(FLAGS_out)) << out.dump(2);
+    return 0;
+  }
+  if (only >= static_cast<int>(configs.size())) {
+    CHECK_OR_DIE(absl::InvalidArgumentError(
+        absl::StrCat("--only_config=", only, ": ", configs.size(), " configurations")));
+  }
+  if (trace_steps > 0) CHECK_OR_DIE(bench::KernelTrace::Enable());  // before any graph exists
+  kernels::DetectedCudaDevices found = kernels::DetectCudaDevices();
+  for (size_t ci = 0; ci < configs.size(); ++ci) {
+    if (only >= 0 && static_cast<int>(ci) != only) continue;
+    const auto& [tp, backend, autotune, staged, shard_of] = configs[ci];
     // One rank's shapes of TP=shard_of (worker/parallel's sharding: heads,
     // KV heads, MLP and vocabulary divided; the hidden size whole).
     model::ModelConfig shape = *config;
@@ -351,7 +444,6 @@ int Run() {
       for (int i = 1; i <= steps; ++i) step(prompt_len + i);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double tps = batch * steps / s;
-      if (tp == 1 && shard_of == 1) tp1[{batch, autotune, staged}] = tps;
       // The same step's graph replayed back to back: the GPUs' share.
       auto graph_ms = (*runner)->ReplayLastDecodeGraphMs(steps);
       CHECK_OR_DIE(graph_ms.status());
@@ -441,8 +533,7 @@ int Run() {
           {"gemm_autotune", autotune != 0},
           {"gemm_autotune_candidates", autotune > 1 ? autotune : o.gemm_autotune_candidates},
           {"staged_gemv", staged != 0},
-          {"speedup_vs_tp1",
-           tp1.count({batch, autotune, staged}) ? tps / tp1[{batch, autotune, staged}] : 0.0},
+          {"speedup_vs_tp1", 0.0},  // SetSpeedups
           {"all_reduce_bytes", int64_t{batch} * config->hidden_size * 2},
           {"all_reduce_us_eager", eager_us},
           {"all_reduce_us_in_graph", graph_us},
@@ -459,14 +550,11 @@ int Run() {
       results.push_back(r);
     }
   }
-  nlohmann::json out = {{"benchmark", "gpu_tp_bench"},
-                        {"model", "Llama-3-8B shapes, random bf16 weights"},
-                        {"nccl", kcu::NcclGroup::Version()},
-                        {"gpus", found.devices.size()},
-                        {"device", found.devices.empty() ? "" : found.devices[0].Summary()},
-                        {"prompt_len", prompt_len},
-                        {"decode_steps", steps},
-                        {"results", results}};
+  SetSpeedups(results);
+  out["nccl"] = kcu::NcclGroup::Version();
+  out["gpus"] = found.devices.size();
+  out["device"] = found.devices.empty() ? "" : found.devices[0].Summary();
+  out["results"] = results;
   std::printf("%s\n", out.dump(2).c_str());
   if (!absl::GetFlag(FLAGS_out).empty()) std::ofstream(absl::GetFlag(FLAGS_out)) << out.dump(2);
   return 0;
@@ -476,6 +564,7 @@ int Run() {
 }  // namespace tessera
 
 int main(int argc, char** argv) {
+  tessera::g_args.assign(argv, argv + argc);
   absl::ParseCommandLine(argc, argv);
   return tessera::Run();
 }
