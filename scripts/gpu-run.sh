@@ -79,11 +79,12 @@ if [[ "$GPUS" -ge 2 ]]; then
   # What GEMM autotuning adds to each batch's first decode step.
   step bench/gpu_tp_tuning 300 "$BIN/gpu_tp_bench" --all_reduce_backends=p2p --gemm_autotune=0,1 \
     --out="$OUT/bench/gpu_tp_tuning.json"
-  # One TP=2 rank's shard alone on one GPU (no collectives) between TP=1
-  # and TP=2: what TP=2 would take if communication cost nothing.
-  step bench/gpu_tp_shard 300 "$BIN/gpu_tp_bench" --tp_sizes=1,2s,2 --all_reduce_backends=p2p \
-    --out="$OUT/bench/gpu_tp_shard.json"
 fi
+# One TP=2 rank's shard alone on one GPU (no collectives) between TP=1 and
+# TP=2 (when there are two GPUs): what TP=2 would take if communication
+# cost nothing; with and without the worker's preflight before the runner.
+step bench/gpu_tp_shard 300 "$BIN/gpu_tp_bench" --tp_sizes=1,2s,2 --all_reduce_backends=p2p \
+  --preflight=1,0 --out="$OUT/bench/gpu_tp_shard.json"
 if [[ "${ROUTER_BENCH:-1}" == 1 ]]; then
   # Route-decision latency at ~1,000 in flight on this many-core host.
   mkdir -p "$OUT/router_logs"  # the script's logs and raw results land here (TMPDIR)

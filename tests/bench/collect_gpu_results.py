@@ -12,7 +12,8 @@ tests/bench/results/, each with the command that produced it:
   gpu_tp_trace_h200x2.json    the same steps kernel by kernel (CUPTI trace)
   gpu_tp_tuning_h200x2.json   what GEMM autotuning adds to a batch's first step
   gpu_tp_sampling_h200x2.json sampled decode, tokens drawn on the GPUs vs the host
-  gpu_tp_shard_h200x2.json    TP=1, one TP=2 rank's shard alone (no collectives), TP=2
+  gpu_tp_shard_h200.json      TP=1, one TP=2 rank's shard alone (no collectives) and,
+                              with two GPUs, TP=2; with and without the preflight
   gpu_decode_qwen3_h200.json  Qwen3-8B-shaped decode, RoPE and q/k norms inside
                               decode attention vs the Rope kernel before it
   spec_decode_h200.json       speculative decoding with the trained pair
@@ -210,13 +211,16 @@ SHARD_NOTE = ("shard_of_tp 2: one rank's shard of TP=2 (16 of 32 heads, 4 of 8 K
               "a TP=1 model: no all-reduce and no waiting for a peer. Its speedup_vs_tp1 is "
               "what TP=2 would reach with the rank kernels of this build if its collectives "
               "and the waits between the ranks cost nothing; the TP=2 row of the same run "
-              "beside it")
+              "beside it when the machine has two GPUs. Every row ran in a process of its "
+              "own; preflight true: the worker's kernel preflight ran before the runner, as "
+              "in tessera-worker, false: it did not (speedups compare rows of the same "
+              "setting)")
 
 
 def tensor_parallel_shard(out, results):
-    wrap(out, results, "bench/gpu_tp_shard.json", "gpu_tp_shard_h200x2.json",
-         "GPU machine with 2 GPUs: bash scripts/gpu-run.sh OUT (tests/bench/gpu_tp_bench "
-         "--tp_sizes=1,2s,2 --all_reduce_backends=p2p)",
+    wrap(out, results, "bench/gpu_tp_shard.json", "gpu_tp_shard_h200.json",
+         "GPU machine: bash scripts/gpu-run.sh OUT (tests/bench/gpu_tp_bench "
+         "--tp_sizes=1,2s,2 --all_reduce_backends=p2p --preflight=1,0)",
          {"note": SHARD_NOTE})
 
 

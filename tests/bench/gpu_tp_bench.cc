@@ -9,7 +9,13 @@
 // TP=1 5.20 ms first, 5.30 and 5.33 after; a TP=2 rank's shard 3.02 first,
 // 3.14 and 3.13 after; the extra time is gaps between kernels), which
 // favoured whichever configuration ran first. --process_per_config=false
-// runs them all in this process.
+// runs them all in this process. Before its runner, each configuration runs
+// the worker's kernel preflight on its devices (--preflight, on by
+// default), as tessera-worker does: after it, decode steps ran 2-4% slower
+// on the H200 than in a process where it never ran (its sampling, attention
+// and SM 9.0a prefill checks each did it; one SampleRows call of 3 rows
+// alone too), so the runs measure what a worker gets. --pre runs the
+// single kernels of that search.
 //
 // Per TP size and batch: B prompts of --prompt_len random tokens prefilled,
 // then --decode_steps greedy steps (CUDA graphs; the ranks' argmax combined on
@@ -34,9 +40,11 @@
 // rank 0 (set_split_sampling(false)) instead of the rows split among the
 // ranks.
 // Usage: gpu_tp_bench [--tp_sizes=1,2] [--batch_sizes=1,64] [--out=f.json]
+#include <cuda_runtime.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -50,16 +58,25 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/barrier.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/logits.h"
 #include "kernels/cuda/nccl_group.h"
+#include "kernels/cuda/occupy.h"
 #include "kernels/cuda/p2p_all_reduce.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/sampling.h"
 #include "kernels/cuda_devices.h"
+#include "kernels/registry.h"
 #include "nlohmann/json.hpp"
 #include "tests/bench/kernel_trace.h"
 #include "tests/bench/llama3_8b_config.h"
 #include "worker/model/config.h"
 #include "worker/parallel/cuda_tensor_parallel_runner.h"
+#include "worker/runner/cuda_preflight.h"
 #include "worker/sampling/sampler.h"
 
 ABSL_FLAG(std::vector<std::string>, tp_sizes, std::vector<std::string>({"1", "2"}),
@@ -94,6 +111,21 @@ ABSL_FLAG(bool, process_per_config, true,
           "process of its own, as a worker runs its one runner; false: all in this process, "
           "one after another (every runner after a process's first ran 2-4% slower on the "
           "H200)");
+ABSL_FLAG(std::vector<std::string>, preflight, std::vector<std::string>({"1"}),
+          "values (0/1) to run every configuration with: 1 preflights the kernels on the "
+          "runner's devices before it as tessera-worker does (runner::PreflightCudaKernels), "
+          "the state a worker's runner runs in. On the H200 the preflight's sampling, "
+          "attention and SM 9.0a prefill checks each made later decode steps slower (batch "
+          "64, one TP=2 rank's shard: 3.05-3.06 ms per graph step against 2.95-2.97 without)");
+ABSL_FLAG(std::vector<std::string>, preflight_ops, {},
+          "with --preflight: only the checks of these ops (kernels/op.h names); empty: all");
+ABSL_FLAG(std::vector<std::string>, pre, {},
+          "diagnostics: before each runner, on each of its devices: gemm_ctx (a GEMM context "
+          "created and destroyed), gemm_null / gemm_stream (one 64-row GEMM on the legacy "
+          "default stream / on a stream of its own), gemv_* (3 rows), norm_*, argmax_*, "
+          "softmax_*, sample_* (one RMSNorm, ArgmaxRows, Softmax, SampleRows of 3 rows "
+          "likewise), occupy_stream (one CTA of the largest shared memory reading the global "
+          "timer for 1 ms), stack4k (the stack size limit set to 4 KiB)");
 ABSL_FLAG(int, only_config, -1, "run only configuration N of the list (set by the parent)");
 
 namespace tessera {
@@ -259,22 +291,88 @@ AllReduceTimes TimeAllReduce(const std::vector<kernels::DeviceDescription>& devi
   return times;
 }
 
+// One --pre action on device `ordinal` (see the flag).
+void PreAction(const std::string& pre, int ordinal) {
+  CHECK_OR_DIE(kcu::SetDevice(ordinal));
+  auto stream = kcu::Stream::Create();
+  CHECK_OR_DIE(stream.status());
+  const kcu::CudaStream s = absl::EndsWith(pre, "_stream") ? stream->get() : nullptr;
+  auto buf = kcu::DeviceBuffer::Allocate(4 << 20);
+  CHECK_OR_DIE(buf.status());
+  CHECK_OR_DIE(kcu::MemsetDevice(buf->data(), 0, 4 << 20, s));
+  auto* bytes = static_cast<char*>(buf->data());
+  if (absl::StartsWith(pre, "gemm") || absl::StartsWith(pre, "gemv")) {
+    auto gemm = kcu::GemmContext::Create();
+    CHECK_OR_DIE(gemm.status());
+    if (pre != "gemm_ctx") {
+      const int64_t m = absl::StartsWith(pre, "gemv") ? 3 : 64;
+      CHECK_OR_DIE((*gemm)->Gemm(reinterpret_cast<const kcu::Bf16*>(bytes), m, 64,
+                                 reinterpret_cast<const kcu::Bf16*>(bytes + 16384), 32, nullptr,
+                                 reinterpret_cast<kcu::Bf16*>(bytes + 65536), s));
+    }
+  } else if (pre == "stack4k") {
+    if (cudaDeviceSetLimit(cudaLimitStackSize, 4096) != cudaSuccess) {
+      CHECK_OR_DIE(absl::InternalError("cudaDeviceSetLimit failed"));
+    }
+  } else if (absl::StartsWith(pre, "occupy")) {
+    CHECK_OR_DIE(kcu::OccupySms(1, 1e-3, s));
+  } else if (absl::StartsWith(pre, "argmax")) {
+    CHECK_OR_DIE(kcu::ArgmaxRows(reinterpret_cast<const float*>(bytes), 3, 37,
+                                 reinterpret_cast<int32_t*>(bytes + 65536), s));
+  } else if (absl::StartsWith(pre, "softmax")) {
+    CHECK_OR_DIE(kcu::Softmax(reinterpret_cast<const float*>(bytes), 3, 37,
+                              reinterpret_cast<float*>(bytes + 65536), s));
+  } else if (absl::StartsWith(pre, "sample")) {
+    std::vector<kcu::RowSamplingParams> params(3);
+    params[1].top_k = 5;
+    params[2].top_p = 0.9f;
+    CHECK_OR_DIE(kcu::CopyToDevice(bytes + 8192, params.data(), params.size() * sizeof(params[0])));
+    CHECK_OR_DIE(kcu::SampleRows(reinterpret_cast<const float*>(bytes), 3, 37,
+                                 reinterpret_cast<const kcu::RowSamplingParams*>(bytes + 8192),
+                                 reinterpret_cast<int32_t*>(bytes + 65536), bytes + (1 << 20),
+                                 2 << 20, s));
+  } else {
+    CHECK_OR_DIE(kcu::RmsNorm(reinterpret_cast<const float*>(bytes), 3, 64,
+                              reinterpret_cast<const float*>(bytes + 4096), 1e-5f,
+                              reinterpret_cast<kcu::Bf16*>(bytes + 65536), s));
+  }
+  CHECK_OR_DIE(kcu::SynchronizeDevice());
+}
+
+// The worker's kernel preflight on `d` (its checks of --preflight_ops only,
+// when given).
+void PreflightAsWorker(const kernels::DeviceDescription& d) {
+  auto report = kernels::BuiltinRegistry().SelectAll(d);
+  CHECK_OR_DIE(report.status());
+  const std::vector<std::string> only_ops = absl::GetFlag(FLAGS_preflight_ops);
+  for (kernels::Selection& sel : report->selections) {
+    if (!only_ops.empty() &&
+        std::find(only_ops.begin(), only_ops.end(), kernels::OpName(sel.op)) == only_ops.end()) {
+      sel.chosen = "none";  // its check does not run
+    }
+  }
+  CHECK_OR_DIE(runner::PreflightCudaKernels(d, *report));
+}
+
 // The command line, for the children of --process_per_config.
 std::vector<std::string> g_args;
 
 // Each row's speedup_vs_tp1: its tok/s over the TP=1 row (whole model) of
-// the same batch, autotune and staged GEMV setting, when there is one.
+// the same batch, autotune, staged GEMV and preflight setting, when there
+// is one.
 void SetSpeedups(nlohmann::json& results) {
-  std::map<std::tuple<int, bool, bool>, double> tp1;
+  auto key = [](const nlohmann::json& r) {
+    return std::make_tuple(r["batch"].get<int>(), r["gemm_autotune"].get<bool>(),
+                           r["staged_gemv"].get<bool>(), r["preflight"].get<bool>());
+  };
+  std::map<std::tuple<int, bool, bool, bool>, double> tp1;
   for (const auto& r : results) {
     if (r["tp"] == 1 && r["shard_of_tp"] == 1) {
-      tp1[{r["batch"].get<int>(), r["gemm_autotune"].get<bool>(), r["staged_gemv"].get<bool>()}] =
-          r["decode_tokens_per_second"].get<double>();
+      tp1[key(r)] = r["decode_tokens_per_second"].get<double>();
     }
   }
   for (auto& r : results) {
-    auto it = tp1.find(
-        {r["batch"].get<int>(), r["gemm_autotune"].get<bool>(), r["staged_gemv"].get<bool>()});
+    auto it = tp1.find(key(r));
     r["speedup_vs_tp1"] =
         it != tp1.end() ? r["decode_tokens_per_second"].get<double>() / it->second : 0.0;
   }
@@ -335,24 +433,28 @@ int Run() {
     int autotune;
     int staged;
     int shard_of = 1;  // > 1: one rank's shard of TP=shard_of, alone (tp is 1)
+    int preflight = 1;
   };
   std::vector<Config> configs;
-  for (const auto& staged_text : absl::GetFlag(FLAGS_staged_gemv)) {
-    const int staged = std::stoi(staged_text);
-    for (const auto& tune_text : absl::GetFlag(FLAGS_gemm_autotune)) {
-      const int tune = std::stoi(tune_text);
-      for (const auto& tp_text : absl::GetFlag(FLAGS_tp_sizes)) {
-        const int tp = std::stoi(tp_text);
-        if (tp_text.back() == 's') {
-          configs.push_back({1, "none", tune, staged, tp});
-          continue;
+  for (const auto& preflight_text : absl::GetFlag(FLAGS_preflight)) {
+    const int preflight = std::stoi(preflight_text);
+    for (const auto& staged_text : absl::GetFlag(FLAGS_staged_gemv)) {
+      const int staged = std::stoi(staged_text);
+      for (const auto& tune_text : absl::GetFlag(FLAGS_gemm_autotune)) {
+        const int tune = std::stoi(tune_text);
+        for (const auto& tp_text : absl::GetFlag(FLAGS_tp_sizes)) {
+          const int tp = std::stoi(tp_text);
+          if (tp_text.back() == 's') {
+            configs.push_back({1, "none", tune, staged, tp, preflight});
+            continue;
+          }
+          if (tp == 1) {
+            configs.push_back({1, "none", tune, staged, 1, preflight});
+            continue;
+          }
+          for (const auto& b : absl::GetFlag(FLAGS_all_reduce_backends))
+            configs.push_back({tp, b, tune, staged, 1, preflight});
         }
-        if (tp == 1) {
-          configs.push_back({1, "none", tune, staged});
-          continue;
-        }
-        for (const auto& b : absl::GetFlag(FLAGS_all_reduce_backends))
-          configs.push_back({tp, b, tune, staged});
       }
     }
   }
@@ -383,7 +485,7 @@ int Run() {
   kernels::DetectedCudaDevices found = kernels::DetectCudaDevices();
   for (size_t ci = 0; ci < configs.size(); ++ci) {
     if (only >= 0 && static_cast<int>(ci) != only) continue;
-    const auto& [tp, backend, autotune, staged, shard_of] = configs[ci];
+    const auto& [tp, backend, autotune, staged, shard_of, preflight] = configs[ci];
     // One rank's shapes of TP=shard_of (worker/parallel's sharding: heads,
     // KV heads, MLP and vocabulary divided; the hidden size whole).
     model::ModelConfig shape = *config;
@@ -406,6 +508,11 @@ int Run() {
     o.num_kv_blocks = int64_t{max_batch} * blocks_per_seq + 16;
     o.max_num_seqs = max_batch;
     o.max_num_tokens = std::max(max_batch * prompt_len, 256);
+    // What comes before the runner in its process.
+    for (const kernels::DeviceDescription& d : devices) {
+      for (const std::string& pre : absl::GetFlag(FLAGS_pre)) PreAction(pre, d.ordinal);
+      if (preflight != 0) PreflightAsWorker(d);
+    }
     auto runner = parallel::CudaTensorParallelRunner::Create(nullptr, shape, devices, o, 99);
     CHECK_OR_DIE(runner.status());
     std::mt19937 rng(5);
@@ -519,6 +626,7 @@ int Run() {
       nlohmann::json r = {
           {"tp", tp},
           {"shard_of_tp", shard_of},
+          {"preflight", preflight != 0},
           {"all_reduce_backend", backend},
           {"batch", batch},
           {"decode_ms_per_step", 1e3 * s / steps},
