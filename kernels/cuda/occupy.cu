@@ -38,4 +38,11 @@ absl::Status OccupySms(int ctas, double seconds, CudaStream stream) {
   return CheckLastLaunch("OccupySms");
 }
 
+absl::StatusOr<int> OccupyKernelCtasPerSm() {
+  int per_sm = 0;
+  TESSERA_CUDA_RETURN_IF_ERROR(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, OccupyKernel, 32, 0));
+  return per_sm;
+}
+
 }  // namespace tessera::kernels::cuda

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/cuda/cuda_types.h"
 
 namespace tessera::kernels::cuda {
@@ -15,5 +16,11 @@ namespace tessera::kernels::cuda {
 // INVALID_ARGUMENT for ctas < 1 or seconds outside (0, 60]; INTERNAL on a
 // runtime error.
 absl::Status OccupySms(int ctas, double seconds, CudaStream stream);
+
+// How many CTAs of that kernel (32 threads, no shared memory) one SM of the
+// current device holds, from the runtime's occupancy query; for
+// diagnostics of what such a query changes (tests/bench/gpu_tp_bench
+// --pre=occupancy).
+absl::StatusOr<int> OccupyKernelCtasPerSm();
 
 }  // namespace tessera::kernels::cuda
