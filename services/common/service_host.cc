@@ -201,7 +201,7 @@ void ServiceHost::RequestDrain(absl::Duration deadline, std::string reason) {
 }
 
 void ServiceHost::RequestFailureExit(std::string reason) {
-  int expected = 0;
+  int expected = kExitClean;
   if (!exit_code_.compare_exchange_strong(expected, kExitServiceFailed)) return;
   LogError("the service failed for good; exiting so that it is restarted",
            {{"reason", reason}, {"exit_code", kExitServiceFailed}});

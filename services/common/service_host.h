@@ -99,8 +99,8 @@ class ServiceHost {
 
   // The service can no longer do its work (a worker whose model runner
   // failed for good): liveness and readiness turn NOT_SERVING, a drain of
-  // at most kFailureDrainDeadline starts (the caller has already failed the
-  // work in flight), and RunUntilShutdown returns kExitServiceFailed, so
+  // at most kFailureDrainDeadline starts (the caller fails the work in
+  // flight itself), and RunUntilShutdown returns kExitServiceFailed, so
   // that systemd (Restart=on-failure) or the kubelet starts the process
   // afresh. Any thread; later calls change nothing.
   void RequestFailureExit(std::string reason);

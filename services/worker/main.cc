@@ -194,9 +194,6 @@ int main(int argc, char** argv) {
   service_options.tensor_parallel_size = lo.tensor_parallel_size;
   service_options.default_drain_deadline = options.drain_deadline;
   service_options.backends = (*local)->backends;
-  // A runner that can run no more steps (a tensor-parallel group out of
-  // step) takes the worker out of service: readiness and health go to
-  // NOT_SERVING, so routers send its work elsewhere.
   // A runner that can run no more steps (a tensor-parallel group whose
   // ranks fell out of step): the worker leaves service here, the engine then
   // fails its requests with UNAVAILABLE, which routers retry elsewhere, and

@@ -106,11 +106,12 @@ ABSL_FLAG(int, kernel_trace_steps, 0,
           "if > 0, this many more steps per row under a CUPTI kernel trace, summarized per "
           "device and kernel in the row");
 ABSL_FLAG(std::string, out, "", "write the JSON here too");
-ABSL_FLAG(bool, process_per_config, true,
-          "run each configuration (TP size or shard, backend, autotune, staged GEMV) in a "
-          "process of its own, as a worker runs its one runner; false: all in this process, "
-          "one after another (every runner after a process's first ran 2-4% slower on the "
-          "H200)");
+ABSL_FLAG(
+    bool, process_per_config, true,
+    "run each configuration (TP size or shard, backend, autotune, staged GEMV, preflight) in a "
+    "process of its own, as a worker runs its one runner; false: all in this process, "
+    "one after another (every runner after a process's first ran 2-4% slower on the "
+    "H200)");
 ABSL_FLAG(std::vector<std::string>, preflight, std::vector<std::string>({"1"}),
           "values (0/1) to run every configuration with: 1 preflights the kernels on the "
           "runner's devices before it as tessera-worker does (runner::PreflightCudaKernels), "
@@ -427,9 +428,9 @@ int Run() {
   const int blocks_per_seq = (prompt_len + steps + 1 + block - 1) / block;
   nlohmann::json results = nlohmann::json::array();
   std::set<std::pair<int, int>> timed;  // (TP, batch) whose collectives were timed
-  // (TP size, all-reduce backend, GEMM autotune, staged GEMV) in run order:
-  // TP=1 once per autotune and staged value, larger groups once per backend
-  // and values.
+  // (TP size, all-reduce backend, GEMM autotune, staged GEMV, shard,
+  // preflight) in run order: TP=1 and shards once per preflight, staged and
+  // autotune value, larger groups once per backend and values.
   struct Config {
     int tp;
     std::string backend;
