@@ -12,7 +12,7 @@ tests/bench/results/, each with the command that produced it:
   gpu_tp_trace_h200x2.json    the same steps kernel by kernel (CUPTI trace)
   gpu_tp_tuning_h200x2.json   what GEMM autotuning adds to a batch's first step
   gpu_tp_sampling_h200x2.json sampled decode, tokens drawn on the GPUs vs the host
-  gpu_tp_shard_h200.json      TP=1, one TP=2 rank's shard alone (no collectives) and,
+  gpu_tp_shard_h200x2.json    TP=1, one TP=2 rank's shard alone (no collectives) and,
                               with two GPUs, TP=2; with and without the preflight
   gpu_decode_qwen3_h200.json  Qwen3-8B-shaped decode, RoPE and q/k norms inside
                               decode attention vs the Rope kernel before it
@@ -218,8 +218,8 @@ SHARD_NOTE = ("shard_of_tp 2: one rank's shard of TP=2 (16 of 32 heads, 4 of 8 K
 
 
 def tensor_parallel_shard(out, results):
-    wrap(out, results, "bench/gpu_tp_shard.json", "gpu_tp_shard_h200.json",
-         "GPU machine: bash scripts/gpu-run.sh OUT (tests/bench/gpu_tp_bench "
+    wrap(out, results, "bench/gpu_tp_shard.json", "gpu_tp_shard_h200x2.json",
+         "GPU machine with 2 GPUs: bash scripts/gpu-run.sh OUT (tests/bench/gpu_tp_bench "
          "--tp_sizes=1,2s,2 --all_reduce_backends=p2p --preflight=1,0)",
          {"note": SHARD_NOTE})
 
