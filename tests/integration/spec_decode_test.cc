@@ -251,11 +251,13 @@ TEST(SpecDecodeTest, SlowDrafterDoesNotSlowTheWorker) {
   const double ratio = absl::FDivDuration(plain_time, spec_time);
   std::cout << "plain " << plain_time << ", with a drafter 100 ms late: " << spec_time
             << " (speed ratio " << ratio << ")\n";
-  // On a quiet machine the two are within a few percent (README; 0.996 in
-  // the last quiet run). The CI machine is two-core and runs other tests at
-  // the same time (0.787 was seen once there), so the bound asserted here is
-  // looser; a worker that waited for this drafter would be 20x slower.
-  EXPECT_GT(ratio, 0.70);
+  // A worker that waited for this drafter would be 20x slower (ratio about
+  // 0.05). Not waiting, it still shares the CPU with the drafter's stream:
+  // with the connection up for every timed round, 0.88-0.93 on a quiet
+  // two-core machine and 0.58 once in CI (before the warm-up above, the
+  // rounds sometimes ran before the connection, and 0.79-1.08 was seen).
+  // The bound tells the two apart.
+  EXPECT_GT(ratio, 0.40);
   // The drafter's proposals kept coming, late, during the timed rounds.
   EXPECT_GT(MetricValue(w.service.metrics_port, kLate), late_before);
 }
