@@ -20,7 +20,20 @@ __global__ void OccupyKernel(uint64_t ns) {
   }
 }
 
+// Needs local memory: an array indexed by values the compiler cannot see.
+__global__ void LocalMemoryKernel(int* out, int seed) {
+  int scratch[256];
+  for (int i = 0; i < 256; ++i) scratch[i] = seed * i + static_cast<int>(threadIdx.x);
+  out[threadIdx.x] = scratch[(seed + static_cast<int>(threadIdx.x)) & 255];
+}
+
 }  // namespace
+
+absl::Status RunLocalMemoryKernel(int* out, int seed, CudaStream stream) {
+  if (out == nullptr) return absl::InvalidArgumentError("RunLocalMemoryKernel: null output");
+  LocalMemoryKernel<<<1, 32, 0, AsCuda(stream)>>>(out, seed);
+  return CheckLastLaunch("RunLocalMemoryKernel");
+}
 
 absl::Status OccupySms(int ctas, double seconds, CudaStream stream) {
   if (ctas < 1 || !(seconds > 0.0 && seconds <= 60.0)) {

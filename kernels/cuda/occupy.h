@@ -23,4 +23,9 @@ absl::Status OccupySms(int ctas, double seconds, CudaStream stream);
 // --pre=occupancy).
 absl::StatusOr<int> OccupyKernelCtasPerSm();
 
+// One CTA of 32 threads of a kernel that needs 1 KiB of local memory per
+// thread (a stack frame), writing 32 ints to `out`: for diagnostics of what
+// a kernel with local memory changes (tests/bench/gpu_tp_bench --pre=lmem).
+absl::Status RunLocalMemoryKernel(int* out, int seed, CudaStream stream);
+
 }  // namespace tessera::kernels::cuda

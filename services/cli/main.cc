@@ -6,6 +6,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "services/cli/commands.h"
+#include "worker/engine/preflight_process.h"
 
 namespace tessera::cli {
 namespace {
@@ -35,6 +36,9 @@ const std::vector<Command>& Commands() {
 
 int main(int argc, char** argv) {
   using tessera::cli::Commands;
+  // `tessera generate` builds a CUDA engine, whose preflight runs in a child:
+  // this binary again (worker/engine/preflight_process.h).
+  if (int rc = tessera::engine::RunPreflightChildIfAsked(argc, argv); rc >= 0) return rc;
   if (argc < 2 || std::strcmp(argv[1], "help") == 0 || std::strcmp(argv[1], "--help") == 0 ||
       std::strcmp(argv[1], "-h") == 0) {
     tessera::cli::PrintHelp(argc < 2 ? stderr : stdout);

@@ -17,6 +17,7 @@
 #include "services/worker/worker_metrics.h"
 #include "services/worker/worker_service.h"
 #include "worker/engine/local_engine.h"
+#include "worker/engine/preflight_process.h"
 #include "worker/spec/model_source.h"
 
 ABSL_FLAG(std::string, model, "", "Model directory (config.json, *.safetensors); or --simulate");
@@ -69,6 +70,8 @@ ABSL_FLAG(int, spec_tree_branching, 1,
 namespace ts = tessera::services;
 
 int main(int argc, char** argv) {
+  // This binary again as the CUDA preflight's child (preflight_process.h).
+  if (int rc = tessera::engine::RunPreflightChildIfAsked(argc, argv); rc >= 0) return rc;
   ts::BlockTerminationSignals();
   ts::ParseServiceFlags(argc, argv, "tessera-worker: serves one model (tessera.v1.Worker)");
   tessera::SetLogService("worker");

@@ -76,6 +76,7 @@
 #include "tests/bench/llama3_8b_config.h"
 #include "worker/model/config.h"
 #include "worker/parallel/cuda_tensor_parallel_runner.h"
+#include "worker/engine/preflight_process.h"
 #include "worker/runner/cuda_preflight.h"
 #include "worker/sampling/sampler.h"
 
@@ -112,12 +113,13 @@ ABSL_FLAG(
     "process of its own, as a worker runs its one runner; false: all in this process, "
     "one after another (every runner after a process's first ran 2-4% slower on the "
     "H200)");
-ABSL_FLAG(std::vector<std::string>, preflight, std::vector<std::string>({"1"}),
-          "values (0/1) to run every configuration with: 1 preflights the kernels on the "
-          "runner's devices before it as tessera-worker does (runner::PreflightCudaKernels), "
-          "the state a worker's runner runs in. On the H200 the preflight's sampling, "
-          "attention and SM 9.0a prefill checks each made later decode steps slower (batch "
-          "64, one TP=2 rank's shard: 3.05-3.06 ms per graph step against 2.95-2.97 without)");
+ABSL_FLAG(std::vector<std::string>, preflight, std::vector<std::string>({"2"}),
+          "values (0/1/2) to run every configuration with: 2 runs the worker's kernel preflight "
+          "for the runner's devices in a child process, as tessera-worker does "
+          "(worker/engine/preflight_process.h); 1 runs it in the runner's process before the "
+          "runner (runner::PreflightCudaKernels), as tessera-worker did: its device "
+          "allocations before the runner's made every later graph step slower on the H200 "
+          "(about 0.5 us more between kernels); 0: none");
 ABSL_FLAG(std::vector<std::string>, preflight_ops, {},
           "with --preflight: only the checks of these ops (kernels/op.h names); empty: all");
 ABSL_FLAG(std::vector<std::string>, pre, {},
@@ -127,7 +129,14 @@ ABSL_FLAG(std::vector<std::string>, pre, {},
           "softmax_*, sample_* (one RMSNorm, ArgmaxRows, Softmax, SampleRows of 3 rows "
           "likewise), occupy_stream (one CTA of the largest shared memory reading the global "
           "timer for 1 ms), occupancy (the runtime's occupancy query for that kernel, nothing "
-          "launched), stack4k (the stack size limit set to 4 KiB)");
+          "launched), stack4k / stack1k (the stack size limit set to 4 / 1 KiB), lmem_* (one "
+          "kernel needing 1 KiB of local memory per thread), allocs (40 buffers of 4 KiB to 1 MiB allocated, cleared and freed; allocs_kept: never freed), nccl1 (a one-rank NCCL communicator, kept), h2d_* (256 bytes copied from "
+          "pageable host memory)");
+ABSL_FLAG(std::vector<std::string>, post, {},
+          "diagnostics: the --pre actions to run after the preflight, before the runner");
+ABSL_FLAG(bool, exit_before_runner, false,
+          "diagnostics: run --pre, the preflight and --post, then exit (no runner): what they "
+          "leave behind for later processes");
 ABSL_FLAG(int, only_config, -1, "run only configuration N of the list (set by the parent)");
 
 namespace tessera {
@@ -316,6 +325,29 @@ void PreAction(const std::string& pre, int ordinal) {
     if (cudaDeviceSetLimit(cudaLimitStackSize, 4096) != cudaSuccess) {
       CHECK_OR_DIE(absl::InternalError("cudaDeviceSetLimit failed"));
     }
+  } else if (pre == "stack1k") {
+    if (cudaDeviceSetLimit(cudaLimitStackSize, 1024) != cudaSuccess) {
+      CHECK_OR_DIE(absl::InternalError("cudaDeviceSetLimit failed"));
+    }
+  } else if (absl::StartsWith(pre, "lmem")) {
+    CHECK_OR_DIE(kcu::RunLocalMemoryKernel(reinterpret_cast<int*>(bytes + 65536), 7, s));
+  } else if (pre == "nccl1") {
+    static std::vector<std::unique_ptr<kcu::NcclGroup>> groups;  // kept, as a TP group keeps its own
+    auto group = kcu::NcclGroup::Create({ordinal});
+    CHECK_OR_DIE(group.status());
+    groups.push_back(std::move(*group));
+  } else if (pre == "allocs" || pre == "allocs_kept") {
+    static std::vector<kcu::DeviceBuffer> kept;  // allocs_kept: never freed
+    std::vector<kcu::DeviceBuffer> held;
+    for (int i = 0; i < 40; ++i) {
+      auto b = kcu::DeviceBuffer::Allocate(size_t{4096} << (i % 9));
+      CHECK_OR_DIE(b.status());
+      CHECK_OR_DIE(kcu::MemsetDevice(b->data(), 0, b->size()));
+      (pre == "allocs" ? held : kept).push_back(std::move(*b));
+    }
+  } else if (absl::StartsWith(pre, "h2d")) {
+    std::vector<char> host(256, 1);
+    CHECK_OR_DIE(kcu::CopyToDevice(bytes + 8192, host.data(), host.size(), s));
   } else if (pre == "occupancy") {
     CHECK_OR_DIE(kcu::OccupyKernelCtasPerSm().status());
   } else if (absl::StartsWith(pre, "occupy")) {
@@ -367,9 +399,10 @@ std::vector<std::string> g_args;
 void SetSpeedups(nlohmann::json& results) {
   auto key = [](const nlohmann::json& r) {
     return std::make_tuple(r["batch"].get<int>(), r["gemm_autotune"].get<bool>(),
-                           r["staged_gemv"].get<bool>(), r["preflight"].get<bool>());
+                           r["staged_gemv"].get<bool>(), r["preflight"].get<bool>(),
+                           r.value("preflight_in_child", false));
   };
-  std::map<std::tuple<int, bool, bool, bool>, double> tp1;
+  std::map<std::tuple<int, bool, bool, bool, bool>, double> tp1;
   for (const auto& r : results) {
     if (r["tp"] == 1 && r["shard_of_tp"] == 1) {
       tp1[key(r)] = r["decode_tokens_per_second"].get<double>();
@@ -515,8 +548,15 @@ int Run() {
     // What comes before the runner in its process.
     for (const kernels::DeviceDescription& d : devices) {
       for (const std::string& pre : absl::GetFlag(FLAGS_pre)) PreAction(pre, d.ordinal);
-      if (preflight != 0) PreflightAsWorker(d);
+      if (preflight == 1) PreflightAsWorker(d);
+      if (preflight == 2) {
+        auto in_child = engine::PreflightInChildProcess(absl::StrCat("cuda:", d.gpu->pci_bus_id), 1, {});
+        CHECK_OR_DIE(in_child.status());
+        if (!*in_child) CHECK_OR_DIE(absl::InternalError("the preflight child gave no result"));
+      }
+      for (const std::string& post : absl::GetFlag(FLAGS_post)) PreAction(post, d.ordinal);
     }
+    if (absl::GetFlag(FLAGS_exit_before_runner)) continue;
     auto runner = parallel::CudaTensorParallelRunner::Create(nullptr, shape, devices, o, 99);
     CHECK_OR_DIE(runner.status());
     std::mt19937 rng(5);
@@ -631,6 +671,7 @@ int Run() {
           {"tp", tp},
           {"shard_of_tp", shard_of},
           {"preflight", preflight != 0},
+          {"preflight_in_child", preflight == 2},
           {"all_reduce_backend", backend},
           {"batch", batch},
           {"decode_ms_per_step", 1e3 * s / steps},
@@ -676,6 +717,8 @@ int Run() {
 }  // namespace tessera
 
 int main(int argc, char** argv) {
+  // --preflight=2's child (worker/engine/preflight_process.h).
+  if (int rc = tessera::engine::RunPreflightChildIfAsked(argc, argv); rc >= 0) return rc;
   tessera::g_args.assign(argv, argv + argc);
   absl::ParseCommandLine(argc, argv);
   return tessera::Run();

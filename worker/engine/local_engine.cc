@@ -17,6 +17,7 @@
 #include "worker/parallel/shard_plan.h"
 #include "worker/parallel/tensor_parallel_runner.h"
 #include "worker/runner/cpu_model_runner.h"
+#include "worker/engine/preflight_process.h"
 #include "worker/runner/simulated_model_runner.h"
 #if TESSERA_HAVE_CUDA
 #include "worker/parallel/cuda_tensor_parallel_runner.h"
@@ -156,8 +157,15 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineO
   std::unique_ptr<runner::ModelRunner> model_runner;
   if (cuda) {
 #if TESSERA_HAVE_CUDA
-    for (const kernels::DeviceDescription& d : *devices) {
-      if (auto s = runner::PreflightCudaKernels(d, *report); !s.ok()) return s;
+    // In a child process when this binary can run one (preflight_process.h):
+    // the preflight's allocations would slow this process's decode graphs.
+    absl::StatusOr<bool> in_child =
+        o.preflight_in_child ? PreflightInChildProcess(o.device, tp, o.backends) : false;
+    if (!in_child.ok()) return in_child.status();
+    if (!*in_child) {
+      for (const kernels::DeviceDescription& d : *devices) {
+        if (auto s = runner::PreflightCudaKernels(d, *report); !s.ok()) return s;
+      }
     }
     auto model = model::LoadModel(o.model_dir);
     if (!model.ok()) return model.status();

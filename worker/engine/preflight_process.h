@@ -1,0 +1,58 @@
+// The kernel preflight in a process of its own.
+//
+// A CUDA worker preflights every chosen kernel before its weights load
+// (worker/runner/cuda_preflight.h). Run in the worker's own process, the
+// preflight's device allocations come before the model runner's, and every
+// CUDA-graph decode step of that runner was then slower on the H200: about
+// 0.5 us more between each two kernels of a step, the kernels' own times
+// unchanged (worker/engine/README.md, "The preflight's process"). A
+// preflight in a child process leaves the worker's CUDA context untouched:
+// the child is this binary again, started with kPreflightChildArg, which
+// resolves the same devices, selects the same backends, runs the preflight
+// and prints one result line before it exits.
+//
+// Every binary that builds a CUDA engine (tessera-worker, tessera) calls
+// RunPreflightChildIfAsked first in main(). A binary that does not (tests)
+// answers without the result line; the caller then preflights in its own
+// process, as before.
+//
+// Thread-safety: PreflightInChildProcess may be called from any thread
+// (posix_spawn; it blocks until the child exits).
+#pragma once
+
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/registry.h"
+
+namespace tessera::engine {
+
+// argv[1] of a preflight child.
+inline constexpr char kPreflightChildArg[] = "--tessera-preflight-child";
+
+// With argv[1] == kPreflightChildArg: runs the preflight that argv[2..]
+// describe (device selector, tensor-parallel size, then backend overrides
+// as flag=value), prints the result line on stdout and returns the exit
+// status for main (0 ok, 1 failed). Otherwise returns -1 and does nothing.
+int RunPreflightChildIfAsked(int argc, char** argv);
+
+// The preflight of `device_selector`'s first `tensor_parallel_size` devices
+// (kernels::ResolveDevices) with `backends`, in a child process:
+// true and OK when it passed; its error (FAILED_PRECONDITION naming the
+// device and the fix, as in-process) when it failed; false when the child
+// gave no result (this binary lacks RunPreflightChildIfAsked, or the child
+// could not start or died), so the caller should preflight in-process.
+absl::StatusOr<bool> PreflightInChildProcess(absl::string_view device_selector,
+                                             int tensor_parallel_size,
+                                             const kernels::BackendOverrides& backends);
+
+// What a child's stdout says: true and OK, false and OK (no result line),
+// or the error it reported. For tests.
+absl::StatusOr<bool> ParsePreflightChildOutput(absl::string_view out);
+
+// The result line for `s` (what the child prints). For tests.
+std::string PreflightResultLine(const absl::Status& s);
+
+}  // namespace tessera::engine
