@@ -54,6 +54,7 @@ DetectedCudaDevices DetectCudaDevices() {
     gpu.sm_count = info.sm_count;
     gpu.shared_memory_per_block_optin = info.shared_memory_per_block_optin;
     gpu.total_memory_bytes = info.total_memory_bytes;
+    gpu.exclusive_process = info.exclusive_process;
     gpu.driver_version = q.info.driver_version;
     gpu.runtime_version = q.info.runtime_version;
     cuda::ImageProbeResult probe = cuda::ProbeImage(info.ordinal);

@@ -31,6 +31,9 @@ struct GpuInfo {
   int sm_count = 0;
   int64_t shared_memory_per_block_optin = 0;
   int64_t total_memory_bytes = 0;
+  // Compute mode EXCLUSIVE_PROCESS: while this process holds a context on
+  // the device, no other process can make one (so no preflight child).
+  bool exclusive_process = false;
   int driver_version = 0;   // CUDA version the driver supports, 13000 = 13.0
   int runtime_version = 0;  // CUDA runtime linked into this binary
   // What cudaFuncGetAttributes said about this build's probe kernel on the

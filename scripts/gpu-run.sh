@@ -82,9 +82,10 @@ if [[ "$GPUS" -ge 2 ]]; then
 fi
 # One TP=2 rank's shard alone on one GPU (no collectives) between TP=1 and
 # TP=2 (when there are two GPUs): what TP=2 would take if communication
-# cost nothing; with and without the worker's preflight before the runner.
+# cost nothing; with the worker's preflight in a child process (as the worker
+# runs it), in the runner's process, and without it.
 step bench/gpu_tp_shard 300 "$BIN/gpu_tp_bench" --tp_sizes=1,2s,2 --all_reduce_backends=p2p \
-  --preflight=1,0 --out="$OUT/bench/gpu_tp_shard.json"
+  --preflight=2,1,0 --out="$OUT/bench/gpu_tp_shard.json"
 if [[ "${ROUTER_BENCH:-1}" == 1 ]]; then
   # Route-decision latency at ~1,000 in flight on this many-core host.
   mkdir -p "$OUT/router_logs"  # the script's logs and raw results land here (TMPDIR)

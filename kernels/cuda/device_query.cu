@@ -63,6 +63,9 @@ CudaQueryResult QueryCudaDevices() {
     d.sm_count = prop.multiProcessorCount;
     d.shared_memory_per_block_optin = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
     d.total_memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+    int mode = cudaComputeModeDefault;
+    if (cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, i) != cudaSuccess) cudaGetLastError();
+    d.exclusive_process = mode == cudaComputeModeExclusiveProcess;
     result.info.devices.push_back(d);
   }
   if (count == 0) result.note = "the driver reports no CUDA device";

@@ -21,6 +21,7 @@ struct CudaDeviceInfo {
   int sm_count = 0;
   int64_t shared_memory_per_block_optin = 0;
   int64_t total_memory_bytes = 0;
+  bool exclusive_process = false;  // compute mode: one process's context at a time
 };
 
 struct CudaSystemInfo {

@@ -212,15 +212,16 @@ SHARD_NOTE = ("shard_of_tp 2: one rank's shard of TP=2 (16 of 32 heads, 4 of 8 K
               "what TP=2 would reach with the rank kernels of this build if its collectives "
               "and the waits between the ranks cost nothing; the TP=2 row of the same run "
               "beside it when the machine has two GPUs. Every row ran in a process of its "
-              "own; preflight true: the worker's kernel preflight ran before the runner, as "
-              "in tessera-worker, false: it did not (speedups compare rows of the same "
-              "setting)")
+              "own; preflight_in_child true: the worker's kernel preflight ran in a child "
+              "process before the runner, as tessera-worker runs it; preflight true and "
+              "preflight_in_child false: in the runner's process, as tessera-worker ran it "
+              "before; preflight false: not at all (speedups compare rows of the same setting)")
 
 
 def tensor_parallel_shard(out, results):
     wrap(out, results, "bench/gpu_tp_shard.json", "gpu_tp_shard_h200x2.json",
          "GPU machine with 2 GPUs: bash scripts/gpu-run.sh OUT (tests/bench/gpu_tp_bench "
-         "--tp_sizes=1,2s,2 --all_reduce_backends=p2p --preflight=1,0)",
+         "--tp_sizes=1,2s,2 --all_reduce_backends=p2p --preflight=2,1,0)",
          {"note": SHARD_NOTE})
 
 

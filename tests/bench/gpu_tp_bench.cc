@@ -10,12 +10,12 @@
 // 3.14 and 3.13 after; the extra time is gaps between kernels), which
 // favoured whichever configuration ran first. --process_per_config=false
 // runs them all in this process. Before its runner, each configuration runs
-// the worker's kernel preflight on its devices (--preflight, on by
-// default), as tessera-worker does: after it, decode steps ran 2-4% slower
-// on the H200 than in a process where it never ran (its sampling, attention
-// and SM 9.0a prefill checks each did it; one SampleRows call of 3 rows
-// alone too), so the runs measure what a worker gets. --pre runs the
-// single kernels of that search.
+// the worker's kernel preflight on its devices as tessera-worker does: by
+// default in a child process (--preflight=2, worker/engine/preflight_process.h);
+// --preflight=1 runs it in the runner's process, as the worker did, which made
+// its decode steps 2-4% slower on the H200 (some 40 small cudaMemset calls
+// before the graphs exist do it: tests/bench/results/preflight_process_h200.json).
+// --pre and --post run the single actions of that search before and after it.
 //
 // Per TP size and batch: B prompts of --prompt_len random tokens prefilled,
 // then --decode_steps greedy steps (CUDA graphs; the ranks' argmax combined on
@@ -117,9 +117,9 @@ ABSL_FLAG(std::vector<std::string>, preflight, std::vector<std::string>({"2"}),
           "values (0/1/2) to run every configuration with: 2 runs the worker's kernel preflight "
           "for the runner's devices in a child process, as tessera-worker does "
           "(worker/engine/preflight_process.h); 1 runs it in the runner's process before the "
-          "runner (runner::PreflightCudaKernels), as tessera-worker did: its device "
-          "allocations before the runner's made every later graph step slower on the H200 "
-          "(about 0.5 us more between kernels); 0: none");
+          "runner (runner::PreflightCudaKernels), as tessera-worker did: its clears of its "
+          "buffers made every later graph step slower on the H200 (about 0.5 us more between "
+          "kernels); 0: none");
 ABSL_FLAG(std::vector<std::string>, preflight_ops, {},
           "with --preflight: only the checks of these ops (kernels/op.h names); empty: all");
 ABSL_FLAG(std::vector<std::string>, pre, {},
@@ -130,7 +130,7 @@ ABSL_FLAG(std::vector<std::string>, pre, {},
           "likewise), occupy_stream (one CTA of the largest shared memory reading the global "
           "timer for 1 ms), occupancy (the runtime's occupancy query for that kernel, nothing "
           "launched), stack4k / stack1k (the stack size limit set to 4 / 1 KiB), lmem_* (one "
-          "kernel needing 1 KiB of local memory per thread), allocs (40 buffers of 4 KiB to 1 MiB allocated, cleared and freed; allocs_kept: never freed), nccl1 (a one-rank NCCL communicator, kept), h2d_* (256 bytes copied from "
+          "kernel needing 1 KiB of local memory per thread), allocs (40 buffers of 4 KiB to 1 MiB allocated, cleared and freed; allocs_kept: never freed; allocs_uncleared: not cleared), memsets_* (40 clears of 4 to 64 KiB inside one buffer), nccl1 (a one-rank NCCL communicator, kept), hostmapped (a host-mapped word, kept), p2p_allocs (device buffers of 4 MiB, 4 KiB and 256 bytes, kept), h2d_* (256 bytes copied from "
           "pageable host memory)");
 ABSL_FLAG(std::vector<std::string>, post, {},
           "diagnostics: the --pre actions to run after the preflight, before the runner");
@@ -331,19 +331,37 @@ void PreAction(const std::string& pre, int ordinal) {
     }
   } else if (absl::StartsWith(pre, "lmem")) {
     CHECK_OR_DIE(kcu::RunLocalMemoryKernel(reinterpret_cast<int*>(bytes + 65536), 7, s));
+  } else if (pre == "hostmapped") {
+    void* host = nullptr;  // kept, as P2pAllReduce keeps its timeout words
+    if (cudaHostAlloc(&host, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable) !=
+        cudaSuccess) {
+      CHECK_OR_DIE(absl::InternalError("cudaHostAlloc failed"));
+    }
+  } else if (pre == "p2p_allocs") {
+    static std::vector<kcu::DeviceBuffer> kept;  // P2pAllReduce's three buffers per rank
+    for (size_t bytes : {size_t{4} << 20, size_t{4096}, size_t{256}}) {
+      auto b = kcu::DeviceBuffer::Allocate(bytes);
+      CHECK_OR_DIE(b.status());
+      CHECK_OR_DIE(kcu::MemsetDevice(b->data(), 0, bytes));
+      kept.push_back(std::move(*b));
+    }
   } else if (pre == "nccl1") {
     static std::vector<std::unique_ptr<kcu::NcclGroup>> groups;  // kept, as a TP group keeps its own
     auto group = kcu::NcclGroup::Create({ordinal});
     CHECK_OR_DIE(group.status());
     groups.push_back(std::move(*group));
-  } else if (pre == "allocs" || pre == "allocs_kept") {
+  } else if (pre == "allocs" || pre == "allocs_kept" || pre == "allocs_uncleared") {
     static std::vector<kcu::DeviceBuffer> kept;  // allocs_kept: never freed
     std::vector<kcu::DeviceBuffer> held;
     for (int i = 0; i < 40; ++i) {
       auto b = kcu::DeviceBuffer::Allocate(size_t{4096} << (i % 9));
       CHECK_OR_DIE(b.status());
-      CHECK_OR_DIE(kcu::MemsetDevice(b->data(), 0, b->size()));
-      (pre == "allocs" ? held : kept).push_back(std::move(*b));
+      if (pre != "allocs_uncleared") CHECK_OR_DIE(kcu::MemsetDevice(b->data(), 0, b->size()));
+      (pre == "allocs_kept" ? kept : held).push_back(std::move(*b));
+    }
+  } else if (absl::StartsWith(pre, "memsets")) {  // the same 40 clears, inside the one buffer
+    for (size_t i = 0; i < 40; ++i) {
+      CHECK_OR_DIE(kcu::MemsetDevice(bytes + (i << 16), 0, size_t{4096} << (i % 5), s));
     }
   } else if (absl::StartsWith(pre, "h2d")) {
     std::vector<char> host(256, 1);

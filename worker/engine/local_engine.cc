@@ -12,6 +12,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "base/log.h"
 #include "kernels/cuda_devices.h"
 #include "worker/parallel/shard_plan.h"
@@ -158,15 +160,25 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineO
   if (cuda) {
 #if TESSERA_HAVE_CUDA
     // In a child process when this binary can run one (preflight_process.h):
-    // the preflight's allocations would slow this process's decode graphs.
+    // the preflight's clears would slow this process's decode graphs.
+    // Not with a GPU in EXCLUSIVE_PROCESS mode: this process holds its
+    // context already (the image probe), so the child could not make one.
+    bool child = o.preflight_in_child;
+    for (const kernels::DeviceDescription& d : *devices) {
+      child &= !(d.gpu.has_value() && d.gpu->exclusive_process);
+    }
+    const absl::Time preflight_start = absl::Now();
     absl::StatusOr<bool> in_child =
-        o.preflight_in_child ? PreflightInChildProcess(o.device, tp, o.backends) : false;
+        child ? PreflightInChildProcess(o.device, tp, o.backends) : false;
     if (!in_child.ok()) return in_child.status();
     if (!*in_child) {
       for (const kernels::DeviceDescription& d : *devices) {
         if (auto s = runner::PreflightCudaKernels(d, *report); !s.ok()) return s;
       }
     }
+    LogInfo("kernel preflight passed",
+            {{"process", *in_child ? "child" : "this"},
+             {"ms", absl::ToInt64Milliseconds(absl::Now() - preflight_start)}});
     auto model = model::LoadModel(o.model_dir);
     if (!model.ok()) return model.status();
     local->model = std::move(*model);

@@ -86,8 +86,8 @@ struct LocalEngineOptions {
   double gpu_memory_fraction = 0.9;  // CUDA: of the memory left after weights, for the KV cache
   bool cuda_graphs = true;           // CUDA: decode steps as CUDA graphs
   // CUDA: the kernel preflight in a child process (preflight_process.h), so
-  // that its allocations do not slow this process's decode steps; false, or
-  // a binary that cannot run the child: in this process.
+  // that its clears do not slow this process's decode graphs; false, or a
+  // binary that cannot run the child: in this process.
   bool preflight_in_child = true;
   int64_t kv_cache_memory_mb = 512;
   int max_model_len = 0;  // 0 = the model's

@@ -2,19 +2,21 @@
 //
 // A CUDA worker preflights every chosen kernel before its weights load
 // (worker/runner/cuda_preflight.h). Run in the worker's own process, the
-// preflight's device allocations come before the model runner's, and every
-// CUDA-graph decode step of that runner was then slower on the H200: about
+// preflight's clears of its buffers (some 40 small cudaMemset calls) made
+// every CUDA-graph decode step of the runner slower on the H200: about
 // 0.5 us more between each two kernels of a step, the kernels' own times
-// unchanged (worker/engine/README.md, "The preflight's process"). A
-// preflight in a child process leaves the worker's CUDA context untouched:
-// the child is this binary again, started with kPreflightChildArg, which
-// resolves the same devices, selects the same backends, runs the preflight
-// and prints one result line before it exits.
+// unchanged (kernels/README.md, start-up). A preflight in a child process
+// leaves the worker's CUDA context untouched: the child is this binary
+// again, started with kPreflightChildArg, which resolves the same devices,
+// selects the same backends, runs the preflight and prints one result line
+// before it exits.
 //
 // Every binary that builds a CUDA engine (tessera-worker, tessera) calls
 // RunPreflightChildIfAsked first in main(). A binary that does not (tests)
 // answers without the result line; the caller then preflights in its own
-// process, as before.
+// process, as before. BuildLocalEngine also preflights in its own process
+// on a GPU in the EXCLUSIVE_PROCESS compute mode (GpuInfo::exclusive_process),
+// where the child could not open a context beside the caller's.
 //
 // Thread-safety: PreflightInChildProcess may be called from any thread
 // (posix_spawn; it blocks until the child exits).
