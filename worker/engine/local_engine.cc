@@ -16,10 +16,10 @@
 #include "absl/time/time.h"
 #include "base/log.h"
 #include "kernels/cuda_devices.h"
+#include "worker/engine/preflight_process.h"
 #include "worker/parallel/shard_plan.h"
 #include "worker/parallel/tensor_parallel_runner.h"
 #include "worker/runner/cpu_model_runner.h"
-#include "worker/engine/preflight_process.h"
 #include "worker/runner/simulated_model_runner.h"
 #if TESSERA_HAVE_CUDA
 #include "worker/parallel/cuda_tensor_parallel_runner.h"

@@ -1,5 +1,7 @@
 #include "worker/engine/preflight_process.h"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -82,14 +84,14 @@ int RunPreflightChildIfAsked(int argc, char** argv) {
   int tp = 0;
   kernels::BackendOverrides backends;
   if (argc < 4 || !absl::SimpleAtoi(argv[3], &tp)) {
-    s = absl::InvalidArgumentError(
-        absl::StrCat("usage: ", argv[0], " ", kPreflightChildArg,
-                     " DEVICE TENSOR_PARALLEL_SIZE [FLAG=BACKEND ...]"));
+    s = absl::InvalidArgumentError(absl::StrCat("usage: ", argv[0], " ", kPreflightChildArg,
+                                                " DEVICE TENSOR_PARALLEL_SIZE [FLAG=BACKEND ...]"));
   }
   for (int i = 4; s.ok() && i < argc; ++i) {
     std::vector<std::string> kv = absl::StrSplit(argv[i], absl::MaxSplits('=', 1));
     if (kv.size() != 2) {
-      s = absl::InvalidArgumentError(absl::StrCat("backend override '", argv[i], "' is not flag=backend"));
+      s = absl::InvalidArgumentError(
+          absl::StrCat("backend override '", argv[i], "' is not flag=backend"));
       break;
     }
     backends[kv[0]] = kv[1];
@@ -113,7 +115,7 @@ absl::StatusOr<bool> PreflightInChildProcess(absl::string_view device_selector,
   argv.push_back(nullptr);
 
   int out[2];
-  if (pipe(out) != 0) {
+  if (pipe2(out, O_CLOEXEC) != 0) {  // no other child of this process inherits it
     LogWarning("preflight process: no pipe", {{"error", std::strerror(errno)}});
     return false;
   }
@@ -122,8 +124,19 @@ absl::StatusOr<bool> PreflightInChildProcess(absl::string_view device_selector,
   posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
   posix_spawn_file_actions_addclose(&actions, out[0]);
   posix_spawn_file_actions_addclose(&actions, out[1]);
+  // The child starts with no signal blocked (the worker blocks SIGTERM and
+  // SIGINT to handle them on a thread of its own) and default handlers.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   pid_t pid = -1;
-  const int spawned = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
+  const int spawned = posix_spawn(&pid, "/proc/self/exe", &actions, &attr, argv.data(), environ);
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   close(out[1]);
   if (spawned != 0) {
