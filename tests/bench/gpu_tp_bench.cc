@@ -74,9 +74,9 @@
 #include "nlohmann/json.hpp"
 #include "tests/bench/kernel_trace.h"
 #include "tests/bench/llama3_8b_config.h"
+#include "worker/engine/preflight_process.h"
 #include "worker/model/config.h"
 #include "worker/parallel/cuda_tensor_parallel_runner.h"
-#include "worker/engine/preflight_process.h"
 #include "worker/runner/cuda_preflight.h"
 #include "worker/sampling/sampler.h"
 
@@ -130,7 +130,11 @@ ABSL_FLAG(std::vector<std::string>, pre, {},
           "likewise), occupy_stream (one CTA of the largest shared memory reading the global "
           "timer for 1 ms), occupancy (the runtime's occupancy query for that kernel, nothing "
           "launched), stack4k / stack1k (the stack size limit set to 4 / 1 KiB), lmem_* (one "
-          "kernel needing 1 KiB of local memory per thread), allocs (40 buffers of 4 KiB to 1 MiB allocated, cleared and freed; allocs_kept: never freed; allocs_uncleared: not cleared), memsets_* (40 clears of 4 to 64 KiB inside one buffer), nccl1 (a one-rank NCCL communicator, kept), hostmapped (a host-mapped word, kept), p2p_allocs (device buffers of 4 MiB, 4 KiB and 256 bytes, kept), h2d_* (256 bytes copied from "
+          "kernel needing 1 KiB of local memory per thread), allocs (40 buffers of 4 KiB to 1 MiB "
+          "allocated, cleared and freed; allocs_kept: never freed; allocs_uncleared: not cleared), "
+          "memsets_* (40 clears of 4 to 64 KiB inside one buffer), nccl1 (a one-rank NCCL "
+          "communicator, kept), hostmapped (a host-mapped word, kept), p2p_allocs (device buffers "
+          "of 4 MiB, 4 KiB and 256 bytes, kept), h2d_* (256 bytes copied from "
           "pageable host memory)");
 ABSL_FLAG(std::vector<std::string>, post, {},
           "diagnostics: the --pre actions to run after the preflight, before the runner");
@@ -346,7 +350,8 @@ void PreAction(const std::string& pre, int ordinal) {
       kept.push_back(std::move(*b));
     }
   } else if (pre == "nccl1") {
-    static std::vector<std::unique_ptr<kcu::NcclGroup>> groups;  // kept, as a TP group keeps its own
+    // Kept, as a tensor-parallel group keeps its own.
+    static std::vector<std::unique_ptr<kcu::NcclGroup>> groups;
     auto group = kcu::NcclGroup::Create({ordinal});
     CHECK_OR_DIE(group.status());
     groups.push_back(std::move(*group));
@@ -568,7 +573,8 @@ int Run() {
       for (const std::string& pre : absl::GetFlag(FLAGS_pre)) PreAction(pre, d.ordinal);
       if (preflight == 1) PreflightAsWorker(d);
       if (preflight == 2) {
-        auto in_child = engine::PreflightInChildProcess(absl::StrCat("cuda:", d.gpu->pci_bus_id), 1, {});
+        auto in_child =
+            engine::PreflightInChildProcess(absl::StrCat("cuda:", d.gpu->pci_bus_id), 1, {});
         CHECK_OR_DIE(in_child.status());
         if (!*in_child) CHECK_OR_DIE(absl::InternalError("the preflight child gave no result"));
       }
