@@ -24,7 +24,6 @@
 #if TESSERA_HAVE_CUDA
 #include "worker/parallel/cuda_tensor_parallel_runner.h"
 #include "worker/runner/cuda_model_runner.h"
-#include "worker/runner/cuda_preflight.h"
 #endif
 
 namespace tessera::engine {
@@ -172,9 +171,7 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineO
         child ? PreflightInChildProcess(o.device, tp, o.backends) : false;
     if (!in_child.ok()) return in_child.status();
     if (!*in_child) {
-      for (const kernels::DeviceDescription& d : *devices) {
-        if (auto s = runner::PreflightCudaKernels(d, *report); !s.ok()) return s;
-      }
+      if (auto s = PreflightDevices(*devices, *report); !s.ok()) return s;
     }
     LogInfo("kernel preflight passed",
             {{"process", *in_child ? "child" : "this"},

@@ -32,29 +32,35 @@ namespace {
 
 constexpr absl::string_view kResultPrefix = "tessera-preflight: ";
 
-// The preflight itself, as the child runs it.
+// The child's preflight: the parent's devices and selection, made again.
 absl::Status RunPreflight(absl::string_view selector, int tp,
                           const kernels::BackendOverrides& backends) {
   auto devices = kernels::ResolveDevices(std::string_view(selector.data(), selector.size()), tp);
   if (!devices.ok()) return devices.status();
   auto report = kernels::BuiltinRegistry().SelectAll(devices->front(), backends);
   if (!report.ok()) return report.status();
-  if (devices->front().kind == kernels::DeviceKind::kCuda) {
+  return PreflightDevices(*devices, *report);
+}
+
+}  // namespace
+
+absl::Status PreflightDevices(const std::vector<kernels::DeviceDescription>& devices,
+                              const kernels::SelectionReport& report) {
+  if (devices.empty()) return absl::InvalidArgumentError("preflight: no device");
+  if (devices.front().kind == kernels::DeviceKind::kCuda) {
 #if TESSERA_HAVE_CUDA
-    for (const kernels::DeviceDescription& d : *devices) {
-      if (auto s = runner::PreflightCudaKernels(d, *report); !s.ok()) return s;
+    for (const kernels::DeviceDescription& d : devices) {
+      if (auto s = runner::PreflightCudaKernels(d, report); !s.ok()) return s;
     }
     return absl::OkStatus();
 #else
     return absl::FailedPreconditionError("this binary was built without the CUDA backend");
 #endif
   }
-  auto cpu = kernels::CpuKernelsFor(*report);
+  auto cpu = kernels::CpuKernelsFor(report);
   if (!cpu.ok()) return cpu.status();
-  return kernels::PreflightCpuKernels(*cpu, kernels::CpuContextFor(devices->front(), nullptr));
+  return kernels::PreflightCpuKernels(*cpu, kernels::CpuContextFor(devices.front(), nullptr));
 }
-
-}  // namespace
 
 std::string PreflightResultLine(const absl::Status& s) {
   if (s.ok()) return absl::StrCat(kResultPrefix, "ok\n");
@@ -105,7 +111,8 @@ int RunPreflightChildIfAsked(int argc, char** argv) {
 
 absl::StatusOr<bool> PreflightInChildProcess(absl::string_view device_selector,
                                              int tensor_parallel_size,
-                                             const kernels::BackendOverrides& backends) {
+                                             const kernels::BackendOverrides& backends,
+                                             const std::string& executable) {
   std::vector<std::string> args = {"tessera-preflight", kPreflightChildArg,
                                    std::string(device_selector),
                                    absl::StrCat(tensor_parallel_size)};
@@ -135,13 +142,14 @@ absl::StatusOr<bool> PreflightInChildProcess(absl::string_view device_selector,
   posix_spawnattr_setsigdefault(&attr, &all);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   pid_t pid = -1;
-  const int spawned = posix_spawn(&pid, "/proc/self/exe", &actions, &attr, argv.data(), environ);
+  const int spawned = posix_spawn(&pid, executable.c_str(), &actions, &attr, argv.data(), environ);
   posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   close(out[1]);
   if (spawned != 0) {
     close(out[0]);
-    LogWarning("preflight process: could not start", {{"error", std::strerror(spawned)}});
+    LogWarning("preflight process: could not start",
+               {{"program", executable}, {"error", std::strerror(spawned)}});
     return false;
   }
   std::string text;

@@ -23,10 +23,12 @@
 #pragma once
 
 #include <string>
-#include "absl/strings/string_view.h"
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/device.h"
 #include "kernels/registry.h"
 
 namespace tessera::engine {
@@ -40,15 +42,24 @@ inline constexpr char kPreflightChildArg[] = "--tessera-preflight-child";
 // status for main (0 ok, 1 failed). Otherwise returns -1 and does nothing.
 int RunPreflightChildIfAsked(int argc, char** argv);
 
+// The preflight itself, in this process: every device of `devices` with
+// the kernels `report` chose (CUDA: runner::PreflightCudaKernels on each;
+// CPU: kernels::PreflightCpuKernels on the calling thread). What the child
+// runs, and what BuildLocalEngine runs when there is no child.
+absl::Status PreflightDevices(const std::vector<kernels::DeviceDescription>& devices,
+                              const kernels::SelectionReport& report);
+
 // The preflight of `device_selector`'s first `tensor_parallel_size` devices
 // (kernels::ResolveDevices) with `backends`, in a child process:
 // true and OK when it passed; its error (FAILED_PRECONDITION naming the
 // device and the fix, as in-process) when it failed; false when the child
 // gave no result (this binary lacks RunPreflightChildIfAsked, or the child
 // could not start or died), so the caller should preflight in-process.
+// `executable` is the child's program (tests start others).
 absl::StatusOr<bool> PreflightInChildProcess(absl::string_view device_selector,
                                              int tensor_parallel_size,
-                                             const kernels::BackendOverrides& backends);
+                                             const kernels::BackendOverrides& backends,
+                                             const std::string& executable = "/proc/self/exe");
 
 // What a child's stdout says: true and OK, false and OK (no result line),
 // or the error it reported. For tests.

@@ -6,8 +6,12 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <fstream>
 #include <string>
+
+#include "kernels/cuda_devices.h"
 
 namespace tessera::engine {
 namespace {
@@ -52,6 +56,33 @@ TEST(PreflightProcessTest, ChildReportsItsErrors) {
   auto bad_device = PreflightInChildProcess("tpu:0", 1, {});
   ASSERT_FALSE(bad_device.ok());
   EXPECT_THAT(std::string(bad_device.status().message()), HasSubstr("tpu"));
+}
+
+TEST(PreflightProcessTest, AChildWithoutAResultIsNoResult) {
+  // A program that does not know the argument (it prints a usage error, or
+  // nothing, and exits), one that cannot be started, and one that dies by a
+  // signal: the caller is told to preflight in its own process, no error.
+  const std::string dies = ::testing::TempDir() + "/preflight_child_dies.sh";
+  {
+    std::ofstream script(dies);
+    script << "#!/bin/sh\nkill -9 $$\n";
+  }
+  ASSERT_EQ(chmod(dies.c_str(), 0755), 0);
+  for (const std::string& program : {std::string("/bin/false"), std::string("/bin/true"),
+                                     std::string("/nonexistent/tessera-worker"), dies}) {
+    auto r = PreflightInChildProcess("cpu", 1, {}, program);
+    ASSERT_TRUE(r.ok()) << program << ": " << r.status();
+    EXPECT_FALSE(*r) << program;
+  }
+}
+
+TEST(PreflightProcessTest, PreflightDevicesRunsInThisProcessToo) {
+  auto devices = kernels::ResolveDevices("cpu", 1);
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  auto report = kernels::BuiltinRegistry().SelectAll(devices->front());
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(PreflightDevices(*devices, *report).ok());
+  EXPECT_EQ(PreflightDevices({}, *report).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(PreflightProcessTest, OnlyItsOwnArgumentStartsTheChild) {
