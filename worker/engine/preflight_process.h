@@ -2,8 +2,9 @@
 //
 // A CUDA worker preflights every chosen kernel before its weights load
 // (worker/runner/cuda_preflight.h). Run in the worker's own process, the
-// preflight's clears of its buffers (some 40 small cudaMemset calls) made
-// every CUDA-graph decode step of the runner slower on the H200: about
+// preflight (its clears of its buffers, some 40 small cudaMemset calls, are
+// enough; filling them by copies instead did not help) made every
+// CUDA-graph decode step of the runner slower on the H200: about
 // 0.5 us more between each two kernels of a step, the kernels' own times
 // unchanged (kernels/README.md, start-up). A preflight in a child process
 // leaves the worker's CUDA context untouched: the child is this binary
