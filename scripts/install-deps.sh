@@ -10,7 +10,7 @@ packages=(
   libabsl-dev
   prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libpcre2-dev nlohmann-json3-dev libssl-dev
+  libpcre2-dev nlohmann-json3-dev libssl-dev libboost-dev
   libsystemd-dev
   prometheus
   curl ca-certificates openssl

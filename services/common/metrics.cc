@@ -1,11 +1,11 @@
 #include "services/common/metrics.h"
 
 #include <exception>
+#include <string>
+#include <vector>
 
-#include "CivetServer.h"
 #include "absl/strings/str_cat.h"
-#include "base/log.h"
-#include "prometheus/exposer.h"
+#include "prometheus/text_serializer.h"
 #include "services/common/version.h"
 
 namespace tessera::services {
@@ -48,44 +48,39 @@ MetricsServer::MetricsServer(std::string service_name)
 
 MetricsServer::~MetricsServer() { Stop(); }
 
-namespace {
-// The HTTP server's own reason when it fails to start (civetweb reports it
-// through the log callback only).
-thread_local std::string g_civetweb_error;
-int RecordCivetwebMessage(const struct mg_connection*, const char* message) {
-  if (message != nullptr) g_civetweb_error = message;
-  return 1;
-}
-}  // namespace
-
 absl::Status MetricsServer::Start(const std::string& address) {
-  // prometheus-cpp reports bind failures by throwing from the Exposer
-  // constructor; this is the one place the exception is turned into a status.
-  static const CivetCallbacks* callbacks = [] {
-    auto* c = new CivetCallbacks();
-    c->log_message = &RecordCivetwebMessage;
-    return c;
-  }();
-  g_civetweb_error.clear();
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1, callbacks);
-  } catch (const std::exception& e) {
-    if (!g_civetweb_error.empty()) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot serve metrics on ", address, ": ", g_civetweb_error));
-    }
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address,
-                                               " (address in use or not local?): ", e.what()));
-  }
-  exposer_->RegisterCollectable(registry_);
-  auto ports = exposer_->GetListeningPorts();
-  port_ = ports.empty() ? 0 : ports.front();
+  auto exposer = HttpExposer::Start(address, [this] { return Render(); });
+  if (!exposer.ok()) return exposer.status();
+  exposer_ = std::move(*exposer);
+  port_ = exposer_->port();
   return absl::OkStatus();
+}
+
+std::string MetricsServer::Render() const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  std::vector<std::shared_ptr<prometheus::Collectable>> extra;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& weak : collectables_) {
+      if (auto c = weak.lock()) extra.push_back(std::move(c));
+    }
+  }
+  for (const auto& c : extra) {
+    std::vector<prometheus::MetricFamily> more = c->Collect();
+    families.insert(families.end(), std::make_move_iterator(more.begin()),
+                    std::make_move_iterator(more.end()));
+  }
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 void MetricsServer::Stop() {
   exposer_.reset();
   port_ = 0;
+}
+
+void MetricsServer::AddCollectable(std::weak_ptr<prometheus::Collectable> collectable) {
+  absl::MutexLock lock(&mu_);
+  collectables_.push_back(std::move(collectable));
 }
 
 void MetricsServer::SetReady(bool ready) { ready_->Set(ready ? 1 : 0); }

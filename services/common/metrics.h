@@ -7,22 +7,25 @@
 //   tessera_service_ready{service}               1 when ready, else 0
 //   tessera_service_draining{service}            1 while draining
 //
+// The HTTP side is HttpExposer (event-driven: an idle or trickling peer
+// holds no thread and is cut after a deadline, so it cannot starve scrapes).
+//
 // Thread-safety: registry() and the gauges are thread-safe (prometheus-cpp
 // metrics are atomic); Start/Stop are called from the main thread only.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-
-namespace prometheus {
-class Exposer;
-}
+#include "services/common/http_exposer.h"
 
 namespace tessera::services {
 
@@ -51,13 +54,22 @@ class MetricsServer {
   prometheus::Registry& registry() { return *registry_; }
   std::shared_ptr<prometheus::Registry> shared_registry() { return registry_; }
 
+  // Serves `collectable` on /metrics beside the registry (before or after
+  // Start); it must stay alive while the server runs.
+  void AddCollectable(std::weak_ptr<prometheus::Collectable> collectable);
+
   void SetReady(bool ready);
   void SetDraining(bool draining);
 
  private:
   std::string service_;
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  // The /metrics page: the registry's families, then the collectables'.
+  std::string Render() const;
+
+  std::unique_ptr<HttpExposer> exposer_;
+  mutable absl::Mutex mu_;
+  std::vector<std::weak_ptr<prometheus::Collectable>> collectables_ ABSL_GUARDED_BY(mu_);
   prometheus::Gauge* ready_ = nullptr;
   prometheus::Gauge* draining_ = nullptr;
   int port_ = 0;
