@@ -113,6 +113,8 @@ void WorkerMetrics::OnFinished(const engine::StreamEvent& e, absl::Duration e2e)
   std::string reason =
       e.error.ok() ? std::string(engine::FinishReasonName(e.finish_reason)) : std::string("error");
   finished_.Add({{"reason", reason}}).Increment();
+  // The latency histograms describe completed generations only.
+  if (!e.error.ok() || e.finish_reason == engine::FinishReason::kAbort) return;
   queue_time_.Observe(absl::ToDoubleSeconds(e.queue_time));
   e2e_.Observe(absl::ToDoubleSeconds(e2e));
 }

@@ -219,9 +219,8 @@ void Engine::DrainInbox() {
     absl::Status s = scheduler_->AddSequence(r->id, r->request.prompt, so, r->request.generated);
     if (!s.ok()) {
       StreamEvent e;
-      e.finished = true;
       e.error = s;
-      r->stream->Push(std::move(e));
+      End(*r, std::move(e));
       continue;
     }
     SequenceId id = r->id;
@@ -241,9 +240,8 @@ void Engine::DrainInbox() {
   PublishLoad();
   for (auto& r : aborted) {
     StreamEvent e;
-    e.finished = true;
     e.finish_reason = FinishReason::kAbort;
-    r->stream->Push(std::move(e));
+    End(*r, std::move(e));
   }
 }
 
@@ -490,9 +488,8 @@ void Engine::FailSampling(SequenceId id, absl::Status status) {
   auto it = active_.find(id);
   if (it == active_.end()) return;
   StreamEvent e;
-  e.finished = true;
   e.error = absl::InternalError(absl::StrCat("sampling failed: ", status.message()));
-  it->second->stream->Push(std::move(e));
+  End(*it->second, std::move(e));
   scheduler_->Abort(id).IgnoreError();
   CloseDrafts(*it->second);
   pending_reports_.erase(id);
@@ -706,7 +703,6 @@ void Engine::Emit(const std::vector<SequenceOutput>& outputs) {
     }
     SyncDrafts(req, out);
     if (out.finished) {
-      e.finished = true;
       e.finish_reason = out.finish_reason;
       if (out.finish_reason == FinishReason::kStop && !out.new_token_ids.empty()) {
         e.stop_token = out.new_token_ids.back();
@@ -722,8 +718,7 @@ void Engine::Emit(const std::vector<SequenceOutput>& outputs) {
       e.queue_time = scheduled - t.arrival;
       e.prefill_time = first - scheduled;
       e.decode_time = t.finished.value_or(now) - first;
-      observer_->OnFinished(e, now - req.arrival);
-      req.stream->Push(std::move(e));
+      End(req, std::move(e));
       active_.erase(it);
     } else if (!e.tokens.empty()) {
       req.stream->Push(std::move(e));
@@ -736,9 +731,8 @@ void Engine::FailStep(const ScheduledBatch& batch, const absl::Status& status) {
     auto it = active_.find(seq.id);
     if (it == active_.end()) continue;
     StreamEvent e;
-    e.finished = true;
     e.error = status;
-    it->second->stream->Push(std::move(e));
+    End(*it->second, std::move(e));
     CloseDrafts(*it->second);
     pending_reports_.erase(seq.id);
     active_.erase(it);
@@ -760,9 +754,8 @@ void Engine::FailAll(const absl::Status& status) {
     scheduler_->Abort(id).IgnoreError();
     CloseDrafts(*req);
     StreamEvent e;
-    e.finished = true;
     e.error = status;
-    req->stream->Push(std::move(e));
+    End(*req, std::move(e));
   }
   active_.clear();
   pending_reports_.clear();
@@ -773,10 +766,15 @@ void Engine::FailAll(const absl::Status& status) {
   }
   for (auto& r : inbox) {
     StreamEvent e;
-    e.finished = true;
     e.error = status;
-    r->stream->Push(std::move(e));
+    End(*r, std::move(e));
   }
+}
+
+void Engine::End(Request& req, StreamEvent e) {
+  e.finished = true;
+  observer_->OnFinished(e, absl::Now() - req.arrival);
+  req.stream->Push(std::move(e));
 }
 
 void Engine::PublishLoad() {

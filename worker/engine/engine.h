@@ -117,6 +117,8 @@ class EngineObserver {
   virtual void OnStep(const ScheduledBatch& batch, absl::Duration model_time) {}
   virtual void OnFirstToken(absl::Duration ttft) {}
   virtual void OnTokens(int count, absl::Duration since_previous) {}
+  // Every request's last event once: a finish (stop, length), an abort
+  // (cancelled) or an error.
   virtual void OnFinished(const StreamEvent& final_event, absl::Duration e2e) {}
   // Cumulative scheduler counters after each step (preemptions, prefix-cache
   // queries and hits, ...); observers turn them into deltas.
@@ -230,6 +232,9 @@ class Engine {
   void CloseDrafts(Request& req);
   void Emit(const std::vector<SequenceOutput>& outputs);
   void FailAll(const absl::Status& status);
+  // Ends a request's stream with its last event (an error, an abort or a
+  // finish reason): every request ends here once, and the observer counts it.
+  void End(Request& req, StreamEvent e);
   // After FailAll for a step that produced no usable tokens: the scheduler
   // drops the step (its sequences freed) and takes new work.
   void EndFailedStep();

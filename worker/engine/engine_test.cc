@@ -4,8 +4,10 @@
 #include "worker/engine/engine.h"
 
 #include <cstdlib>
+#include <map>
 #include <random>
 
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/runner/cpu_model_runner.h"
@@ -239,7 +241,7 @@ class EngineFailureTest : public EngineTest {
   // An engine over FailingRunner (host sampling), started, whose
   // OnRunnerFailed reports land in reports_ (read after Stop()).
   std::unique_ptr<Engine> MakeFailing(int fail_step, bool permanent, FailingRunner** runner,
-                                      int max_num_seqs = 8) {
+                                      int max_num_seqs = 8, EngineObserver* observer = nullptr) {
     runner::CpuRunnerOptions ro;
     ro.block_size = 16;
     ro.num_kv_blocks = 64;
@@ -254,7 +256,7 @@ class EngineFailureTest : public EngineTest {
     eo.scheduler.watermark = 0;
     eo.eos_token_ids = {2};
     eo.device_sampling = false;
-    auto engine = Engine::Create(std::move(failing), eo);
+    auto engine = Engine::Create(std::move(failing), eo, observer);
     EXPECT_TRUE(engine.ok()) << engine.status();
     (*engine)->OnRunnerFailed([this](const absl::Status& s) { reports_.push_back(s); });
     (*engine)->Start();
@@ -298,6 +300,59 @@ TEST_F(EngineFailureTest, OneFailedStepFailsItsRequestsOnly) {
   engine->Stop();
   EXPECT_TRUE(reports_.empty());
   EXPECT_EQ(engine->Load().kv_blocks_used, 0);  // the failed request's blocks were freed
+}
+
+// Counts the requests' last events by how they ended.
+class EndingsObserver final : public EngineObserver {
+ public:
+  void OnFinished(const StreamEvent& e, absl::Duration) override {
+    absl::MutexLock lock(&mu_);
+    ++counts_[!e.error.ok() ? "error" : std::string(FinishReasonName(e.finish_reason))];
+  }
+  std::map<std::string, int> counts() const {
+    absl::MutexLock lock(&mu_);
+    return counts_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<std::string, int> counts_ ABSL_GUARDED_BY(mu_);
+};
+
+// Every request's end reaches the observer once: a finish, an abort (a
+// cancel) and an error (a failed step) alike; the worker's
+// tessera_worker_requests_finished_total counts from it.
+TEST_F(EngineFailureTest, ObserverSeesEveryEndFinishedAbortedOrFailed) {
+  EndingsObserver observer;
+  FailingRunner* runner = nullptr;
+  auto engine =
+      MakeFailing(/*fail_step=*/3, /*permanent=*/false, &runner, /*max_num_seqs=*/1, &observer);
+  auto failed = engine->Submit(Greedy(RandomPrompt(8, 4), 10));  // in the failing step
+  ASSERT_TRUE(failed.ok());
+  StreamEvent end;
+  Collect(**failed, &end);
+  EXPECT_FALSE(end.error.ok());
+  auto finished = engine->Submit(Greedy(RandomPrompt(8, 5), 3));
+  ASSERT_TRUE(finished.ok());
+  Collect(**finished, &end);
+  EXPECT_EQ(end.finish_reason, FinishReason::kLength);
+  auto cancelled = engine->Submit(Greedy(RandomPrompt(8, 6), 400));
+  ASSERT_TRUE(cancelled.ok());
+  StreamEvent first;
+  ASSERT_TRUE((*cancelled)->Next(&first, absl::Seconds(60)));
+  engine->Cancel((*cancelled)->id());
+  Collect(**cancelled, &end);
+  EXPECT_EQ(end.finish_reason, FinishReason::kAbort);
+  // Refused at admission in the engine loop: its context cannot hold it.
+  auto too_long = engine->Submit(Greedy(RandomPrompt(600, 7), 1));
+  if (too_long.ok()) {
+    Collect(**too_long, &end);
+    EXPECT_FALSE(end.error.ok());
+  }
+  engine->Stop();
+  const std::map<std::string, int> want = {
+      {"error", too_long.ok() ? 2 : 1}, {"length", 1}, {"abort", 1}};
+  EXPECT_EQ(observer.counts(), want);
 }
 
 // A step that fails with the runner broken for good fails its requests
