@@ -119,6 +119,7 @@ grpc::Status DrafterService::Speculate(
     return it == max_tokens.end() ? 0 : std::clamp(it->second, 0, options_.max_draft_tokens);
   };
   grpc::Status result = grpc::Status::OK;
+  bool half_closed = false;  // the worker closed its side: the reader is done
   while (true) {
     if (context->IsCancelled()) {
       result = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
@@ -130,7 +131,10 @@ grpc::Status DrafterService::Speculate(
     }
     bool closed = false;
     std::vector<DraftControl> controls = inbox.Take(absl::Milliseconds(50), &closed);
-    if (closed) break;
+    if (closed) {
+      half_closed = true;
+      break;
+    }
     changed.clear();
     for (const DraftControl& c : controls) {
       absl::Status s;
@@ -233,7 +237,9 @@ grpc::Status DrafterService::Speculate(
     ready.clear();
     if (write_failed) break;
   }
-  context->TryCancel();  // unblocks the reader
+  // A reader still blocked in Read (we end first) is unblocked by a cancel;
+  // after the worker's half-close the stream ends with `result` (OK).
+  if (!half_closed) context->TryCancel();
   reader.join();
   LogInfo(
       "speculation stream ended",
