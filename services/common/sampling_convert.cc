@@ -3,12 +3,23 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/unknown_field_set.h"
 
 namespace tessera::services {
+
+absl::Status CheckKnownSamplingFields(const tessera::v1::SamplingParams& w) {
+  const google::protobuf::UnknownFieldSet& unknown = w.GetReflection()->GetUnknownFields(w);
+  if (unknown.empty()) return absl::OkStatus();
+  const int number = unknown.field(0).number();
+  return absl::InvalidArgumentError(
+      absl::StrCat("sampling has field number ", number, ", which this server does not know",
+                   number == 15 ? " (min_tokens, which is not supported)" : "", "; remove it"));
+}
 
 absl::StatusOr<ConvertedSampling> ConvertSampling(const tessera::v1::SamplingParams& w,
                                                   int vocab_size, int max_tokens_limit,
                                                   uint64_t random_seed) {
+  if (absl::Status s = CheckKnownSamplingFields(w); !s.ok()) return s;
   ConvertedSampling c;
   sampling::SamplingParams& p = c.params;
   if (w.has_temperature()) p.temperature = w.temperature();
@@ -27,9 +38,6 @@ absl::StatusOr<ConvertedSampling> ConvertSampling(const tessera::v1::SamplingPar
     p.top_logprobs = w.top_logprobs();
   }
   if (auto s = sampling::ValidateSamplingParams(p, vocab_size); !s.ok()) return s;
-  if (w.has_min_tokens() && w.min_tokens() != 0) {
-    return absl::InvalidArgumentError("min_tokens is not supported; leave it unset or 0");
-  }
   if (max_tokens_limit < 1) {
     return absl::InvalidArgumentError("the prompt fills the model's context: no room for output");
   }

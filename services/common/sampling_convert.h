@@ -25,6 +25,11 @@ struct ConvertedSampling {
   bool logprobs = false;
 };
 
+// OK unless `wire` carries fields this build does not know (a newer client,
+// or a removed field such as min_tokens, number 15): those are an error
+// naming the field number, never silently ignored.
+absl::Status CheckKnownSamplingFields(const tessera::v1::SamplingParams& wire);
+
 // `vocab_size` bounds stop_token_ids and top_k; `max_tokens_limit` is the
 // largest max_tokens the model's context allows for this prompt (a larger
 // explicit value is an error; an unset one is capped). `random_seed` is used

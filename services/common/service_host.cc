@@ -265,6 +265,13 @@ int ServiceHost::RunUntilShutdown() {
     // Re-read the deadline: a second signal may shorten it.
     idle = drain_.WaitIdleUntil(std::min(drain_.deadline(), absl::Now() + absl::Milliseconds(100)));
   }
+  const bool cut = !idle && drain_deadline_hook_;
+  if (cut) {
+    LogWarning("drain deadline passed; ending in-flight streams",
+               {{"in_flight", drain_.in_flight()}});
+    drain_deadline_hook_();
+    idle = drain_.WaitIdleUntil(absl::Now() + kDrainCutGrace);
+  }
   if (!idle) {
     LogWarning("drain deadline passed; cancelling in-flight calls",
                {{"in_flight", drain_.in_flight()}});
@@ -279,7 +286,7 @@ int ServiceHost::RunUntilShutdown() {
   signal_thread.join();
   metrics_.Stop();
   const int code = exit_code_.load();  // kExitClean unless RequestFailureExit
-  LogInfo("stopped", {{"clean", idle ? "true" : "false"}, {"exit_code", code}});
+  LogInfo("stopped", {{"clean", idle && !cut ? "true" : "false"}, {"exit_code", code}});
   return code;
 }
 

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -94,6 +95,13 @@ class ServiceHost {
   // RequestFailureExit).
   int RunUntilShutdown();
 
+  // Called once when the drain deadline passes with calls still in flight,
+  // before the server cancels them: it should end its open streams with a
+  // final message. They get kDrainCutGrace to do so. REQUIRES: before
+  // RunUntilShutdown.
+  void SetDrainDeadlineHook(std::function<void()> cut) { drain_deadline_hook_ = std::move(cut); }
+  static constexpr absl::Duration kDrainCutGrace = absl::Seconds(2);
+
   // Starts a drain from inside the process (the Drain RPC).
   void RequestDrain(absl::Duration deadline, std::string reason);
 
@@ -125,6 +133,7 @@ class ServiceHost {
   std::atomic<bool> notified_ready_{false};
   std::atomic<int> exit_code_{kExitClean};
   std::thread watchdog_;  // systemd watchdog pings, when enabled
+  std::function<void()> drain_deadline_hook_;
 };
 
 // Client-side credentials for connecting to another Tessera service: TLS

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/log.h"
@@ -19,6 +20,7 @@
 #include "grpcpp/support/client_callback.h"
 #include "router/retry.h"
 #include "router/text/stop_strings.h"
+#include "services/common/sampling_convert.h"
 #include "services/common/status.h"
 #include "worker/tokenizer/incremental_detokenizer.h"
 
@@ -55,7 +57,8 @@ InferenceService::InferenceService(InferenceServiceOptions options, router::Rout
       tokenizer_(std::move(tokenizer)),
       drain_(drain),
       metrics_(metrics),
-      admission_(options_.admission) {
+      admission_(options_.admission),
+      tokenize_pool_(std::max(1, options_.tokenize_threads), kTokenizeQueue) {
   context_length_ = options_.context_length;
 }
 
@@ -123,7 +126,6 @@ void InferenceService::OnHealth(const std::string& address, bool serving) {
       ->SetHealth(address,
                   serving ? router::HealthState::kServing : router::HealthState::kNotServing)
       .IgnoreError();
-  metrics_->worker_healthy.Add({{"worker", address}}).Set(serving ? 1 : 0);
 }
 
 void InferenceService::OnLoad(const std::string& address, const tessera::v1::LoadReport& r) {
@@ -173,6 +175,38 @@ grpc::Status InferenceService::Authenticate(const grpc::ServerContextBase& conte
   for (const std::string& k : options_.api_keys) ok |= SameSecret(key, k);  // no early exit
   if (!ok) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid API key");
   return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::CheckPromptBytes(size_t bytes) const {
+  // At least bytes / per_token tokens (a third of that if NFC may shrink the
+  // text): more than the context can hold is refused before any work.
+  const size_t per_token = tokenizer_ ? tokenizer_->max_bytes_per_token() : 0;
+  const int64_t context = context_length_.load();
+  size_t limit = options_.max_prompt_bytes;
+  if (per_token > 0 && context > 0) {
+    const size_t derived =
+        static_cast<size_t>(context) * per_token * (tokenizer_->normalizes_nfc() ? 3 : 1);
+    limit = limit == 0 ? derived : std::min(limit, derived);
+  }
+  if (limit == 0 || bytes <= limit) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrCat("the prompt is ", bytes, " bytes, more than the ", limit,
+                                   " bytes that can fit in the model's context of ", context,
+                                   " tokens (or --max_prompt_bytes); shorten it"));
+}
+
+grpc::Status InferenceService::CheckModel(const std::string& model) const {
+  if (model.empty() || model == options_.model_name) return grpc::Status::OK;
+  // The name is the client's: echo a bounded piece of it, so that the error
+  // fits in any metadata limit.
+  constexpr size_t kEchoed = 128;
+  std::string shown = model.size() <= kEchoed ? model
+                                              : absl::StrCat(model.substr(0, kEchoed), "... (",
+                                                             model.size(), " bytes)");
+  return grpc::Status(
+      grpc::StatusCode::NOT_FOUND,
+      absl::StrCat("model '", absl::CHexEscape(shown),
+                   "' is not served here; this cluster serves '", options_.model_name, "'"));
 }
 
 // --- Generate: one reactor per stream -------------------------------------------
@@ -233,6 +267,10 @@ class WorkerCall final : public grpc::ClientReadReactor<WorkerGenerateResponse> 
 
 }  // namespace
 
+// Texts longer than this are tokenized on the TokenizePool (about a
+// millisecond of work inline).
+constexpr size_t kInlineTokenizeBytes = 64 << 10;
+
 // One Generate stream. Every reaction (gRPC's, the worker call's, the
 // admission queue's) is turned into an event; events run one at a time, in
 // order, on the thread that posted the first of a burst (an actor), with no
@@ -252,33 +290,22 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
   GenerateCall(InferenceService* service, grpc::CallbackServerContext* context,
                const GenerateRequest* request)
       : service_(service), context_(context), request_(request), arrival_(absl::Now()) {
+    {
+      absl::MutexLock lock(&service_->calls_mu_);
+      service_->calls_.insert(this);
+    }
     Post(Event{Event::kStart});
   }
-
-  void OnWriteDone(bool ok) override {
-    Event e{Event::kWriteDone};
-    e.ok = ok;
-    Post(std::move(e));
+  ~GenerateCall() override {
+    absl::MutexLock lock(&service_->calls_mu_);
+    service_->calls_.erase(this);
   }
-  void OnCancel() override { Post(Event{Event::kCancel}); }
-  void OnDone() override { Post(Event{Event::kDone}); }
 
- private:
-  struct Event {
-    enum Kind { kStart, kAdmitted, kWorkerRead, kWorkerDone, kWriteDone, kCancel, kDone } kind;
-    bool ok = false;
-    grpc::Status status;
-    std::optional<absl::StatusOr<router::AdmissionTicket>> ticket;
-  };
-  enum class Phase { kAdmission, kStreaming, kTail, kFinished };
-
-  void Post(Event e) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      events_.push_back(std::move(e));
-      if (running_) return;
-      running_ = true;
-    }
+  // The router's drain deadline passed: end the stream with a final message
+  // (see InferenceService::CutOpenStreams for why this only enqueues).
+  // Returns true when the caller must Run() the queue.
+  bool EnqueueCut() { return Enqueue(Event{Event::kCut}); }
+  void Run() {
     bool destroy = false;
     for (;;) {
       Event next{Event::kStart};
@@ -296,6 +323,46 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
     }
     // Nothing posts after OnDone (see "Lifetime").
     if (destroy) delete this;
+  }
+
+  void OnWriteDone(bool ok) override {
+    Event e{Event::kWriteDone};
+    e.ok = ok;
+    Post(std::move(e));
+  }
+  void OnCancel() override { Post(Event{Event::kCancel}); }
+  void OnDone() override { Post(Event{Event::kDone}); }
+
+ private:
+  struct Event {
+    enum Kind {
+      kStart,
+      kAdmitted,
+      kWorkerRead,
+      kWorkerDone,
+      kWriteDone,
+      kCancel,
+      kCut,
+      kTokenized,
+      kDone
+    } kind;
+    bool ok = false;
+    grpc::Status status;
+    std::optional<absl::StatusOr<std::vector<int32_t>>> ids;
+    std::optional<absl::StatusOr<router::AdmissionTicket>> ticket;
+  };
+  enum class Phase { kAdmission, kStreaming, kTail, kFinished };
+
+  void Post(Event e) {
+    if (Enqueue(std::move(e))) Run();
+  }
+  // True when the queue was idle: the caller now runs it (Run).
+  bool Enqueue(Event e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(e));
+    if (running_) return false;
+    running_ = true;
+    return true;
   }
 
   void Handle(Event& e) {
@@ -318,6 +385,12 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
       case Event::kCancel:
         OnClientCancel();
         break;
+      case Event::kCut:
+        OnCut();
+        break;
+      case Event::kTokenized:
+        OnTokenized(std::move(*e.ids));
+        break;
       case Event::kDone:
         call_done_ = true;
         break;
@@ -339,12 +412,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
                                      "router is draining and accepts no new requests"));
     }
     const GenerateRequest& req = *request_;
-    if (!req.model().empty() && req.model() != s->options_.model_name) {
-      return FinishWith("invalid",
-                        grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                     absl::StrCat("model '", req.model(),
-                                                  "' is not served here; this cluster serves '",
-                                                  s->options_.model_name, "'")));
+    if (grpc::Status st = s->CheckModel(req.model()); !st.ok()) return FinishWith("invalid", st);
+    if (absl::Status st = CheckKnownSamplingFields(req.sampling()); !st.ok()) {
+      return FinishWith("invalid", ToGrpcStatus(st));
     }
     // The prompt as token ids.
     if (req.has_token_ids()) {
@@ -356,12 +426,55 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
                                        "this router has no tokenizer (--tokenizer): send "
                                        "token_ids instead of text"));
       }
-      EncodeOptions eo;
-      eo.add_special_tokens = !req.no_bos();
-      auto ids = s->tokenizer_->Encode(req.text(), eo);
+      if (grpc::Status st = s->CheckPromptBytes(req.text().size()); !st.ok()) {
+        return FinishWith("invalid", st);
+      }
+      if (req.text().size() > kInlineTokenizeBytes) {
+        // A long text is tokenized on the pool; the result comes back as
+        // an event.
+        tokenizing_ = true;
+        const bool queued = s->tokenize_pool_.TrySubmit([this] {
+          Event e{Event::kTokenized};
+          e.ids = Tokenize();
+          Post(std::move(e));
+        });
+        if (queued) return;
+        tokenizing_ = false;
+        return FinishWith("rejected",
+                          grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                       "too many long prompts are waiting to be tokenized"));
+      }
+      auto ids = Tokenize();
       if (!ids.ok()) return FinishWith("invalid", ToGrpcStatus(ids.status()));
       prompt_ = std::move(*ids);
     }
+    AdmitPrompt();
+  }
+
+  absl::StatusOr<std::vector<int32_t>> Tokenize() const {
+    EncodeOptions eo;
+    eo.add_special_tokens = !request_->no_bos();
+    return service_->tokenizer_->Encode(request_->text(), eo);
+  }
+
+  void OnTokenized(absl::StatusOr<std::vector<int32_t>> ids) {
+    tokenizing_ = false;
+    if (client_cancelled_ || context_->IsCancelled()) {
+      return FinishWith("cancelled", grpc::Status::CANCELLED);
+    }
+    if (cut_) {
+      return FinishWith("unavailable", grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                    "the router's drain deadline passed"));
+    }
+    if (!ids.ok()) return FinishWith("invalid", ToGrpcStatus(ids.status()));
+    prompt_ = std::move(*ids);
+    AdmitPrompt();
+  }
+
+  // The prompt is token ids now: last checks, then admission.
+  void AdmitPrompt() {
+    InferenceService* s = service_;
+    const GenerateRequest& req = *request_;
     if (prompt_.empty()) {
       return FinishWith("invalid", grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                                 "the prompt is empty: give text or token_ids"));
@@ -393,6 +506,10 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
     admission_pending_ = false;
     wait_id_ = 0;
     if (!ticket.ok()) {
+      if (cut_) {
+        return FinishWith("unavailable", grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                      "the router's drain deadline passed"));
+      }
       if (auto hint = router::RetryAfterFromStatus(ticket.status())) {
         context_->AddTrailingMetadata("retry-after-ms",
                                       absl::StrCat(absl::ToInt64Milliseconds(*hint)));
@@ -400,6 +517,10 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
       return FinishWith("rejected", ToGrpcStatus(ticket.status()));
     }
     ticket_ = std::move(*ticket);
+    if (cut_) {
+      return FinishWith("unavailable", grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                    "the router's drain deadline passed"));
+    }
     metrics()->in_flight.Increment();
     counted_in_flight_ = true;
 
@@ -437,6 +558,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
       if (client_cancelled_ || context_->IsCancelled()) {
         return FinishWith("cancelled", grpc::Status::CANCELLED);
       }
+      if (cut_) return CompleteCut();
       // Route over everything the worker will prefill.
       router::RouteRequest rr;
       rr.token_ids = attempts_->routing_tokens();
@@ -474,9 +596,15 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
       first_message_ = true;
       worker_over_ = false;
       worker_done_pending_ = false;
-      // Deadline and cancellation of the client's call follow the worker call.
+      // The client's deadline follows the worker call. Its cancellation does
+      // not propagate by itself: OnClientCancel cancels the worker call, so a
+      // CANCELLED ending is known to be the client's (never taken for a
+      // worker going away, retried or migrated) whichever reaction comes
+      // first.
       worker_ = std::make_unique<WorkerCall>(
-          grpc::ClientContext::FromCallbackServerContext(*context_), wreq_,
+          grpc::ClientContext::FromCallbackServerContext(
+              *context_, grpc::PropagationOptions().disable_cancellation_propagation()),
+          wreq_,
           [this](bool ok) {
             Event e{Event::kWorkerRead};
             e.ok = ok;
@@ -591,6 +719,16 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
     }
   }
 
+  // The drain deadline passed: stop the worker and end with a final
+  // message (finish reason CANCELLED, usage so far) instead of the server's
+  // cancellation; a request not streaming yet gets UNAVAILABLE.
+  void OnCut() {
+    if (phase_ == Phase::kFinished || cut_) return;
+    cut_ = true;
+    if (admission_pending_ && wait_id_ != 0) service_->admission_.CancelWait(wait_id_);
+    CancelWorker();
+  }
+
   void OnClientCancel() {
     client_cancelled_ = true;
     // Leave the admission queue (the verdict, CANCELLED, comes back as an
@@ -621,6 +759,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
     if (client_cancelled_ || context_->IsCancelled()) {
       return FinishWith("cancelled", grpc::Status::CANCELLED);
     }
+    if (cut_) return CompleteCut();
     // Classify the failure: a call that never got an answer is a connect
     // failure; a call the worker cut (CANCELLED while our client did not
     // cancel) is the worker going away; otherwise the status decides.
@@ -657,6 +796,13 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
     StartAttempt();
   }
 
+  // Ended by the router's drain deadline, with the tokens sent so far.
+  void CompleteCut() {
+    complete_.set_finish_reason(tessera::v1::FINISH_REASON_CANCELLED);
+    done_ = true;
+    Complete();
+  }
+
   // Generation is over: the text held back, then Complete with usage.
   void Complete() {
     // Text held back by the detokenizer or the stop matcher.
@@ -683,7 +829,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
     out_.Clear();
     *out_.mutable_complete() = complete_;
     metrics()->e2e.Observe(absl::ToDoubleSeconds(absl::Now() - arrival_));
-    metrics()->Request("ok");
+    metrics()->Request(cut_ ? "drain_cut" : "ok");
     phase_ = Phase::kFinished;
     StartWriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK);
     ReleaseSlot();
@@ -747,6 +893,8 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
   grpc::Status last_error_{grpc::StatusCode::UNAVAILABLE, "no worker could take the request"};
   bool client_cancelled_ = false;
   bool client_gone_ = false;  // a write to the client failed
+  bool cut_ = false;          // the router's drain deadline passed
+  bool tokenizing_ = false;   // the prompt is on the tokenize pool
 
   // The current attempt.
   std::optional<router::RouteDecision> decision_;
@@ -762,6 +910,19 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
   bool write_pending_ = false;
 };
 
+void InferenceService::CutOpenStreams() {
+  // Enqueue under the lock, run outside it: a call is deleted only by the
+  // thread that runs its queue, and its destructor takes calls_mu_.
+  std::vector<GenerateCall*> to_run;
+  {
+    absl::MutexLock lock(&calls_mu_);
+    for (GenerateCall* call : calls_) {
+      if (call->EnqueueCut()) to_run.push_back(call);
+    }
+  }
+  for (GenerateCall* call : to_run) call->Run();
+}
+
 grpc::ServerWriteReactor<GenerateResponse>* InferenceService::Generate(
     grpc::CallbackServerContext* context, const GenerateRequest* request) {
   return new GenerateCall(this, context, request);
@@ -771,10 +932,12 @@ grpc::Status InferenceService::Tokenize(grpc::ServerContext* context,
                                         const tessera::v1::TokenizeRequest* req,
                                         tessera::v1::TokenizeResponse* resp) {
   if (grpc::Status s = Authenticate(*context); !s.ok()) return s;
+  if (grpc::Status s = CheckModel(req->model()); !s.ok()) return s;
   if (!tokenizer_) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "this router has no tokenizer (--tokenizer)");
   }
+  if (grpc::Status s = CheckPromptBytes(req->text().size()); !s.ok()) return s;
   EncodeOptions eo;
   eo.add_special_tokens = req->add_special_tokens();
   auto ids = tokenizer_->Encode(req->text(), eo);

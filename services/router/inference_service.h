@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/server_callback.h"
@@ -39,6 +40,7 @@
 #include "router/router.h"
 #include "services/common/drain.h"
 #include "services/router/router_metrics.h"
+#include "services/router/tokenize_pool.h"
 #include "services/router/upstream.h"
 #include "tessera/v1/inference.grpc.pb.h"
 #include "worker/tokenizer/tokenizer.h"
@@ -54,6 +56,10 @@ struct InferenceServiceOptions {
   int max_attempts = 4;       // worker calls per request (retries + migrations)
   int load_interval_ms = 50;  // WatchLoad period asked of workers
   std::shared_ptr<grpc::ChannelCredentials> upstream_credentials;
+  // A text prompt longer than this is refused before tokenizing (0 = only
+  // the bound the context implies: context x the tokenizer's longest token).
+  size_t max_prompt_bytes = 0;
+  int tokenize_threads = 2;  // threads of the pool that tokenizes long prompts
 };
 
 class GenerateCall;
@@ -73,6 +79,11 @@ class InferenceService final
   void SetWorkers(const std::vector<std::string>& addresses);
   void StopUpstreams();
 
+  // Ends every open Generate stream with a final message (finish reason
+  // CANCELLED and the usage so far), cancelling its worker call; for the
+  // drain deadline (ServiceHost::SetDrainDeadlineHook). Any thread.
+  void CutOpenStreams();
+
   // The reactor deletes itself when the call is done.
   grpc::ServerWriteReactor<tessera::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const tessera::v1::GenerateRequest* request) override;
@@ -91,6 +102,11 @@ class InferenceService final
   friend class GenerateCall;
 
   grpc::Status Authenticate(const grpc::ServerContextBase& context) const;
+  // OK when `model` is empty or the served name; else NOT_FOUND.
+  grpc::Status CheckModel(const std::string& model) const;
+  // INVALID_ARGUMENT when a text of `bytes` bytes cannot fit in the context
+  // whatever it holds, or exceeds --max_prompt_bytes.
+  grpc::Status CheckPromptBytes(size_t bytes) const;
   tessera::v1::Worker::Stub* StubFor(const std::string& address);
 
   InferenceServiceOptions options_;
@@ -101,8 +117,15 @@ class InferenceService final
   router::AdmissionController admission_;
   std::atomic<int> context_length_{0};
 
+  absl::Mutex calls_mu_;
+  absl::flat_hash_set<GenerateCall*> calls_ ABSL_GUARDED_BY(calls_mu_);  // open streams
+
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<WorkerUpstream>> upstreams_ ABSL_GUARDED_BY(mu_);
+
+  // Last, so that it stops (running what is queued) before the rest goes.
+  static constexpr int kTokenizeQueue = 64;  // long prompts waiting for the pool
+  TokenizePool tokenize_pool_;
 };
 
 }  // namespace tessera::services

@@ -36,6 +36,11 @@ ABSL_FLAG(int, max_attempts, 4, "Worker calls per request (retries and migration
 ABSL_FLAG(int, load_interval_ms, 50, "Load report period asked of workers");
 ABSL_FLAG(absl::Duration, load_staleness, absl::Seconds(2),
           "A worker not heard from for this long gets no new requests");
+ABSL_FLAG(int64_t, max_prompt_bytes, 0,
+          "Text prompts longer than this are refused before tokenizing (0 = only the bound "
+          "the context implies: context tokens x the tokenizer's longest token)");
+ABSL_FLAG(int, tokenize_threads, 2,
+          "Threads that tokenize long text prompts (off the threads serving requests)");
 ABSL_FLAG(std::string, upstream_tls_ca, "", "PEM CA for TLS to workers; empty = plaintext");
 ABSL_FLAG(std::string, upstream_tls_cert, "", "PEM client certificate for mTLS to workers");
 ABSL_FLAG(std::string, upstream_tls_key, "", "PEM key of --upstream_tls_cert");
@@ -84,12 +89,15 @@ int main(int argc, char** argv) {
   so.max_queue_wait = absl::GetFlag(FLAGS_max_queue_wait);
   so.max_attempts = absl::GetFlag(FLAGS_max_attempts);
   so.load_interval_ms = absl::GetFlag(FLAGS_load_interval_ms);
+  so.tokenize_threads = absl::GetFlag(FLAGS_tokenize_threads);
   if (so.admission.max_in_flight < 1 || so.admission.max_queued_per_priority < 0 ||
-      so.max_attempts < 1 || so.load_interval_ms < 10) {
+      so.max_attempts < 1 || so.load_interval_ms < 10 || so.tokenize_threads < 1 ||
+      absl::GetFlag(FLAGS_max_prompt_bytes) < 0) {
     return ts::StartupError(absl::InvalidArgumentError(
-        "--max_in_flight and --max_attempts must be >= 1, --max_queue_per_priority >= 0, "
-        "--load_interval_ms >= 10"));
+        "--max_in_flight, --max_attempts and --tokenize_threads must be >= 1, "
+        "--max_queue_per_priority and --max_prompt_bytes >= 0, --load_interval_ms >= 10"));
   }
+  so.max_prompt_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_prompt_bytes));
   if (!absl::GetFlag(FLAGS_api_keys_file).empty()) {
     auto keys = ReadLines("api_keys_file", absl::GetFlag(FLAGS_api_keys_file));
     if (!keys.ok()) return ts::StartupError(keys.status());
@@ -126,8 +134,11 @@ int main(int argc, char** argv) {
   ts::ServiceHost host(ts::ServerOptionsFromFlags("router"));
   ts::RouterMetrics metrics(host.metrics().registry());
   tessera::router::Router router(ro);
+  auto worker_health = std::make_shared<ts::WorkerHealthCollector>(&router);
+  host.metrics().AddCollectable(worker_health);
   ts::InferenceService service(so, &router, std::move(tokenizer), &host.drain(), &metrics);
   host.AddService(&service, "tessera.v1.Inference");
+  host.SetDrainDeadlineHook([&service] { service.CutOpenStreams(); });
   if (auto s = host.Start(); !s.ok()) return ts::StartupError(s);
   service.SetWorkers(Merge(static_workers, file_workers));
 

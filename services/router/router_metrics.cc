@@ -33,8 +33,6 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r)
                     .Help("Admitted requests not yet finished")
                     .Register(r)
                     .Add({})),
-      worker_healthy(AddGaugeFamily(r, "tessera_router_worker_healthy",
-                                    "1 when the worker reports SERVING and is routable, else 0")),
       worker_running(AddGaugeFamily(r, "tessera_router_worker_running_requests",
                                     "Running requests the worker last reported")),
       worker_waiting(AddGaugeFamily(r, "tessera_router_worker_waiting_requests",
@@ -44,7 +42,21 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r)
       requests_(prometheus::BuildCounter()
                     .Name("tessera_router_requests_total")
                     .Help("Requests by outcome: ok, invalid, unauthenticated, rejected, "
-                          "unavailable, cancelled, error")
+                          "unavailable, cancelled, drain_cut, error")
                     .Register(r)) {}
+
+std::vector<prometheus::MetricFamily> WorkerHealthCollector::Collect() const {
+  prometheus::MetricFamily family;
+  family.name = "tessera_router_worker_healthy";
+  family.help = "1 when the worker reports SERVING and is routable, else 0";
+  family.type = prometheus::MetricType::Gauge;
+  for (const router::WorkerReport& w : router_->Report()) {
+    prometheus::ClientMetric m;
+    m.label.push_back({"worker", w.status.id});
+    m.gauge.value = w.status.unroutable == router::Unroutable::kNone ? 1 : 0;
+    family.metric.push_back(std::move(m));
+  }
+  return {std::move(family)};
+}
 
 }  // namespace tessera::services

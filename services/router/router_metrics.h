@@ -4,12 +4,15 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
+#include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "router/router.h"
 
 namespace tessera::services {
 
@@ -18,7 +21,8 @@ class RouterMetrics {
   explicit RouterMetrics(prometheus::Registry& registry);
 
   // outcome: ok, invalid, unauthenticated, rejected (admission), unavailable,
-  // cancelled, error.
+  // cancelled (by the client), drain_cut (ended by the router's drain
+  // deadline with a final message), error.
   void Request(const std::string& outcome) { requests_.Add({{"outcome", outcome}}).Increment(); }
   prometheus::Counter& retries;
   prometheus::Counter& migrations;
@@ -30,13 +34,26 @@ class RouterMetrics {
   prometheus::Histogram& inter_token_latency;
   prometheus::Histogram& e2e;
   prometheus::Gauge& in_flight;
-  prometheus::Family<prometheus::Gauge>& worker_healthy;
   prometheus::Family<prometheus::Gauge>& worker_running;
   prometheus::Family<prometheus::Gauge>& worker_waiting;
   prometheus::Family<prometheus::Gauge>& worker_kv_usage;
 
  private:
   prometheus::Family<prometheus::Counter>& requests_;
+};
+
+// tessera_router_worker_healthy{worker}: 1 while the router would route to
+// the worker (it reports SERVING, was heard from within --load_staleness and
+// is not ejected), else 0. Read from the router's registry at each scrape,
+// so a worker that stops answering turns 0 as routing stops using it.
+class WorkerHealthCollector final : public prometheus::Collectable {
+ public:
+  // REQUIRES: `router` outlives the collector.
+  explicit WorkerHealthCollector(const router::Router* router) : router_(router) {}
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  const router::Router* router_;
 };
 
 }  // namespace tessera::services

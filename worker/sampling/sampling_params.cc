@@ -8,7 +8,9 @@
 namespace tessera::sampling {
 namespace {
 
-absl::Status Bad(const char* field, const std::string& range, double value) {
+// `value` keeps its type, so integers print as integers.
+template <typename T>
+absl::Status Bad(const char* field, const std::string& range, T value) {
   return absl::InvalidArgumentError(absl::StrCat(field, " must be ", range, ", got ", value));
 }
 

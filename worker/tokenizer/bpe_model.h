@@ -66,6 +66,10 @@ class BpeModel {
   size_t num_merges() const { return merges_.size(); }
   // Number of bytes 0..255 that have no single-byte token.
   int missing_byte_tokens() const;
+  // Such bytes become the unk token (one each, or one per run when fused),
+  // or are dropped without one.
+  bool has_unk() const { return unk_id_ >= 0; }
+  bool fuse_unk() const { return fuse_unk_; }
 
   // Words currently cached (for tests and metrics).
   size_t CachedWords() const;

@@ -677,6 +677,12 @@ absl::Status TokenizerLoader::Finish() {
       t.present_[id] = true;
     }
   }
+  const bool bytes_vanish =
+      t.model_->missing_byte_tokens() > 0 && (!t.model_->has_unk() || t.model_->fuse_unk());
+  size_t longest = 1;
+  for (const TokenPiece& piece : t.pieces_) longest = std::max(longest, piece.text.size());
+  for (const AddedToken& token : t.added_) longest = std::max(longest, token.content.size());
+  t.max_bytes_per_token_ = bytes_vanish ? 0 : longest;
   std::vector<const AddedToken*> raw, normalized;
   for (const AddedToken& token : t.added_) {
     t.added_ids_[token.content] = token.id;

@@ -125,6 +125,11 @@ class Tokenizer {
   const std::string& chat_template() const { return chat_template_; }
   // True when tokenizer.json asks for NFC normalization.
   bool normalizes_nfc() const { return nfc_; }
+  // The most bytes of (normalized) text one token can stand for, so a text
+  // of n bytes encodes to at least n / max_bytes_per_token() tokens (n / 3 of
+  // that when NFC normalization may shrink the text first). 0 when no such
+  // bound holds: bytes without a token are dropped or fused into one unk.
+  size_t max_bytes_per_token() const { return max_bytes_per_token_; }
   const std::vector<tokenizer::AddedToken>& added_tokens() const { return added_; }
   // Ids that Encode(add_special_tokens=true) puts before/after the text.
   const std::vector<int32_t>& prefix_ids() const { return prefix_ids_; }
@@ -144,6 +149,7 @@ class Tokenizer {
   std::unique_ptr<tokenizer::BpeModel> model_;
   std::unique_ptr<tokenizer::PreTokenizer> pre_tokenizer_;
   bool nfc_ = false;
+  size_t max_bytes_per_token_ = 0;
   std::vector<tokenizer::AddedToken> added_;
   absl::flat_hash_map<std::string, int32_t> added_ids_;               // content -> id
   std::unique_ptr<tokenizer::AddedTokenMatcher> raw_matcher_;         // normalized == false
