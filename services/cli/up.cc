@@ -4,15 +4,17 @@
 // them all. Options can come from one file with --flagfile=cluster.flags.
 //
 // A worker that exits with kExitServiceFailed (its model runner failed for
-// good) is started again on the same ports, as systemd or the kubelet would
-// restart it, so the router finds it where it was; up to kMaxRestarts
-// times in kRestartWindow per worker. Any other exit of a service stops the
-// cluster.
+// good) or is killed by a signal (a crash, the OOM killer, kill -9) is
+// started again on the same ports, as systemd (Restart=on-failure) or the
+// kubelet would restart it, so the router finds it where it was; up to
+// kMaxRestarts times in kRestartWindow per worker. Any other exit of a
+// service stops the cluster.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <fstream>
 #include <map>
@@ -143,15 +145,28 @@ bool WaitReady(const Child& c, const std::string& service, absl::Duration timeou
   return std::system(cmd.c_str()) == 0;
 }
 
-// A worker that exited with kExitServiceFailed: started again with the
-// ports it had (the router knows it by its address), unless it was
-// restarted kMaxRestarts times within kRestartWindow already. False when
-// it is not restarted.
-bool RestartFailedWorker(Child& c) {
-  if (c.name.rfind("worker-", 0) != 0 || !WIFEXITED(c.exit_status) ||
-      WEXITSTATUS(c.exit_status) != services::kExitServiceFailed) {
-    return false;
+// Why a worker's exit calls for a restart ("" when it does not): it exited
+// with kExitServiceFailed, or a signal killed it.
+std::string RestartReason(const Child& c) {
+  if (c.name.rfind("worker-", 0) != 0) return "";
+  if (WIFEXITED(c.exit_status) && WEXITSTATUS(c.exit_status) == services::kExitServiceFailed) {
+    return absl::StrCat("exited with code ", services::kExitServiceFailed,
+                        " (its model runner failed for good)");
   }
+  if (WIFSIGNALED(c.exit_status)) {
+    return absl::StrCat("was killed by signal ", WTERMSIG(c.exit_status), " (",
+                        strsignal(WTERMSIG(c.exit_status)), ")");
+  }
+  return "";
+}
+
+// A worker whose exit has a RestartReason: started again with the ports it
+// had (the router knows it by its address), unless it was restarted
+// kMaxRestarts times within kRestartWindow already. False when it is not
+// restarted.
+bool RestartFailedWorker(Child& c) {
+  const std::string reason = RestartReason(c);
+  if (reason.empty()) return false;
   const absl::Time now = absl::Now();
   while (!c.restarts.empty() && now - c.restarts.front() > kRestartWindow) c.restarts.pop_front();
   if (static_cast<int>(c.restarts.size()) >= kMaxRestarts) {
@@ -170,11 +185,9 @@ bool RestartFailedWorker(Child& c) {
   }
   c.restarts.push_back(now);
   std::fprintf(stderr,
-               "%s exited with code %d (its model runner failed for good); restarting it on port "
-               "%d (restart %zu of at most %d within %s); log %s\n",
-               c.name.c_str(), services::kExitServiceFailed, c.ports["grpc_port"],
-               c.restarts.size(), kMaxRestarts, absl::FormatDuration(kRestartWindow).c_str(),
-               c.log.c_str());
+               "%s %s; restarting it on port %d (restart %zu of at most %d within %s); log %s\n",
+               c.name.c_str(), reason.c_str(), c.ports["grpc_port"], c.restarts.size(),
+               kMaxRestarts, absl::FormatDuration(kRestartWindow).c_str(), c.log.c_str());
   std::fflush(stderr);
   return Spawn(c, c.binary, args, /*append=*/true);
 }

@@ -8,6 +8,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -377,6 +380,72 @@ TEST(ServicesTest, UpRestartsAWorkerWhoseModelRunnerFailedOnItsPorts) {
   EXPECT_EQ(exit->code, 0) << ReadWhole(dir + "/up.out");
   // Both processes' output is in the worker's log.
   EXPECT_THAT(ReadWhole(dir + "/worker-0.log"), HasSubstr("the service failed for good"));
+}
+
+// The pid of the process whose command line holds `needle` (one this test
+// started, found by its unique run directory), or -1.
+pid_t FindProcess(const std::string& needle) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    std::string cmdline = ReadWhole(entry.path() / "cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(needle) != std::string::npos) return std::stoi(name);
+  }
+  return -1;
+}
+
+// `tessera up` restarts a worker that a signal killed (a crash, the OOM
+// killer, kill -9) on its ports, as it does one that exits with
+// kExitServiceFailed; the router serves through it again.
+TEST(ServicesTest, UpRestartsAWorkerKilledByASignal) {
+  const std::string dir = MakeTempDir();
+  TestProcess up;
+  ASSERT_TRUE(up.Start(BinaryPath("services/cli/tessera"),
+                       {"up", "--workers=1", "--run_dir=" + dir,
+                        "--up_simulate=vocab=512,context=4096,decode_step_us=1000"},
+                       dir + "/up.out")
+                  .ok());
+  const std::string started = WaitForText(dir + "/up.out", "\nrouter=", absl::Seconds(60));
+  const size_t at = started.find("\nrouter=");
+  ASSERT_NE(at, std::string::npos) << started;
+  const std::string router = started.substr(at + 8, started.find('\n', at + 1) - at - 8);
+  auto stub = tessera::v1::Inference::NewStub(
+      grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
+  auto generate = [&] {
+    tessera::v1::GenerateRequest req;
+    for (int32_t t : {5, 6, 7}) req.mutable_token_ids()->add_ids(t);
+    req.mutable_sampling()->set_temperature(0);
+    req.mutable_sampling()->set_max_tokens(4);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto reader = stub->Generate(&ctx, req);
+    tessera::v1::GenerateResponse resp;
+    while (reader->Read(&resp)) {
+    }
+    return reader->Finish();
+  };
+  ASSERT_TRUE(generate().ok());
+  const pid_t worker = FindProcess("--port_file=" + dir + "/worker-0.ports");
+  ASSERT_GT(worker, 0);
+  kill(worker, SIGKILL);
+  const std::string restarted =
+      WaitForText(dir + "/up.out", "worker-0 was killed by signal 9", absl::Seconds(30));
+  EXPECT_THAT(restarted, HasSubstr("restarting it on port"));
+  grpc::Status again;
+  const absl::Time until = absl::Now() + absl::Seconds(60);
+  do {
+    absl::SleepFor(absl::Milliseconds(100));
+    again = generate();
+  } while (!again.ok() && absl::Now() < until);
+  EXPECT_TRUE(again.ok()) << again.error_message() << "\n" << ReadWhole(dir + "/up.out");
+  const pid_t second = FindProcess("--port_file=" + dir + "/worker-0.ports");
+  EXPECT_GT(second, 0);
+  EXPECT_NE(second, worker);
+  up.Signal(SIGINT);
+  auto exit = up.Wait(absl::Seconds(60));
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->code, 0) << ReadWhole(dir + "/up.out");
 }
 
 }  // namespace
