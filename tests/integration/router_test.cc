@@ -25,6 +25,7 @@
 #include "services/common/exit_codes.h"
 #include "tessera/v1/inference.grpc.pb.h"
 #include "tessera/v1/worker.grpc.pb.h"
+#include "tests/integration/cluster.h"
 #include "tests/integration/test_process.h"
 
 namespace tessera::testing {
@@ -34,126 +35,6 @@ using tessera::v1::GenerateRequest;
 using tessera::v1::GenerateResponse;
 using tessera::v1::Inference;
 using ::testing::HasSubstr;
-
-// A simulated worker: 20 ms per decode step (50 tokens/s per stream).
-const char kSlowSim[] =
-    "--simulate=vocab=1024,context=8192,prefill_us_per_token=2,decode_step_us=20000";
-
-std::string Fixture(const std::string& name) {
-  const char* src = std::getenv("TESSERA_SOURCE_DIR");
-  return absl::StrCat(src ? src : ".", "/tests/fixtures/models/", name);
-}
-
-struct Service {
-  std::unique_ptr<TestProcess> process;
-  int grpc_port = 0;
-  int metrics_port = 0;
-};
-
-Service Start(const std::string& binary, std::vector<std::string> args) {
-  Service s;
-  std::string dir = MakeTempDir();
-  args.insert(args.end(), {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
-                           "--port_file=" + dir + "/ports", "--drain_grace=100ms"});
-  s.process = std::make_unique<TestProcess>();
-  EXPECT_TRUE(s.process->Start(BinaryPath(binary), args, dir + "/log").ok());
-  auto ports = s.process->WaitForPortFile(dir + "/ports", absl::Seconds(30));
-  EXPECT_TRUE(ports.ok()) << ports.status();
-  if (ports.ok()) {
-    s.grpc_port = (*ports)["grpc_port"];
-    s.metrics_port = (*ports)["metrics_port"];
-  }
-  return s;
-}
-
-struct Cluster {
-  std::vector<Service> workers;
-  Service router;
-  std::unique_ptr<Inference::Stub> stub;
-};
-
-// One worker per entry of `worker_args` (its flags), then the router.
-Cluster StartCluster(const std::vector<std::vector<std::string>>& worker_args,
-                     std::vector<std::string> router_args = {}, const std::string& api_key = "") {
-  Cluster c;
-  std::vector<std::string> addrs;
-  const int n = static_cast<int>(worker_args.size());
-  for (const std::vector<std::string>& args : worker_args) {
-    c.workers.push_back(Start("services/worker/tessera-worker", args));
-    addrs.push_back(absl::StrCat("127.0.0.1:", c.workers.back().grpc_port));
-  }
-  router_args.push_back("--workers=" + absl::StrJoin(addrs, ","));
-  c.router = Start("services/router/tessera-router", router_args);
-  c.stub = Inference::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", c.router.grpc_port),
-                                                  grpc::InsecureChannelCredentials()));
-  // Ready when ListModels counts every worker healthy.
-  absl::Time until = absl::Now() + absl::Seconds(30);
-  bool ready = false;
-  while (!ready && absl::Now() < until) {
-    grpc::ClientContext ctx;
-    if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
-    tessera::v1::ListModelsResponse resp;
-    ready = c.stub->ListModels(&ctx, {}, &resp).ok() && resp.models_size() == 1 &&
-            resp.models(0).healthy_workers() == n;
-    if (!ready) absl::SleepFor(absl::Milliseconds(20));
-  }
-  EXPECT_TRUE(ready) << "router log:\n" << c.router.process->ReadLog();
-  return c;
-}
-
-Cluster StartCluster(int n, const std::vector<std::string>& worker_args,
-                     std::vector<std::string> router_args = {}, const std::string& api_key = "") {
-  return StartCluster(std::vector<std::vector<std::string>>(n, worker_args), std::move(router_args),
-                      api_key);
-}
-
-GenerateRequest Greedy(const std::vector<int32_t>& prompt, int max_tokens) {
-  GenerateRequest r;
-  for (int32_t t : prompt) r.mutable_token_ids()->add_ids(t);
-  r.mutable_sampling()->set_temperature(0);
-  r.mutable_sampling()->set_max_tokens(max_tokens);
-  r.mutable_sampling()->set_ignore_eos(true);
-  return r;
-}
-
-struct Result {
-  std::vector<int32_t> tokens;
-  tessera::v1::Complete complete;
-  grpc::Status status;
-  std::map<std::string, std::string> trailers;
-};
-
-// Runs one stream; `on_token` (optional) sees the token count as it grows.
-Result RunStream(Inference::Stub* stub, const GenerateRequest& req,
-                 std::function<void(int)> on_token = nullptr,
-                 grpc::ClientContext* ctx_in = nullptr) {
-  Result r;
-  grpc::ClientContext local;
-  grpc::ClientContext* ctx = ctx_in ? ctx_in : &local;
-  auto reader = stub->Generate(ctx, req);
-  GenerateResponse resp;
-  while (reader->Read(&resp)) {
-    for (int32_t t : resp.chunk().token_ids()) r.tokens.push_back(t);
-    if (on_token) on_token(static_cast<int>(r.tokens.size()));
-    if (resp.has_complete()) r.complete = resp.complete();
-  }
-  r.status = reader->Finish();
-  for (const auto& [k, v] : ctx->GetServerTrailingMetadata()) {
-    r.trailers[std::string(k.data(), k.size())] = std::string(v.data(), v.size());
-  }
-  return r;
-}
-
-double MetricValue(int port, const std::string& name) {
-  auto body = HttpGet(port, "/metrics");
-  if (!body.ok()) return -1;
-  std::istringstream in(*body);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  }
-  return -1;
-}
 
 TEST(RouterTest, StreamsTransformersContinuationsThroughTheRouter) {
   Cluster c = StartCluster(2, {"--model=" + Fixture("qwen3_tiny")});
@@ -359,14 +240,14 @@ TEST(RouterTest, OverloadAnswersResourceExhaustedWithARetryHint) {
 }
 
 TEST(RouterTest, WorkersFileIsReReadWhenItChanges) {
-  Service worker = Start("services/worker/tessera-worker", {kSlowSim});
+  Service worker = StartService("services/worker/tessera-worker", {kSlowSim});
   std::string dir = MakeTempDir();
   const std::string file = dir + "/workers";
   {
     std::ofstream out(file);
     out << "# nothing listens here yet\n127.0.0.1:1\n";
   }
-  Service router = Start("services/router/tessera-router", {"--workers_file=" + file});
+  Service router = StartService("services/router/tessera-router", {"--workers_file=" + file});
   auto stub = Inference::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", router.grpc_port),
                                                      grpc::InsecureChannelCredentials()));
   auto healthy = [&] {
@@ -390,52 +271,6 @@ TEST(RouterTest, WorkersFileIsReReadWhenItChanges) {
 
 // A byte-level tokenizer.json whose 256 tokens are the bytes (ids 0..255),
 // as GPT-2 style byte-level BPE maps them to printable characters.
-void WriteByteTokenizer(const std::string& dir) {
-  std::vector<int> bs, cs;
-  for (int b = 0; b < 256; ++b) {
-    if ((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF)) {
-      bs.push_back(b);
-      cs.push_back(b);
-    }
-  }
-  for (int b = 0, n = 0; b < 256; ++b) {
-    if (std::find(bs.begin(), bs.end(), b) == bs.end()) {
-      bs.push_back(b);
-      cs.push_back(256 + n++);
-    }
-  }
-  nlohmann::json vocab = nlohmann::json::object();
-  for (size_t i = 0; i < bs.size(); ++i) {
-    std::string utf8;
-    int c = cs[i];
-    if (c < 0x80) {
-      utf8 += static_cast<char>(c);
-    } else {
-      utf8 += static_cast<char>(0xC0 | (c >> 6));
-      utf8 += static_cast<char>(0x80 | (c & 0x3F));
-    }
-    vocab[utf8] = bs[i];
-  }
-  nlohmann::json tj = {
-      {"version", "1.0"},
-      {"added_tokens", nlohmann::json::array()},
-      {"normalizer", nullptr},
-      {"pre_tokenizer",
-       {{"type", "ByteLevel"},
-        {"add_prefix_space", false},
-        {"trim_offsets", false},
-        {"use_regex", false}}},
-      {"post_processor", nullptr},
-      {"decoder", {{"type", "ByteLevel"}}},
-      {"model",
-       {{"type", "BPE"},
-        {"vocab", vocab},
-        {"merges", nlohmann::json::array()},
-        {"byte_fallback", false}}},
-  };
-  std::ofstream(dir + "/tokenizer.json") << tj.dump();
-}
-
 TEST(RouterTest, StopStringsEndTheTextStreamAndCancelTheWorker) {
   std::string dir = MakeTempDir();
   WriteByteTokenizer(dir);
@@ -491,15 +326,6 @@ TEST(RouterTest, ApiKeysAreRequiredWhenConfigured) {
 }
 
 // The router's threads (Threads: in /proc/<pid>/status), or -1.
-int ThreadCount(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
-  }
-  return -1;
-}
-
 // True once the router's in-flight gauge reads 0 (within 5 s).
 bool InFlightDrops(int metrics_port) {
   absl::Time until = absl::Now() + absl::Seconds(5);
