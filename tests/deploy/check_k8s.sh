@@ -8,9 +8,10 @@
 #       `kubectl kustomize` the directory, then validate.mjs --tessera: API
 #       schemas, unknown fields, Tessera invariants.
 #   check_k8s.sh self-test WORK_DIR
-#       The validator must reject every document of k8s/invalid.yaml and the
-#       mistakes of k8s/broken-overlay; yamllint must reject a badly
-#       formatted file.
+#       The validator must reject every document of k8s/invalid.yaml and
+#       report each mistake of the k8s/broken-* overlays (the messages of
+#       their expected-errors.txt); yamllint must reject a badly formatted
+#       file.
 #   check_k8s.sh flags WORK_DIR BUILD_DIR
 #       Each binary parses its flag file from deploy/k8s/base/config (real
 #       flag names and values), and rejects a file with an unknown flag.
@@ -82,13 +83,21 @@ case ${cmd} in
     need_node
     (cd "${work}" && node validate.mjs --expect-invalid "${here}/k8s/invalid.yaml") ||
       fail "the validator accepted a broken document of k8s/invalid.yaml"
-    kustomize "${here}/k8s/broken-overlay" "${work}/broken-overlay.yaml"
-    (cd "${work}" && node validate.mjs --tessera --expect-invalid \
-       --expect="workers file lists" --expect="terminationGracePeriodSeconds 20" \
-       --expect='readinessProbe service ""' --expect="livenessProbe port 50061" \
-       --expect="must be a tcpSocket probe" --expect="--tls_cert=/etc/tessera/tls/tls.crt is not in a mounted Secret" \
-       "${work}/broken-overlay.yaml") ||
-      fail "the Tessera checks missed a mistake of k8s/broken-overlay"
+    # Every broken-* overlay: each line of its expected-errors.txt must be
+    # in an error of the Tessera checks.
+    for broken in "${here}"/k8s/broken-*/; do
+      name=$(basename "${broken}")
+      [[ -f ${broken}/expected-errors.txt ]] || fail "${broken}expected-errors.txt missing"
+      expects=()
+      while IFS= read -r line; do
+        [[ -z ${line} || ${line} == \#* ]] || expects+=("--expect=${line}")
+      done <"${broken}/expected-errors.txt"
+      [[ ${#expects[@]} -gt 0 ]] || fail "${name}: expected-errors.txt lists nothing"
+      kustomize "${broken}" "${work}/${name}.yaml"
+      (cd "${work}" && node validate.mjs --tessera --expect-invalid "${expects[@]}" "${work}/${name}.yaml") ||
+        fail "the Tessera checks missed a mistake of k8s/${name}"
+      echo "ok: k8s/${name}: all ${#expects[@]} mistakes reported"
+    done
     [[ -x /usr/bin/yamllint ]] || fail "/usr/bin/yamllint not found; install yamllint (scripts/install-deps.sh does)"
     printf 'spec:\n  ports:  [ 1,2 ]\n  ports: 3\n' >"${work}/lint-bad.yaml"
     if /usr/bin/yamllint -c "${repo}/.yamllint" "${work}/lint-bad.yaml"; then

@@ -182,18 +182,38 @@ function checkTessera(all) {
   const byKind = (k) => all.filter((d) => d.obj?.kind === k).map((d) => d.obj);
   const configMaps = new Map(byKind("ConfigMap").map((c) => [c.metadata.name, c]));
   const services = byKind("Service");
+  const hpas = byKind("HorizontalPodAutoscaler");
   const labelsMatch = (sel, labels) =>
     sel && Object.entries(sel).every(([k, v]) => labels?.[k] === v);
   const workloads = [...byKind("Deployment"), ...byKind("StatefulSet")];
   const seen = new Set();
+  const port = (addr) => Number(String(addr ?? "").split(":").pop());
+  const hostOf = (addr) => String(addr ?? "").replace(/:[0-9]+$/, "");
+  // Every Tessera container: {w, where, pod, c, binary, flags, grpcPort}.
+  const found = [];
 
   for (const w of workloads) {
     const where = `${w.kind}/${w.metadata.name}`;
     const pod = w.spec.template.spec;
+    const podPorts = pod.containers.flatMap((c) => c.ports ?? []);
+    // A pod that mounts a host directory runs only where that directory
+    // is: it must select the node.
+    const hostPaths = (pod.volumes ?? []).filter((v) => v.hostPath).map((v) => v.name);
+    const pinned = Object.keys(pod.nodeSelector ?? {}).length > 0 ||
+      (pod.affinity?.nodeAffinity?.requiredDuringSchedulingIgnoredDuringExecution?.nodeSelectorTerms ?? []).length > 0;
+    if (hostPaths.length && !pinned) {
+      errs.push(`${where}: hostPath volume ${hostPaths.join(", ")} without a nodeSelector (the pod sticks in ContainerCreating on nodes without the directory)`);
+    }
+    // An autoscaled Deployment must leave its replicas to the autoscaler.
+    const hpa = hpas.find((h) => h.spec.scaleTargetRef.kind === w.kind && h.spec.scaleTargetRef.name === w.metadata.name);
+    if (hpa && w.spec.replicas !== undefined) {
+      errs.push(`${where}: sets replicas ${w.spec.replicas}, which every apply would reset under HorizontalPodAutoscaler/${hpa.metadata.name}`);
+    }
     for (const c of pod.containers) {
       const binary = (c.command ?? [])[0]?.split("/").pop();
       if (!SERVICE_NAMES[binary]) continue;
       seen.add(binary);
+      const cwhere = pod.containers.length > 1 ? `${where} container ${c.name}` : where;
       // Flags: the flag file from its ConfigMap volume, then the args.
       const flags = {};
       for (const a of c.args ?? []) {
@@ -204,25 +224,31 @@ function checkTessera(all) {
         const cm = vol?.configMap && configMaps.get(vol.configMap.name);
         const key = m[1].slice(mount?.mountPath.length + 1);
         if (!cm || cm.data?.[key] === undefined) {
-          errs.push(`${where}: --flagfile=${m[1]} is not a key of a mounted ConfigMap`);
+          errs.push(`${cwhere}: --flagfile=${m[1]} is not a key of a mounted ConfigMap`);
           continue;
         }
         Object.assign(flags, parseFlags(cm.data[key]));
       }
       Object.assign(flags, parseFlags((c.args ?? []).join("\n")));
       delete flags.flagfile;
-      const port = (addr) => Number(String(addr ?? "").split(":").pop());
       const grpcPort = port(flags.listen);
       const metricsPort = port(flags.metrics_listen);
       if (!grpcPort || !/^(0\.0\.0\.0|\[::\]):/.test(flags.listen ?? "")) {
-        errs.push(`${where}: --listen must bind all interfaces on a fixed port (is ${flags.listen})`);
+        errs.push(`${cwhere}: --listen must bind all interfaces on a fixed port (is ${flags.listen})`);
       }
       if (!metricsPort || !/^(0\.0\.0\.0|\[::\]):/.test(flags.metrics_listen ?? "")) {
-        errs.push(`${where}: --metrics_listen must bind all interfaces on a fixed port (is ${flags.metrics_listen})`);
+        errs.push(`${cwhere}: --metrics_listen must bind all interfaces on a fixed port (is ${flags.metrics_listen})`);
       }
-      const cport = (n) => (c.ports ?? []).find((p) => p.name === n)?.containerPort;
-      if (cport("grpc") !== grpcPort) errs.push(`${where}: containerPort grpc ${cport("grpc")} != --listen port ${grpcPort}`);
-      if (cport("metrics") !== metricsPort) errs.push(`${where}: containerPort metrics ${cport("metrics")} != --metrics_listen port ${metricsPort}`);
+      // The container's ports are named grpc and metrics, or <x>-grpc and
+      // <x>-metrics for a second container of the pod.
+      const named = (kind) => (c.ports ?? []).filter((p) => p.name === kind || p.name?.endsWith(`-${kind}`));
+      const [gp, mp] = [named("grpc"), named("metrics")];
+      if (gp.length !== 1 || gp[0].containerPort !== grpcPort) {
+        errs.push(`${cwhere}: containerPort grpc ${gp.map((p) => p.containerPort)} != --listen port ${grpcPort}`);
+      }
+      if (mp.length !== 1 || mp[0].containerPort !== metricsPort) {
+        errs.push(`${cwhere}: containerPort metrics ${mp.map((p) => p.containerPort)} != --metrics_listen port ${metricsPort}`);
+      }
       // Native gRPC probes: liveness "", readiness and startup the service.
       // The kubelet's gRPC probes speak plaintext only: a container serving
       // TLS (--tls_cert) must use TCP probes on its gRPC port instead.
@@ -231,14 +257,14 @@ function checkTessera(all) {
       for (const [probe, want] of [["livenessProbe", ""], ["readinessProbe", ready], ["startupProbe", ready]]) {
         if (tls) {
           const t = c[probe]?.tcpSocket;
-          if (!t) { errs.push(`${where}: ${probe} must be a tcpSocket probe (gRPC probes cannot speak TLS)`); continue; }
-          if (t.port !== grpcPort) errs.push(`${where}: ${probe} port ${t.port} != --listen port ${grpcPort}`);
+          if (!t) { errs.push(`${cwhere}: ${probe} must be a tcpSocket probe (gRPC probes cannot speak TLS)`); continue; }
+          if (t.port !== grpcPort) errs.push(`${cwhere}: ${probe} port ${t.port} != --listen port ${grpcPort}`);
           continue;
         }
         const g = c[probe]?.grpc;
-        if (!g) { errs.push(`${where}: ${probe} is not a grpc probe`); continue; }
-        if (g.port !== grpcPort) errs.push(`${where}: ${probe} port ${g.port} != --listen port ${grpcPort}`);
-        if ((g.service ?? "") !== want) errs.push(`${where}: ${probe} service "${g.service ?? ""}" != "${want}"`);
+        if (!g) { errs.push(`${cwhere}: ${probe} is not a grpc probe`); continue; }
+        if (g.port !== grpcPort) errs.push(`${cwhere}: ${probe} port ${g.port} != --listen port ${grpcPort}`);
+        if ((g.service ?? "") !== want) errs.push(`${cwhere}: ${probe} service "${g.service ?? ""}" != "${want}"`);
       }
       // Certificate and key flags name files of a mounted Secret, which the
       // process (a non-root uid) can read.
@@ -246,10 +272,10 @@ function checkTessera(all) {
         if (!flags[f]) continue;
         const mount = (c.volumeMounts ?? []).find((v) => flags[f].startsWith(v.mountPath + "/"));
         const vol = mount && pod.volumes.find((v) => v.name === mount.name);
-        if (!vol?.secret) { errs.push(`${where}: --${f}=${flags[f]} is not in a mounted Secret`); continue; }
+        if (!vol?.secret) { errs.push(`${cwhere}: --${f}=${flags[f]} is not in a mounted Secret`); continue; }
         const mode = vol.secret.defaultMode ?? 0o644;
         if ((mode & 0o004) === 0 && pod.securityContext?.fsGroup === undefined) {
-          errs.push(`${where}: Secret ${vol.secret.secretName} (mode ${mode.toString(8)}) is unreadable without fsGroup`);
+          errs.push(`${cwhere}: Secret ${vol.secret.secretName} (mode ${mode.toString(8)}) is unreadable without fsGroup`);
         }
       }
       // The drain must finish before the kubelet's SIGKILL.
@@ -258,43 +284,59 @@ function checkTessera(all) {
       const deadline = durationSeconds(flags.drain_deadline ?? "30s");
       const tgps = pod.terminationGracePeriodSeconds ?? 30;
       if (!(tgps >= pause + grace + deadline + 10)) {
-        errs.push(`${where}: terminationGracePeriodSeconds ${tgps} < preStop ${pause} s + --drain_grace ${grace} s + --drain_deadline ${deadline} s + 10 s`);
+        errs.push(`${cwhere}: terminationGracePeriodSeconds ${tgps} < preStop ${pause} s + --drain_grace ${grace} s + --drain_deadline ${deadline} s + 10 s`);
       }
       if (binary === "tessera-worker") {
-        const gpu = c.resources?.limits?.["nvidia.com/gpu"];
-        if (!(Number(gpu) >= 1)) errs.push(`${where}: no nvidia.com/gpu limit`);
-        if (w.kind !== "StatefulSet") errs.push(`${where}: workers must be a StatefulSet`);
+        // The worker runs on the GPUs it holds: --device=cuda, one
+        // tensor-parallel rank per GPU of its limit, /dev/shm in memory for
+        // the ranks' NCCL buffers, and nodes chosen by their GPUs.
+        const gpu = Number(c.resources?.limits?.["nvidia.com/gpu"]);
+        const tp = Number(flags.tensor_parallel_size ?? "1");
+        if (!(gpu >= 1)) errs.push(`${cwhere}: no nvidia.com/gpu limit`);
+        if (!/^cuda(:|$)/.test(flags.device ?? "cpu")) {
+          errs.push(`${cwhere}: lacks --device=cuda (is --device=${flags.device ?? "cpu (the default)"}): the worker would leave its GPUs idle`);
+        }
+        if (tp !== gpu) {
+          errs.push(`${cwhere}: --tensor_parallel_size ${tp} != nvidia.com/gpu limit ${gpu} (one rank per GPU)`);
+        }
+        if (Number(c.resources?.requests?.["nvidia.com/gpu"] ?? gpu) !== gpu) {
+          errs.push(`${cwhere}: nvidia.com/gpu request != limit`);
+        }
+        if (tp > 1) {
+          const shm = (c.volumeMounts ?? []).find((v) => v.mountPath === "/dev/shm");
+          const vol = shm && pod.volumes.find((v) => v.name === shm.name);
+          if (vol?.emptyDir?.medium !== "Memory") {
+            errs.push(`${cwhere}: tensor-parallel worker (${tp} ranks) lacks /dev/shm from an emptyDir with medium: Memory`);
+          }
+        }
+        const sel = pod.nodeSelector ?? {};
+        if (!Object.keys(sel).some((k) => k.startsWith("nvidia.com/gpu."))) {
+          errs.push(`${cwhere}: no nodeSelector on an nvidia.com/gpu.* label (count or product)`);
+        }
+        if (sel["nvidia.com/gpu.count"] !== undefined && Number(sel["nvidia.com/gpu.count"]) !== gpu) {
+          errs.push(`${cwhere}: nodeSelector nvidia.com/gpu.count ${sel["nvidia.com/gpu.count"]} != nvidia.com/gpu limit ${gpu} (one worker takes the node's GPUs)`);
+        }
+        if (!c.resources?.requests?.memory || !c.resources?.requests?.cpu) {
+          errs.push(`${cwhere}: no cpu and memory requests (weights are staged through host memory)`);
+        }
+        if (w.kind !== "StatefulSet") errs.push(`${cwhere}: workers must be a StatefulSet`);
         const anti = pod.affinity?.podAntiAffinity?.requiredDuringSchedulingIgnoredDuringExecution ?? [];
         if (!anti.some((t) => t.topologyKey === "kubernetes.io/hostname")) {
-          errs.push(`${where}: no required anti-affinity on kubernetes.io/hostname (one worker per GPU host)`);
+          errs.push(`${cwhere}: no required anti-affinity on kubernetes.io/hostname (one worker per GPU host)`);
         }
         const headless = services.find((s) => s.metadata.name === w.spec.serviceName);
         if (!headless || headless.spec.clusterIP !== "None") {
-          errs.push(`${where}: serviceName ${w.spec.serviceName} is not a headless Service`);
+          errs.push(`${cwhere}: serviceName ${w.spec.serviceName} is not a headless Service`);
         }
-        w._grpcPort = grpcPort;
       }
       if (binary === "tessera-router") {
-        const file = flags.workers_file;
-        const mount = file && (c.volumeMounts ?? []).find((v) => file.startsWith(v.mountPath + "/"));
-        const vol = mount && pod.volumes.find((v) => v.name === mount.name);
-        if (!vol?.configMap || mount.subPath) {
-          errs.push(`${where}: --workers_file must be in a ConfigMap volume mounted without subPath (updates must reach it)`);
-        } else {
-          const cm = configMaps.get(vol.configMap.name);
-          const key = file.slice(mount.mountPath.length + 1);
-          if (!cm || cm.data?.[key] === undefined) {
-            errs.push(`${where}: --workers_file ${file}: no key ${key} in ConfigMap ${vol.configMap.name}`);
-          } else {
-            w._workers = cm.data[key].split("\n").map((l) => l.replace(/#.*/, "").trim()).filter(Boolean);
-          }
-        }
+        if (!hpa) errs.push(`${cwhere}: no HorizontalPodAutoscaler scales it`);
       }
       // A Service exposing the pod must point at its named ports.
       for (const s of services) {
         if (!labelsMatch(s.spec.selector, w.spec.template.metadata.labels)) continue;
         for (const p of s.spec.ports) {
-          if (typeof p.targetPort === "string" && !cport(p.targetPort)) {
+          if (typeof p.targetPort === "string" && !podPorts.some((q) => q.name === p.targetPort)) {
             errs.push(`Service/${s.metadata.name}: targetPort ${p.targetPort} is not a port of ${where}`);
           }
         }
@@ -302,33 +344,72 @@ function checkTessera(all) {
       // A disruption budget and a monitor that sets the rules' job name.
       const labels = w.spec.template.metadata.labels;
       if (!byKind("PodDisruptionBudget").some((p) => labelsMatch(p.spec.selector?.matchLabels, labels))) {
-        errs.push(`${where}: no PodDisruptionBudget selects it`);
+        errs.push(`${cwhere}: no PodDisruptionBudget selects it`);
       }
+      const metricsName = mp[0]?.name;
       const monitors = [...byKind("PodMonitor").map((m) => [m, m.spec.podMetricsEndpoints, labels]),
                         ...byKind("ServiceMonitor").flatMap((m) => services
                           .filter((s) => labelsMatch(s.spec.selector, labels) &&
                                          labelsMatch(m.spec.selector?.matchLabels, s.metadata.labels))
                           .map((s) => [m, m.spec.endpoints, s.metadata.labels]))];
       const monitored = monitors.some(([m, eps, l]) => labelsMatch(m.spec.selector?.matchLabels, l) &&
-        (eps ?? []).some((e) => e.port === "metrics" &&
+        (eps ?? []).some((e) => e.port === metricsName &&
           (e.relabelings ?? []).some((r) => r.targetLabel === "job" && r.replacement === binary)));
-      if (!monitored) errs.push(`${where}: no PodMonitor/ServiceMonitor scrapes its metrics port as job ${binary}`);
+      if (!monitored) errs.push(`${cwhere}: no PodMonitor/ServiceMonitor scrapes its ${metricsName} port as job ${binary}`);
       if (!byKind("NetworkPolicy").some((p) => labelsMatch(p.spec.podSelector?.matchLabels, labels))) {
-        errs.push(`${where}: no NetworkPolicy selects it`);
+        errs.push(`${cwhere}: no NetworkPolicy selects it`);
       }
+      found.push({ w, where: cwhere, binary, flags, grpcPort });
     }
   }
   for (const b of Object.keys(SERVICE_NAMES)) {
     if (!seen.has(b)) errs.push(`no workload runs ${b}`);
   }
-  // The router's workers file lists exactly the StatefulSet's pods.
-  const router = workloads.find((w) => w._workers);
-  const sts = workloads.find((w) => w._grpcPort);
-  if (router && sts) {
-    const want = Array.from({ length: sts.spec.replicas ?? 1 },
-      (_, i) => `${sts.metadata.name}-${i}.${sts.spec.serviceName}:${sts._grpcPort}`);
-    if (JSON.stringify(router._workers) !== JSON.stringify(want)) {
-      errs.push(`workers file lists [${router._workers.join(", ")}], the StatefulSet has [${want.join(", ")}]`);
+  // The address a --drafter / --workers_dns flag names: a container of the
+  // same pod (localhost), or the pods behind a Service of that name.
+  const reaches = (from, addr, to) => {
+    const host = hostOf(addr).split(".")[0];
+    if (["127.0.0.1", "localhost", "[::1]"].includes(hostOf(addr))) {
+      return from.w === to.w && port(addr) === to.grpcPort;
+    }
+    const s = services.find((x) => x.metadata.name === host);
+    return Boolean(s && labelsMatch(s.spec.selector, to.w.spec.template.metadata.labels) &&
+      s.spec.ports.some((p) => p.port === port(addr) &&
+        (p.targetPort === to.grpcPort || (to.w.spec.template.spec.containers.flatMap((c) => c.ports ?? [])
+          .some((q) => q.name === p.targetPort && q.containerPort === to.grpcPort)))));
+  };
+  const workers = found.filter((f) => f.binary === "tessera-worker");
+  const drafters = found.filter((f) => f.binary === "tessera-drafter");
+  for (const d of drafters) {
+    if (!workers.some((wk) => wk.flags.drafter && reaches(wk, wk.flags.drafter, d))) {
+      errs.push(`${d.where}: a drafter runs with no worker pointed at it (no worker's --drafter reaches port ${d.grpcPort})`);
+    }
+  }
+  for (const wk of workers) {
+    if (wk.flags.drafter && !drafters.some((d) => reaches(wk, wk.flags.drafter, d))) {
+      errs.push(`${wk.where}: --drafter=${wk.flags.drafter} reaches no drafter`);
+    }
+  }
+  // Routers find every worker pod through the workers' headless Service
+  // (ready or not: the router watches readiness itself); workers addressed
+  // by IP need --upstream_tls_target_name for TLS.
+  for (const r of found.filter((f) => f.binary === "tessera-router")) {
+    const dns = r.flags.workers_dns;
+    if (!dns) { errs.push(`${r.where}: no --workers_dns (the workers' headless Service)`); continue; }
+    const s = services.find((x) => x.metadata.name === hostOf(dns).split(".")[0]);
+    if (!s || s.spec.clusterIP !== "None" || s.spec.publishNotReadyAddresses !== true) {
+      errs.push(`${r.where}: --workers_dns=${dns} names no headless Service publishing not-ready addresses`);
+    } else if (!workers.some((wk) => wk.w.spec.serviceName === s.metadata.name && reaches(r, dns, wk))) {
+      errs.push(`${r.where}: --workers_dns=${dns} reaches no worker's gRPC port`);
+    }
+    if (r.flags.upstream_tls_ca && !r.flags.upstream_tls_target_name) {
+      errs.push(`${r.where}: TLS to workers found by DNS (IP addresses) needs --upstream_tls_target_name`);
+    }
+  }
+  for (const h of hpas) {
+    const t = h.spec.scaleTargetRef;
+    if (!workloads.some((w) => w.kind === t.kind && w.metadata.name === t.name)) {
+      errs.push(`HorizontalPodAutoscaler/${h.metadata.name}: scales ${t.kind}/${t.name}, which does not exist`);
     }
   }
   if (!byKind("NetworkPolicy").some((p) => Object.keys(p.spec.podSelector ?? {}).length === 0 ||
