@@ -5,7 +5,6 @@
 #include <thread>
 #include <utility>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/log.h"
@@ -58,6 +57,28 @@ sampling::SamplingParams ToParams(const tessera::v1::SamplingParams& p) {
 
 }  // namespace
 
+void ApplyControl(const DraftControl& c, spec::DraftSession* session) {
+  switch (c.kind_case()) {
+    case DraftControl::kOpen:
+      session->Open(
+          c.open().seq(),
+          std::vector<spec::TokenId>(c.open().prompt_ids().begin(), c.open().prompt_ids().end()),
+          ToParams(c.open().sampling()), c.open().max_draft_tokens());
+      return;
+    case DraftControl::kCommit:
+      session->Commit(
+          c.commit().seq(), c.commit().base_len(),
+          std::vector<spec::TokenId>(c.commit().tokens().begin(), c.commit().tokens().end()),
+          c.commit().max_draft_tokens());
+      return;
+    case DraftControl::kClose:
+      session->Close(c.close().seq());
+      return;
+    default:
+      return;  // an empty message: nothing to do
+  }
+}
+
 DrafterService::DrafterService(DrainState* drain, SourceFactory factory,
                                DrafterServiceOptions options)
     : drain_(drain), factory_(std::move(factory)), options_(options) {}
@@ -86,21 +107,8 @@ grpc::Status DrafterService::Speculate(
     inbox.Close();
   });
 
-  absl::flat_hash_map<spec::SeqKey, int> max_tokens;  // open sequences
-  // Run-ahead (sources whose proposals stay in their state): after sending
-  // a proposal, the next one is drafted at once, assuming every token is
-  // accepted and the worker's bonus token is the draft's own next token.
-  // A commit of exactly those tokens is answered with it immediately.
-  struct Ahead {
-    int64_t commit_base = 0;
-    std::vector<spec::TokenId> expect;  // the sent proposal + the guessed bonus
-    spec::Draft proposal;
-  };
-  absl::flat_hash_map<spec::SeqKey, Ahead> ahead;
-  absl::flat_hash_map<spec::SeqKey, spec::Draft> ready;  // to send this round
-  const bool run_ahead = source.runs_ahead();
-  std::vector<spec::SeqKey> changed;
-  int64_t proposals = 0, run_ahead_hits = 0;
+  spec::DraftSession session(&source, options_.max_draft_tokens);
+  int64_t proposals = 0;
   auto write = [&](spec::SeqKey seq, const spec::Draft& d) {
     DraftProposal p;
     p.set_seq(seq);
@@ -113,10 +121,6 @@ grpc::Status DrafterService::Speculate(
       for (float prob : q.probs) out->add_probs(prob);
     }
     return stream->Write(p);
-  };
-  auto limit = [&](spec::SeqKey seq) {
-    auto it = max_tokens.find(seq);
-    return it == max_tokens.end() ? 0 : std::clamp(it->second, 0, options_.max_draft_tokens);
   };
   grpc::Status result = grpc::Status::OK;
   bool half_closed = false;  // the worker closed its side: the reader is done
@@ -135,115 +139,28 @@ grpc::Status DrafterService::Speculate(
       half_closed = true;
       break;
     }
-    changed.clear();
-    for (const DraftControl& c : controls) {
-      absl::Status s;
-      spec::SeqKey seq = 0;
-      switch (c.kind_case()) {
-        case DraftControl::kOpen: {
-          seq = c.open().seq();
-          ahead.erase(seq);
-          ready.erase(seq);
-          source.Close(seq);  // a re-open replaces the sequence
-          std::vector<spec::TokenId> tokens(c.open().prompt_ids().begin(),
-                                            c.open().prompt_ids().end());
-          s = source.Open(seq, tokens, ToParams(c.open().sampling()));
-          max_tokens[seq] = c.open().max_draft_tokens();
-          break;
-        }
-        case DraftControl::kCommit: {
-          seq = c.commit().seq();
-          std::vector<spec::TokenId> tokens(c.commit().tokens().begin(), c.commit().tokens().end());
-          if (c.commit().max_draft_tokens() > 0 && max_tokens.contains(seq)) {
-            max_tokens[seq] = c.commit().max_draft_tokens();
-          }
-          ready.erase(seq);
-          if (auto a = ahead.find(seq); a != ahead.end()) {
-            const bool hit =
-                a->second.commit_base == c.commit().base_len() && a->second.expect == tokens;
-            if (hit) {  // the source already holds these tokens and the next draft
-              ++run_ahead_hits;
-              ready[seq] = std::move(a->second.proposal);
-              ahead.erase(a);
-              continue;
-            }
-            ahead.erase(a);
-          }
-          s = source.Update(seq, c.commit().base_len(), tokens);
-          break;
-        }
-        case DraftControl::kClose:
-          ahead.erase(c.close().seq());
-          ready.erase(c.close().seq());
-          source.Close(c.close().seq());
-          max_tokens.erase(c.close().seq());
-          continue;
-        default:
-          continue;
-      }
-      if (!s.ok()) {
-        LogDebug("draft sequence dropped", {{"seq", seq}, {"why", std::string(s.message())}});
-        source.Close(seq);
-        max_tokens.erase(seq);
-        continue;
-      }
-      changed.push_back(seq);
-    }
-    if (changed.empty() && ready.empty()) continue;
-    std::sort(changed.begin(), changed.end());
-    changed.erase(std::unique(changed.begin(), changed.end()), changed.end());
-    std::vector<spec::DraftQuery> queries;
-    for (spec::SeqKey seq : changed) {
-      if (max_tokens.contains(seq)) queries.push_back({seq, limit(seq)});
-    }
-    std::vector<spec::Draft> drafts = source.Propose(queries);
+    for (const DraftControl& c : controls) ApplyControl(c, &session);
+    std::vector<std::pair<spec::SeqKey, spec::Draft>> sent = session.TakeProposals();
+    if (sent.empty()) continue;
     if (options_.inject_delay > absl::ZeroDuration()) absl::SleepFor(options_.inject_delay);
     bool write_failed = false;
-    std::vector<std::pair<spec::SeqKey, const spec::Draft*>> sent;
-    for (const auto& [seq, d] : ready) sent.push_back({seq, &d});
-    for (size_t i = 0; i < drafts.size(); ++i) sent.push_back({queries[i].seq, &drafts[i]});
     for (const auto& [seq, d] : sent) {
-      if (d->tokens.empty()) continue;
-      if (!write(seq, *d)) {
+      if (!write(seq, d)) {
         write_failed = true;
         break;
       }
       ++proposals;
     }
-    if (run_ahead && !write_failed) {
-      // Draft the next proposal now: one guessed bonus token, then k more.
-      std::vector<spec::DraftQuery> next;
-      for (const auto& [seq, d] : sent) {
-        if (!d->tokens.empty()) next.push_back({seq, limit(seq) + 1});
-      }
-      std::vector<spec::Draft> more = source.Propose(next);
-      size_t j = 0;
-      for (const auto& [seq, d] : sent) {
-        if (d->tokens.empty()) continue;
-        spec::Draft& m = more[j++];
-        if (m.tokens.size() < 2) continue;
-        Ahead a;
-        // A tree's "all accepted" is its first-child chain (what the source
-        // ran ahead with); the next proposal is what hangs below the guessed
-        // bonus token (node 0).
-        a.commit_base = d->base_len;
-        a.expect = spec::FirstChildChain(*d).tokens;
-        a.expect.push_back(m.tokens[0]);
-        a.proposal = spec::SubtreeBelow(m, 0);
-        if (a.proposal.tokens.empty()) continue;
-        ahead[seq] = std::move(a);
-      }
-    }
-    ready.clear();
     if (write_failed) break;
+    session.RunAhead(sent);
   }
   // A reader still blocked in Read (we end first) is unblocked by a cancel;
   // after the worker's half-close the stream ends with `result` (OK).
   if (!half_closed) context->TryCancel();
   reader.join();
-  LogInfo(
-      "speculation stream ended",
-      {{"source", source.name()}, {"proposals", proposals}, {"run_ahead_hits", run_ahead_hits}});
+  LogInfo("speculation stream ended", {{"source", source.name()},
+                                       {"proposals", proposals},
+                                       {"run_ahead_hits", session.run_ahead_hits()}});
   return result;
 }
 

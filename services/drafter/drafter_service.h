@@ -3,27 +3,19 @@
 //
 // Each Speculate stream is one worker's session with its own DraftSource
 // (a draft model source has its own KV cache per session; the weights are
-// shared through the factory). A reader thread queues the worker's
-// Open/Commit/Close messages; the handler thread applies everything queued,
-// then proposes for every sequence that changed, in one batched Propose, and
-// writes the proposals. Commits that pile up while a proposal is computed
-// are folded into one Update, so no proposal is computed for a prefix the
-// worker has already passed.
-//
-// Run-ahead (sources that keep proposed tokens, i.e. the draft model):
-// right after sending a proposal the session drafts the next one as if
-// every token were accepted and the worker's bonus token were the draft's
-// own next token, while the worker verifies. A Commit of exactly those
-// tokens is answered at once with that proposal; any other Commit
-// truncates the source to the common prefix and drafts afresh. For a token
-// tree "every token accepted" means its first-child chain (the path the
-// source ran ahead with), and the next proposal is the subtree below the
-// guessed bonus token.
+// shared through the factory) and its own spec::DraftSession (the open
+// sequences, the proposals due, run-ahead; worker/spec/draft_session.h). A
+// reader thread queues the worker's Open/Commit/Close messages; the handler
+// thread applies everything queued (ApplyControl), then proposes for every
+// sequence that changed, in one batched Propose, and writes the proposals.
+// Commits that pile up while a proposal is computed are folded into one
+// Update, so no proposal is computed for a prefix the worker has already
+// passed.
 //
 // Errors in one sequence's messages (a base_len the drafter never had, an
 // unknown id) drop that sequence and never end the stream; the worker then
-// decodes it plainly. The stream ends when the worker closes it, when the
-// drafter drains, or when the call is cancelled.
+// decodes it plainly. The stream ends when the worker closes it (OK), when
+// the drafter drains, or when the call is cancelled.
 //
 // Thread-safety: gRPC calls Speculate from its threads; sessions share only
 // the factory, which must be thread-safe.
@@ -36,6 +28,7 @@
 #include "absl/time/time.h"
 #include "services/common/drain.h"
 #include "tessera/v1/drafter.grpc.pb.h"
+#include "worker/spec/draft_session.h"
 #include "worker/spec/draft_source.h"
 
 namespace tessera::services {
@@ -47,6 +40,11 @@ struct DrafterServiceOptions {
   // Upper bound on tokens per proposal, whatever the worker asks.
   int max_draft_tokens = 16;
 };
+
+// Applies one of the worker's messages to its session (the conversion from
+// the wire; what Speculate does with each message, and what the request
+// fuzzer drives).
+void ApplyControl(const tessera::v1::DraftControl& control, spec::DraftSession* session);
 
 class DrafterService final : public tessera::v1::Drafter::Service {
  public:
