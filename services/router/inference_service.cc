@@ -1,5 +1,6 @@
 #include "services/router/inference_service.h"
 
+#include <malloc.h>
 #include <openssl/crypto.h>
 
 #include <deque>
@@ -270,6 +271,8 @@ class WorkerCall final : public grpc::ClientReadReactor<WorkerGenerateResponse> 
 // Texts longer than this are tokenized on the TokenizePool (about a
 // millisecond of work inline).
 constexpr size_t kInlineTokenizeBytes = 64 << 10;
+// Requests at least this large trim the allocator when they end.
+constexpr size_t kTrimAfterBytes = 1 << 20;
 
 // One Generate stream. Every reaction (gRPC's, the worker call's, the
 // admission queue's) is turned into an event; events run one at a time, in
@@ -289,7 +292,11 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
  public:
   GenerateCall(InferenceService* service, grpc::CallbackServerContext* context,
                const GenerateRequest* request)
-      : service_(service), context_(context), request_(request), arrival_(absl::Now()) {
+      : service_(service),
+        context_(context),
+        request_(request),
+        request_bytes_(request->ByteSizeLong()),
+        arrival_(absl::Now()) {
     {
       absl::MutexLock lock(&service_->calls_mu_);
       service_->calls_.insert(this);
@@ -297,8 +304,13 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
     Post(Event{Event::kStart});
   }
   ~GenerateCall() override {
-    absl::MutexLock lock(&service_->calls_mu_);
-    service_->calls_.erase(this);
+    {
+      absl::MutexLock lock(&service_->calls_mu_);
+      service_->calls_.erase(this);
+    }
+    // A large request leaves its receive buffers free in the allocator's
+    // arenas; hand them back to the system instead of keeping them.
+    if (request_bytes_ >= kTrimAfterBytes) malloc_trim(0);
   }
 
   // The router's drain deadline passed: end the stream with a final message
@@ -865,6 +877,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
   InferenceService* const service_;
   grpc::CallbackServerContext* const context_;
   const GenerateRequest* const request_;  // valid until OnDone
+  const size_t request_bytes_;
   const absl::Time arrival_;
 
   std::mutex mu_;  // guards events_ and running_

@@ -83,7 +83,8 @@ TEST(HardeningTest, IdleAndTricklingPeersDoNotStarveScrapes) {
       const absl::Time start = absl::Now();
       auto body = HttpGet(port, "/metrics");
       const absl::Duration took = absl::Now() - start;
-      ASSERT_TRUE(body.ok()) << "scrape " << i << ": " << body.status();
+      EXPECT_TRUE(body.ok()) << "scrape " << i << ": " << body.status();
+      if (!body.ok()) break;
       EXPECT_THAT(*body, HasSubstr("tessera_build_info"));
       EXPECT_LT(took, absl::Milliseconds(1000)) << "scrape " << i;
     }
@@ -105,11 +106,11 @@ TEST(HardeningTest, IdleAndTricklingPeersDoNotStarveScrapes) {
 TEST(HardeningTest, HugePromptsAreRefusedBeforeTokenizingAndDoNotDelayOthers) {
   const std::string dir = MakeTempDir();
   WriteByteTokenizer(dir);
-  Cluster c = StartCluster(
-      1,
-      {"--simulate=vocab=256,context=262144,prefill_us_per_token=0,decode_step_us=2000",
-       "--kv_cache_blocks=20000"},
-      {"--tokenizer=" + dir, "--max_prompt_bytes=8192"});
+  Cluster c =
+      StartCluster(1,
+                   {"--simulate=vocab=256,context=8192,prefill_us_per_token=0,decode_step_us=2000",
+                    "--kv_cache_blocks=1024"},
+                   {"--tokenizer=" + dir});
   const pid_t router = c.router.process->pid();
   const long baseline_kib = ResidentKiB(router);
   ASSERT_GT(baseline_kib, 0);
@@ -155,15 +156,15 @@ TEST(HardeningTest, HugePromptsAreRefusedBeforeTokenizingAndDoNotDelayOthers) {
   EXPECT_EQ(ok.complete.usage().prompt_tokens(), 8000);
   // The 100 MB received are given back (gRPC's buffers and the strings).
   const long after_kib = ResidentKiB(router);
-  EXPECT_LT(after_kib, baseline_kib + 64 * 1024)
+  EXPECT_LT(after_kib, baseline_kib + 16 * 1024)
       << "router RSS " << baseline_kib << " KiB before, " << after_kib << " KiB after";
   RecordProperty("router_rss_kib_before", static_cast<int>(baseline_kib));
   RecordProperty("router_rss_kib_after", static_cast<int>(after_kib));
   RecordProperty("slowest_small_request_ms", static_cast<int>(absl::ToInt64Milliseconds(slowest)));
 }
 
-// The bound the context implies (without --max_prompt_bytes), and a long
-// text within it that takes the tokenize pool (over 64 KiB).
+// The bound the context implies, a long text within it that takes the
+// tokenize pool (over 64 KiB), and --max_prompt_bytes below the bound.
 TEST(HardeningTest, TheContextBoundsTextPromptsAndLongOnesAreTokenized) {
   const std::string dir = MakeTempDir();
   WriteByteTokenizer(dir);
@@ -172,6 +173,16 @@ TEST(HardeningTest, TheContextBoundsTextPromptsAndLongOnesAreTokenized) {
       {"--simulate=vocab=256,context=131072,prefill_us_per_token=0,decode_step_us=2000",
        "--kv_cache_blocks=10000"},
       {"--tokenizer=" + dir});
+  Service capped = StartService("services/router/tessera-router",
+                                {"--tokenizer=" + dir, "--max_prompt_bytes=1000",
+                                 absl::StrCat("--workers=127.0.0.1:", c.workers[0].grpc_port)});
+  auto capped_stub = tessera::v1::Inference::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", capped.grpc_port), grpc::InsecureChannelCredentials()));
+  GenerateRequest over_cap = Greedy({}, 2);
+  over_cap.set_text(std::string(1001, 'c'));
+  Result capped_refused = RunStream(capped_stub.get(), over_cap);
+  EXPECT_EQ(capped_refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(capped_refused.status.error_message(), HasSubstr("1001 bytes"));
   GenerateRequest over = Greedy({}, 2);
   over.set_text(std::string(131073, 'q'));
   Result refused = RunStream(c.stub.get(), over);
@@ -196,36 +207,41 @@ TEST(HardeningTest, ClientCancelsAreNeverMigrationsAndWorkersCountAborts) {
   Cluster c = StartCluster(2, {"--simulate=vocab=1024,context=8192,prefill_us_per_token=1,"
                                "decode_step_us=5000",
                                "--max_num_seqs=256"});
-  const int kStreams = 120;
-  std::vector<std::thread> threads;
-  std::vector<Result> results(kStreams);
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  for (int i = 0; i < kStreams; ++i) contexts.push_back(std::make_unique<grpc::ClientContext>());
-  for (int i = 0; i < kStreams; ++i) {
-    threads.emplace_back([&, i] {
-      grpc::ClientContext* ctx = contexts[i].get();
-      const bool cancel = i % 2 == 1;
-      bool done = false;
-      results[i] = RunStream(
-          c.stub.get(), Greedy({3, 4, 5, 6 + i % 500}, 40),
-          [&](int n) {
-            if (cancel && n >= 8 && !done) {
-              done = true;
-              ctx->TryCancel();
-            }
-          },
-          ctx);
-    });
-  }
-  for (auto& t : threads) t.join();
+  // Three rounds of 200 streams, every second one cancelled after 8 tokens:
+  // the old race (the worker call's CANCELLED seen before the client's)
+  // showed in about one round of three.
+  const int kStreams = 200, kRounds = 3;
   int ok = 0, cancelled = 0;
-  for (int i = 0; i < kStreams; ++i) {
-    if (i % 2 == 0) {
-      EXPECT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
-      ok += results[i].status.ok();
-    } else {
-      EXPECT_EQ(results[i].status.error_code(), grpc::StatusCode::CANCELLED) << i;
-      cancelled += results[i].status.error_code() == grpc::StatusCode::CANCELLED;
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<std::thread> threads;
+    std::vector<Result> results(kStreams);
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    for (int i = 0; i < kStreams; ++i) contexts.push_back(std::make_unique<grpc::ClientContext>());
+    for (int i = 0; i < kStreams; ++i) {
+      threads.emplace_back([&, i] {
+        grpc::ClientContext* ctx = contexts[i].get();
+        const bool cancel = i % 2 == 1;
+        bool done = false;
+        results[i] = RunStream(
+            c.stub.get(), Greedy({3, 4, 5, 6 + i % 500}, 40),
+            [&](int n) {
+              if (cancel && n >= 8 && !done) {
+                done = true;
+                ctx->TryCancel();
+              }
+            },
+            ctx);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < kStreams; ++i) {
+      if (i % 2 == 0) {
+        EXPECT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+        ok += results[i].status.ok();
+      } else {
+        EXPECT_EQ(results[i].status.error_code(), grpc::StatusCode::CANCELLED) << i;
+        cancelled += results[i].status.error_code() == grpc::StatusCode::CANCELLED;
+      }
     }
   }
   const int port = c.router.metrics_port;
