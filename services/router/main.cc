@@ -1,27 +1,40 @@
 // tessera-router: the public tessera.v1.Inference service of a cluster.
 //
-// Workers come from --workers (a static list) and/or --workers_file (one
-// address per line, '#' comments; re-read when it changes, so a systemd
-// drop-in or a Kubernetes headless-service resolver can update it).
+// Workers come from --workers (a static list), --workers_file (one
+// address per line, '#' comments; re-read when it changes) and/or
+// --workers_dns (every address of a name, looked up again every
+// --workers_dns_interval: a Kubernetes headless Service; router/worker_dns.h).
+// The router uses the union of the three.
 #include <sys/stat.h>
 
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "base/log.h"
 #include "router/router.h"
+#include "router/worker_dns.h"
 #include "services/common/server_flags.h"
 #include "services/common/service_host.h"
 #include "services/router/inference_service.h"
 #include "services/router/router_metrics.h"
+#include "services/router/upstream.h"
 
 ABSL_FLAG(std::vector<std::string>, workers, {}, "Worker addresses host:port, comma-separated");
 ABSL_FLAG(std::string, workers_file, "", "File listing worker addresses, re-read on change");
+ABSL_FLAG(std::string, workers_dns, "",
+          "host:port whose DNS addresses are the workers (a headless Service), looked up again "
+          "every --workers_dns_interval");
+ABSL_FLAG(absl::Duration, workers_dns_interval, absl::Seconds(5),
+          "Period of --workers_dns lookups");
 ABSL_FLAG(std::string, tokenizer, "", "Tokenizer directory (tokenizer.json); empty = ids only");
 ABSL_FLAG(std::string, served_model_name, "default", "Model name clients may ask for");
 ABSL_FLAG(std::string, policy, "cost", "Routing policy: cost, round_robin or least_loaded");
@@ -44,6 +57,9 @@ ABSL_FLAG(int, tokenize_threads, 2,
 ABSL_FLAG(std::string, upstream_tls_ca, "", "PEM CA for TLS to workers; empty = plaintext");
 ABSL_FLAG(std::string, upstream_tls_cert, "", "PEM client certificate for mTLS to workers");
 ABSL_FLAG(std::string, upstream_tls_key, "", "PEM key of --upstream_tls_cert");
+ABSL_FLAG(std::string, upstream_tls_target_name, "",
+          "Name the workers' certificates must carry; default: the host of each worker address "
+          "(set it for workers found by IP through --workers_dns)");
 
 namespace ts = tessera::services;
 
@@ -110,7 +126,12 @@ int main(int argc, char** argv) {
                                            absl::GetFlag(FLAGS_upstream_tls_cert),
                                            absl::GetFlag(FLAGS_upstream_tls_key)});
   if (!creds.ok()) return ts::StartupError(creds.status());
-  so.upstream_credentials = *creds;
+  const std::string target_name = absl::GetFlag(FLAGS_upstream_tls_target_name);
+  if (!target_name.empty() && absl::GetFlag(FLAGS_upstream_tls_ca).empty()) {
+    return ts::StartupError(
+        absl::InvalidArgumentError("--upstream_tls_target_name needs TLS (--upstream_tls_ca)"));
+  }
+  so.upstream_credentials = ts::WithTargetNameOverride(*creds, target_name);
 
   std::unique_ptr<tessera::Tokenizer> tokenizer;
   if (!absl::GetFlag(FLAGS_tokenizer).empty()) {
@@ -126,9 +147,19 @@ int main(int argc, char** argv) {
     if (!w.ok()) return ts::StartupError(w.status());
     file_workers = *w;
   }
-  if (static_workers.empty() && workers_file.empty()) {
-    return ts::StartupError(
-        absl::InvalidArgumentError("give the workers with --workers and/or --workers_file"));
+  std::optional<tessera::router::WorkerDnsOptions> dns;
+  if (!absl::GetFlag(FLAGS_workers_dns).empty()) {
+    auto target = tessera::router::ParseDnsTarget(absl::GetFlag(FLAGS_workers_dns));
+    if (!target.ok()) return ts::StartupError(target.status());
+    dns = tessera::router::WorkerDnsOptions{*target, absl::GetFlag(FLAGS_workers_dns_interval)};
+    if (dns->interval < absl::Milliseconds(100)) {
+      return ts::StartupError(
+          absl::InvalidArgumentError("--workers_dns_interval must be >= 100ms"));
+    }
+  }
+  if (static_workers.empty() && workers_file.empty() && !dns) {
+    return ts::StartupError(absl::InvalidArgumentError(
+        "give the workers with --workers, --workers_file and/or --workers_dns"));
   }
 
   ts::ServiceHost host(ts::ServerOptionsFromFlags("router"));
@@ -140,7 +171,29 @@ int main(int argc, char** argv) {
   host.AddService(&service, "tessera.v1.Inference");
   host.SetDrainDeadlineHook([&service] { service.CutOpenStreams(); });
   if (auto s = host.Start(); !s.ok()) return ts::StartupError(s);
-  service.SetWorkers(Merge(static_workers, file_workers));
+  // The union of the three sources; each update under one lock.
+  absl::Mutex workers_mu;
+  std::vector<std::string> dns_workers;
+  auto set_workers = [&](const std::vector<std::string>* file, const std::vector<std::string>* d) {
+    absl::MutexLock lock(&workers_mu);
+    if (file != nullptr) file_workers = *file;
+    if (d != nullptr) dns_workers = *d;
+    service.SetWorkers(Merge(Merge(static_workers, file_workers), dns_workers));
+  };
+  set_workers(nullptr, nullptr);
+  std::unique_ptr<tessera::router::WorkerDnsWatcher> dns_watcher;
+  if (dns) {
+    dns_watcher = std::make_unique<tessera::router::WorkerDnsWatcher>(
+        *dns, tessera::router::SystemDnsLookup, [&](const std::vector<std::string>& w) {
+          tessera::LogInfo("workers from DNS", {{"target", absl::GetFlag(FLAGS_workers_dns)},
+                                                {"workers", absl::StrJoin(w, ",")}});
+          set_workers(nullptr, &w);
+        });
+    if (auto s = dns_watcher->Start(); !s.ok()) {
+      tessera::LogWarning("worker DNS lookup failed; retrying",
+                          {{"error", std::string(s.message())}});
+    }
+  }
 
   // Re-read the workers file when it changes.
   std::thread watcher;
@@ -158,13 +211,14 @@ int main(int argc, char** argv) {
                               {{"error", std::string(w.status().message())}});
           continue;
         }
-        service.SetWorkers(Merge(static_workers, *w));
+        set_workers(&*w, nullptr);
       }
     });
   }
   host.SetReady(true);
   int code = host.RunUntilShutdown();
   if (watcher.joinable()) watcher.join();
+  if (dns_watcher) dns_watcher->Stop();
   service.StopUpstreams();
   return code;
 }

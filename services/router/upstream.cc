@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "base/log.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/support/channel_arguments.h"
 
 namespace tessera::services {
 
@@ -109,6 +111,49 @@ void WorkerUpstream::LoadLoop() {
     if (!got_any) backoff = std::min(backoff * 2, absl::Seconds(2));
     if (!Backoff(backoff)) return;
   }
+}
+
+namespace {
+
+// Adds the override to the arguments of every channel made with it, then
+// lets the wrapped credentials make the channel.
+class TargetNameCredentials final : public grpc::ChannelCredentials {
+ public:
+  TargetNameCredentials(std::shared_ptr<grpc::ChannelCredentials> inner, std::string name)
+      : inner_(std::move(inner)), name_(std::move(name)) {}
+
+  // Only CompositeChannelCredentials asks for it, which the router does
+  // not use on these credentials.
+  grpc::SecureChannelCredentials* AsSecureCredentials() override { return nullptr; }
+
+ private:
+  std::shared_ptr<grpc::Channel> CreateChannelImpl(const std::string& target,
+                                                   const grpc::ChannelArguments& args) override {
+    grpc::ChannelArguments with_name = args;
+    with_name.SetSslTargetNameOverride(name_);
+    return grpc::CreateCustomChannel(target, inner_, with_name);
+  }
+  std::shared_ptr<grpc::Channel> CreateChannelWithInterceptors(
+      const std::string& target, const grpc::ChannelArguments& args,
+      std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
+          interceptor_creators) override {
+    grpc::ChannelArguments with_name = args;
+    with_name.SetSslTargetNameOverride(name_);
+    return grpc::experimental::CreateCustomChannelWithInterceptors(target, inner_, with_name,
+                                                                   std::move(interceptor_creators));
+  }
+  bool IsInsecure() const override { return false; }
+
+  const std::shared_ptr<grpc::ChannelCredentials> inner_;
+  const std::string name_;
+};
+
+}  // namespace
+
+std::shared_ptr<grpc::ChannelCredentials> WithTargetNameOverride(
+    std::shared_ptr<grpc::ChannelCredentials> inner, const std::string& target_name) {
+  if (target_name.empty()) return inner;
+  return std::make_shared<TargetNameCredentials>(std::move(inner), target_name);
 }
 
 }  // namespace tessera::services

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/channel.h"
+#include "grpcpp/security/credentials.h"
 #include "tessera/v1/worker.grpc.pb.h"
 
 namespace tessera::services {
@@ -66,5 +67,13 @@ class WorkerUpstream {
   grpc::ClientContext* load_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread health_thread_, load_thread_;
 };
+
+// Credentials whose channels check the server's certificate for
+// `target_name` instead of the host of the address they connect to (gRPC's
+// ssl_target_name_override): for workers addressed by IP, as the DNS
+// discovery of a headless Service finds them, whose certificate names the
+// Service. Empty `target_name`: `inner` itself.
+std::shared_ptr<grpc::ChannelCredentials> WithTargetNameOverride(
+    std::shared_ptr<grpc::ChannelCredentials> inner, const std::string& target_name);
 
 }  // namespace tessera::services
