@@ -15,7 +15,7 @@ packages=(
   prometheus
   curl ca-certificates openssl
   nodejs npm
-  python3 python3-seccomp util-linux
+  python3 python3-seccomp util-linux bubblewrap
   yamllint kubernetes-client
 )
 

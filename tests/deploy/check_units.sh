@@ -44,7 +44,7 @@ for unit in tessera-router.service tessera-drafter.service tessera-worker@.servi
       '^StartLimitIntervalSec=' '^StartLimitBurst=' '^KillSignal=SIGTERM$' \
       '^NoNewPrivileges=yes$' '^ProtectSystem=strict$' '^ProtectHome=yes$' '^PrivateTmp=yes$' \
       '^DynamicUser=no$' '^User=tessera$' '^CapabilityBoundingSet=$' \
-      '^RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX$' '^SystemCallFilter=@system-service$' \
+      '^RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX' '^SystemCallFilter=@system-service$' \
       '^EnvironmentFile=/etc/tessera/'; do
     grep -q -- "$want" "$SRC/$unit" || { echo "FAIL: $unit lacks $want"; fail=1; }
   done
@@ -58,10 +58,52 @@ for unit in tessera-router.service tessera-drafter.service tessera-worker@.servi
   [[ -f $ex ]] || { echo "FAIL: example environment file $ex missing"; fail=1; }
 done
 
-w=$SRC/tessera-worker@.service
-grep -q '^EnvironmentFile=/etc/tessera/worker-%i.env$' "$w" || { echo "FAIL: worker env file"; fail=1; }
-grep -q '^DevicePolicy=closed$' "$w" || { echo "FAIL: worker lacks DevicePolicy=closed"; fail=1; }
-grep -q '^DeviceAllow=.*nvidia.* rw$' "$w" || { echo "FAIL: worker lacks DeviceAllow nvidia"; fail=1; }
+# Router and drafter: IP and Unix sockets only.
+for unit in tessera-router.service tessera-drafter.service; do
+  grep -q '^RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX$' "$SRC/$unit" ||
+    { echo "FAIL: $unit: RestrictAddressFamilies is not AF_INET AF_INET6 AF_UNIX"; fail=1; }
+done
+
+# The worker runs CUDA tensor-parallel ranks: the NVIDIA device groups of
+# /proc/devices (driver 550+ names major 195 "nvidia" and "nvidiactl"; the
+# GPU machine's driver 580 does), netlink for NCCL's getifaddrs, pinned
+# memory, and the device and rank count as variables.
+check_worker() {  # check_worker UNIT -> prints each failure, returns their count
+  local w=$1 n=0 group pattern ok
+  grep -q '^EnvironmentFile=/etc/tessera/worker-%i.env$' "$w" || { echo "FAIL: worker env file"; n=$((n + 1)); }
+  grep -q '^DevicePolicy=closed$' "$w" || { echo "FAIL: worker lacks DevicePolicy=closed"; n=$((n + 1)); }
+  for group in nvidia nvidiactl nvidia-uvm nvidia-caps; do
+    ok=0
+    # DeviceAllow=char-NAME matches /proc/devices names as a glob.
+    while read -r pattern; do
+      # shellcheck disable=SC2053
+      [[ $group == $pattern ]] && ok=1
+    done < <(sed -n 's/^DeviceAllow=char-\([^ ]*\) rwm\?$/\1/p' "$w")
+    [[ $ok == 1 ]] || { echo "FAIL: worker: no DeviceAllow=char-... rw allows the device group $group"; n=$((n + 1)); }
+  done
+  grep -Eq '^RestrictAddressFamilies=(.* )?AF_NETLINK( |$)' "$w" ||
+    { echo "FAIL: worker: RestrictAddressFamilies lacks AF_NETLINK (NCCL's getifaddrs)"; n=$((n + 1)); }
+  grep -q '^LimitMEMLOCK=infinity$' "$w" || { echo "FAIL: worker lacks LimitMEMLOCK=infinity"; n=$((n + 1)); }
+  grep -q -- '--device=${TESSERA_DEVICE}' "$w" || { echo "FAIL: worker: TESSERA_DEVICE does not feed --device"; n=$((n + 1)); }
+  grep -q -- '--tensor_parallel_size=${TESSERA_TP}' "$w" ||
+    { echo "FAIL: worker: TESSERA_TP does not feed --tensor_parallel_size"; n=$((n + 1)); }
+  grep -q '^Environment=TESSERA_DEVICE=cuda$' "$w" || { echo "FAIL: worker: TESSERA_DEVICE does not default to cuda"; n=$((n + 1)); }
+  return $n
+}
+check_worker "$SRC/tessera-worker@.service" || fail=1
+# Negative control: the unit as it was (a device group drivers 550+ do not
+# have, no netlink, TESSERA_EXTRA_ARGS only) must fail each check.
+sed -e '/^DeviceAllow=char-nvidia\(ctl\)\? rw$/d' -e '/^DeviceAllow=char-nvidia-caps rw$/d' \
+    -e 's/^RestrictAddressFamilies=.*/RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX/' \
+    -e '/^LimitMEMLOCK=/d' -e '/--device=/d' -e '/--tensor_parallel_size=/d' \
+    -e '/^Environment=TESSERA_DEVICE=/d' \
+    "$SRC/tessera-worker@.service" > "$tmp/broken-worker.service"
+out=$(check_worker "$tmp/broken-worker.service")
+for want in "device group nvidia$" "device group nvidiactl" "device group nvidia-caps" "lacks AF_NETLINK" \
+    "LimitMEMLOCK" "TESSERA_DEVICE does not feed" "TESSERA_TP does not feed" "does not default to cuda"; do
+  grep -q -- "$want" <<<"$out" || { echo "FAIL: the worker checks missed a broken unit: no \"$want\""; fail=1; }
+done
+[[ $fail -eq 0 ]] && echo "ok: the worker checks reject the old unit ($(grep -c FAIL <<<"$out") failures)"
 
 # Every variable an example env file sets must be used by its unit.
 for ex in "$SRC"/*.env.example; do
