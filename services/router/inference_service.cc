@@ -12,7 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/log.h"
@@ -23,6 +22,7 @@
 #include "router/text/stop_strings.h"
 #include "services/common/sampling_convert.h"
 #include "services/common/status.h"
+#include "services/router/request_checks.h"
 #include "worker/tokenizer/incremental_detokenizer.h"
 
 namespace tessera::services {
@@ -179,35 +179,12 @@ grpc::Status InferenceService::Authenticate(const grpc::ServerContextBase& conte
 }
 
 grpc::Status InferenceService::CheckPromptBytes(size_t bytes) const {
-  // At least bytes / per_token tokens (a third of that if NFC may shrink the
-  // text): more than the context can hold is refused before any work.
-  const size_t per_token = tokenizer_ ? tokenizer_->max_bytes_per_token() : 0;
-  const int64_t context = context_length_.load();
-  size_t limit = options_.max_prompt_bytes;
-  if (per_token > 0 && context > 0) {
-    const size_t derived =
-        static_cast<size_t>(context) * per_token * (tokenizer_->normalizes_nfc() ? 3 : 1);
-    limit = limit == 0 ? derived : std::min(limit, derived);
-  }
-  if (limit == 0 || bytes <= limit) return grpc::Status::OK;
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                      absl::StrCat("the prompt is ", bytes, " bytes, more than the ", limit,
-                                   " bytes that can fit in the model's context of ", context,
-                                   " tokens (or --max_prompt_bytes); shorten it"));
+  return ToGrpcStatus(services::CheckPromptBytes(bytes, options_.max_prompt_bytes,
+                                                 context_length_.load(), tokenizer_.get()));
 }
 
 grpc::Status InferenceService::CheckModel(const std::string& model) const {
-  if (model.empty() || model == options_.model_name) return grpc::Status::OK;
-  // The name is the client's: echo a bounded piece of it, so that the error
-  // fits in any metadata limit.
-  constexpr size_t kEchoed = 128;
-  std::string shown = model.size() <= kEchoed ? model
-                                              : absl::StrCat(model.substr(0, kEchoed), "... (",
-                                                             model.size(), " bytes)");
-  return grpc::Status(
-      grpc::StatusCode::NOT_FOUND,
-      absl::StrCat("model '", absl::CHexEscape(shown),
-                   "' is not served here; this cluster serves '", options_.model_name, "'"));
+  return ToGrpcStatus(CheckModelName(model, options_.model_name));
 }
 
 // --- Generate: one reactor per stream -------------------------------------------

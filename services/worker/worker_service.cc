@@ -7,6 +7,7 @@
 #include "services/common/sampling_convert.h"
 #include "services/common/status.h"
 #include "services/common/version.h"
+#include "services/worker/worker_request.h"
 
 namespace tessera::services {
 namespace {
@@ -57,47 +58,6 @@ const grpc::Status kLoading(grpc::StatusCode::UNAVAILABLE,
                             "the worker is loading its model and is not ready yet");
 }  // namespace
 
-absl::StatusOr<engine::EngineRequest> WorkerService::ToEngineRequest(
-    const tessera::v1::WorkerGenerateRequest& req) const {
-  const model::ModelConfig& config = engine()->runner().config();
-  const int vocab = static_cast<int>(config.vocab_size);
-  const int context = engine()->options().scheduler.max_model_len;
-  engine::EngineRequest r;
-  r.request_id = req.request_id();
-  if (req.prompt_ids().empty()) return absl::InvalidArgumentError("prompt_ids must not be empty");
-  for (int i = 0; i < req.prompt_ids_size(); ++i) {
-    int32_t id = req.prompt_ids(i);
-    if (id < 0 || id >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt_ids[", i, "] is ", id, ": ids must be in [0, ", vocab, ")"));
-    }
-  }
-  for (int i = 0; i < req.generated_ids_size(); ++i) {
-    int32_t id = req.generated_ids(i);
-    if (id < 0 || id >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("generated_ids[", i, "] is ", id, ": ids must be in [0, ", vocab, ")"));
-    }
-  }
-  const int used = req.prompt_ids_size();
-  auto sampling = ConvertSampling(req.sampling(), vocab, context - used, RandomSeed());
-  if (!sampling.ok()) return sampling.status();
-  if (req.generated_ids_size() >= sampling->max_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("generated_ids holds ", req.generated_ids_size(),
-                                                   " tokens: max_tokens (", sampling->max_tokens,
-                                                   ") counts them, nothing left"));
-  }
-  r.prompt.assign(req.prompt_ids().begin(), req.prompt_ids().end());
-  r.generated.assign(req.generated_ids().begin(), req.generated_ids().end());
-  r.sampling = sampling->params;
-  r.max_tokens = sampling->max_tokens;
-  r.ignore_eos = sampling->ignore_eos;
-  r.stop_token_ids = std::move(sampling->stop_token_ids);
-  r.logprobs = sampling->logprobs;
-  r.priority = static_cast<int>(req.priority());
-  return r;
-}
-
 grpc::Status WorkerService::Generate(
     grpc::ServerContext* context, const tessera::v1::WorkerGenerateRequest* request,
     grpc::ServerWriter<tessera::v1::WorkerGenerateResponse>* writer) {
@@ -108,7 +68,9 @@ grpc::Status WorkerService::Generate(
   }
   engine::Engine* const eng = engine();
   if (eng == nullptr) return kLoading;
-  absl::StatusOr<engine::EngineRequest> converted = ToEngineRequest(*request);
+  absl::StatusOr<engine::EngineRequest> converted =
+      ToEngineRequest(*request, static_cast<int>(eng->runner().config().vocab_size),
+                      eng->options().scheduler.max_model_len, RandomSeed());
   if (!converted.ok()) return ToGrpcStatus(converted.status());
   absl::StatusOr<std::shared_ptr<engine::RequestStream>> stream =
       eng->Submit(std::move(*converted));

@@ -52,10 +52,6 @@ class WorkerService final : public tessera::v1::Worker::Service {
   grpc::Status GetInfo(grpc::ServerContext* context, const tessera::v1::GetInfoRequest* request,
                        tessera::v1::WorkerInfo* response) override;
 
-  // The request as the engine takes it, or INVALID_ARGUMENT naming the field.
-  absl::StatusOr<engine::EngineRequest> ToEngineRequest(
-      const tessera::v1::WorkerGenerateRequest& request) const;
-
  private:
   void FillLoad(tessera::v1::LoadReport* report) const;
   // The attached engine, or null while loading.
