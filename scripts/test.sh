@@ -8,4 +8,6 @@ bash scripts/install-deps.sh
 bash scripts/build.sh
 BUILD_DIR=${BUILD_DIR:-build}
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" --timeout 900
+# Every libFuzzer target for a bounded time (a clang build of its own).
+bash scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
 echo "scripts/test.sh: build and tests took $(( $(date +%s) - start )) s"

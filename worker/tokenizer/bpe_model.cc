@@ -144,7 +144,10 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(BpeConfig config,
 
   model->merges_.reserve(config.merges.size());
   for (size_t rank = 0; rank < config.merges.size(); ++rank) {
-    const auto& [left, right] = config.merges[rank];
+    // Named references, not a structured binding: clang 14 (the fuzz
+    // build) cannot capture those in a lambda.
+    const std::string& left = config.merges[rank].first;
+    const std::string& right = config.merges[rank].second;
     auto describe = [&] {
       return absl::StrCat(source, ": merge #", rank, " (\"", left, "\", \"", right, "\")");
     };
