@@ -12,6 +12,7 @@ packages=(
   prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev nlohmann-json3-dev libssl-dev libboost-dev
+  libxxhash0
   libsystemd-dev
   prometheus
   curl ca-certificates openssl
