@@ -293,11 +293,14 @@ TEST_F(SpecEngineTest, GreedyOutputsAreIdenticalForEverySourceAndBatchCompositio
         bool adaptive;
       };
       for (const Shape& shape : {Shape{"alone", 512, 256, true, 4, true},
-                                 Shape{"batched-preempting", 40, 48, false, 5, false},
+                                 Shape{"batched-preempting", 24, 48, false, 5, false},
                                  Shape{"batched-tight-budget", 512, 20, false, 3, true}}) {
         auto engine =
             MakeEngine(source, shape.blocks, shape.batched, shape.k, shape.adaptive, untied);
         std::vector<Result> got = RunAll(*engine, requests, shape.alone);
+        if (std::string(shape.name) == "batched-preempting") {
+          EXPECT_GT(engine->Load().preemptions, 0) << "the shape meant to exercise preemption";
+        }
         const auto [drafted, accepted] = ExpectSameAsPlain(
             got, expected, absl::StrCat("source ", static_cast<int>(source), " ", shape.name));
         std::cout << (untied ? "untied " : "tied ") << "source " << static_cast<int>(source) << " "
@@ -347,13 +350,16 @@ TEST_F(SpecEngineTest, GreedyOutputsAreIdenticalWithTokenTrees) {
         bool chain_only_runner;
       };
       for (const Shape& shape : {Shape{"alone", 512, 256, true, 6, true, false},
-                                 Shape{"batched-preempting", 40, 48, false, 5, false, false},
+                                 Shape{"batched-preempting", 24, 48, false, 5, false, false},
                                  Shape{"batched-tight-budget", 512, 20, false, 4, true, false},
                                  Shape{"chain-only-runner", 512, 256, false, 5, false, true}}) {
         auto counter = std::make_shared<TreeCounter>(MakeProvider(source, untied, tree));
         auto engine = MakeEngine(source, shape.blocks, shape.batched, shape.k, shape.adaptive,
                                  untied, counter, shape.chain_only_runner);
         std::vector<Result> got = RunAll(*engine, requests, shape.alone);
+        if (std::string(shape.name) == "batched-preempting") {
+          EXPECT_GT(engine->Load().preemptions, 0) << "the shape meant to exercise preemption";
+        }
         const auto [drafted, accepted] = ExpectSameAsPlain(
             got, expected, absl::StrCat("source ", static_cast<int>(source), " ", shape.name));
         for (size_t i = 0; i < requests.size(); ++i) {
