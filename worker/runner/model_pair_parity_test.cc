@@ -20,13 +20,16 @@
 // Near ties. Transformers recomputed the whole sequence at every step and
 // Tessera decodes from its KV cache, so logits differ within the tolerance
 // above; where the top two logits are closer than that, greedy decoding may
-// pick either. The tokens are compared step by step; at the first step where
-// Tessera's token differs, the test accepts the difference only as a near
-// tie: the fixture's top-1/top-2 margin at that step is below
-// kNearTieMargin AND Tessera ranks the two tokens within kNearTieMargin of
-// each other as well (Tessera's top-1 is the fixture's runner-up). Later
-// steps are then not compared (the continuations have diverged). Any other
-// difference fails. The number of steps compared is printed and recorded.
+// pick either. The tokens are compared step by step; where Tessera's token
+// differs, the test accepts the difference only as a near tie: the
+// fixture's top-1/top-2 margin at that step is below kNearTieMargin AND
+// Tessera ranks the two tokens within kNearTieMargin of each other as well
+// (Tessera's top-1 is the fixture's runner-up). Any other difference fails.
+// The runner's decode is teacher-forced (it is fed the fixture's tokens), so
+// it goes on past a near tie and every step is compared or an accepted tie.
+// The engine decodes freely: after a near tie the continuations diverge, so
+// it must compare at least every step before the fixture's first near tie.
+// The number of steps compared is printed and recorded.
 // kNearTieMargin is 0.02 logits: 5x the largest swing of a pair of logits
 // the tolerance allows at these models' logit scale (max |logit| about 16
 // to 21, so 2e-3 per logit, 4e-3 for a pair), and below every fixture
@@ -110,17 +113,28 @@ std::vector<FixtureCase> LoadCases(const std::string& model) {
 
 // Outcome of comparing a continuation with the fixture's.
 struct GreedyComparison {
-  int compared = 0;       // steps compared (== kSteps when all matched)
-  bool near_tie = false;  // stopped at an accepted near tie
+  int compared = 0;       // steps whose tokens were equal
+  int near_ties = 0;      // steps that differed at an accepted near tie
+  bool near_tie = false;  // a free-running comparison stopped at one
   std::string failure;    // non-empty: an unexplained difference
 };
 
+// Steps before the fixture's first near tie (all of them if none).
+int StepsBeforeFirstNearTie(const FixtureCase& fc) {
+  for (size_t step = 0; step < fc.margins.size(); ++step) {
+    if (fc.margins[step] < kNearTieMargin) return static_cast<int>(step);
+  }
+  return static_cast<int>(fc.margins.size());
+}
+
 // Compares `got` with `want` step by step. `tie_ok(step)` says whether
 // Tessera's own scores at that step put the fixture's token within
-// kNearTieMargin of its top-1.
+// kNearTieMargin of its top-1. Teacher-forced (`got` decoded from the
+// fixture's tokens): an accepted near tie is counted and the comparison
+// goes on; free-running: it stops there.
 template <typename TieOk>
-GreedyComparison CompareGreedy(const FixtureCase& fc, const std::vector<int32_t>& got,
-                               TieOk tie_ok) {
+GreedyComparison CompareGreedy(const FixtureCase& fc, const std::vector<int32_t>& got, TieOk tie_ok,
+                               bool teacher_forced = false) {
   GreedyComparison r;
   if (got.size() != fc.greedy.size()) {
     r.failure = absl::StrCat("generated ", got.size(), " tokens, expected ", fc.greedy.size());
@@ -132,6 +146,8 @@ GreedyComparison CompareGreedy(const FixtureCase& fc, const std::vector<int32_t>
       continue;
     }
     if (fc.margins[step] < kNearTieMargin && tie_ok(step)) {
+      ++r.near_ties;
+      if (teacher_forced) continue;
       r.near_tie = true;
       return r;
     }
@@ -170,6 +186,13 @@ TEST(CompareGreedyTest, AcceptsADifferenceOnlyAtANearTieOnBothSides) {
   EXPECT_FALSE(CompareGreedy(fc, {4, 6, 7, 8}, always).failure.empty());
   // Wrong length.
   EXPECT_FALSE(CompareGreedy(fc, {5, 6, 7}, always).failure.empty());
+  // Teacher-forced, the comparison goes on past the tie.
+  GreedyComparison forced = CompareGreedy(fc, {5, 9, 7, 8}, always, /*teacher_forced=*/true);
+  EXPECT_TRUE(forced.failure.empty()) << forced.failure;
+  EXPECT_EQ(forced.compared, 3);
+  EXPECT_EQ(forced.near_ties, 1);
+  EXPECT_FALSE(CompareGreedy(fc, {5, 9, 7, 1}, always, true).failure.empty());
+  EXPECT_EQ(StepsBeforeFirstNearTie(fc), 1);
 }
 
 class ModelPairParityTest : public ::testing::TestWithParam<std::string> {
@@ -236,7 +259,8 @@ TEST_P(ModelPairParityTest, RunnerLogitsAndGreedyMatchTransformers) {
 
       const absl::Duration prefill_time = absl::Now() - start;
 
-      // Greedy decode from the KV cache, keeping each step's logits.
+      // Greedy decode from the KV cache, teacher-forced (fed the fixture's
+      // token), keeping each step's argmax and logits.
       std::vector<int32_t> got;
       std::vector<std::vector<float>> step_logits;
       std::vector<float> last(logits.end() - kVocab, logits.end());
@@ -248,20 +272,24 @@ TEST_P(ModelPairParityTest, RunnerLogitsAndGreedyMatchTransformers) {
         step_logits.push_back(last);
         ForwardBatch decode;
         decode.block_table_stride = kBlocksPerSeq;
-        decode.AddSequence({next}, pos++, blocks, options.block_size, true);
+        decode.AddSequence({fc.greedy[step]}, pos++, blocks, options.block_size, true);
         ASSERT_TRUE((*runner)->Forward(decode, &last).ok());
       }
-      GreedyComparison cmp = CompareGreedy(fc, got, [&](size_t step) {
-        const std::vector<float>& l = step_logits[step];
-        return l[got[step]] - l[fc.greedy[step]] < kNearTieMargin;
-      });
+      GreedyComparison cmp = CompareGreedy(
+          fc, got,
+          [&](size_t step) {
+            const std::vector<float>& l = step_logits[step];
+            return l[got[step]] - l[fc.greedy[step]] < kNearTieMargin;
+          },
+          /*teacher_forced=*/true);
       EXPECT_TRUE(cmp.failure.empty()) << cmp.failure;
+      EXPECT_EQ(cmp.compared + cmp.near_ties, kSteps);
       RecordProperty(absl::StrCat(backend, "_prompt", p, "_greedy_steps_compared"), cmp.compared);
       std::printf(
           "%s %s prompt %zu: logits max abs error %.3g (scale %.1f); greedy %d/%d steps "
-          "equal%s (prefill and check %.0f ms, total %.0f ms)\n",
-          GetParam().c_str(), backend, p, err, scale, cmp.compared, kSteps,
-          cmp.near_tie ? ", then a near tie" : "", absl::ToDoubleMilliseconds(prefill_time),
+          "equal, %d near ties (teacher-forced; prefill and check %.0f ms, total %.0f ms)\n",
+          GetParam().c_str(), backend, p, err, scale, cmp.compared, kSteps, cmp.near_ties,
+          absl::ToDoubleMilliseconds(prefill_time),
           absl::ToDoubleMilliseconds(absl::Now() - start));
     }
   }
@@ -311,6 +339,8 @@ TEST_P(ModelPairParityTest, EngineGreedyMatchesTransformers) {
              top[0].logprob - top[1].logprob < kNearTieMargin;
     });
     EXPECT_TRUE(cmp.failure.empty()) << cmp.failure;
+    EXPECT_GE(cmp.compared, StepsBeforeFirstNearTie(cases_[p]))
+        << "every step before the fixture's first near tie must be compared";
     RecordProperty(absl::StrCat("engine_prompt", p, "_greedy_steps_compared"), cmp.compared);
     std::printf("%s engine prompt %zu: greedy %d/%d steps equal%s\n", GetParam().c_str(), p,
                 cmp.compared, kSteps, cmp.near_tie ? ", then a near tie" : "");
