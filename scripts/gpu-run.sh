@@ -14,8 +14,15 @@
 #                                    roofline (with GPU-only time per step), and
 #                                    transformers' decode on the same shapes
 #   OUT_DIR/summary.txt              one line per step
+#   OUT_DIR/deploy_pod_on_gpu.log    the worker pod started with the flags the
+#                                    Kubernetes overlays render (8 GPUs: single-node,
+#                                    fewer: single-gpu), serving the fixtures on CUDA
+#   OUT_DIR/proc-devices.txt         /proc/devices (the names the systemd unit's
+#                                    DeviceAllow= entries match)
 #
-# Usage: bash scripts/gpu-run.sh OUT_DIR [--quick]   (--quick: tests only)
+# Usage: bash scripts/gpu-run.sh OUT_DIR [--quick|--deploy]
+#   --quick: tests only; --deploy: only the deployment step (a bundle from
+#   `scripts/gpu-bundle.sh --deploy-only BUILD_DIR` suffices)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: gpu-run.sh OUT_DIR [--quick]}
@@ -45,6 +52,15 @@ step_json() {  # step_json NAME TIMEOUT_S CMD...: stdout is the JSON result
   [[ $rc -eq 0 ]] || failed=$((failed + 1))
 }
 nvidia-smi --query-gpu=name,pci.bus_id,driver_version,memory.total --format=csv >"$OUT/nvidia-smi.txt" 2>&1
+cp /proc/devices "$OUT/proc-devices.txt"
+# The worker pod of the Kubernetes manifests, as they render it: the
+# reference 8-GPU pod where there are 8 GPUs, else the single-GPU overlay.
+if [[ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 8 ]]; then POD=single-node; else POD=single-gpu; fi
+step deploy_pod_on_gpu 600 bash tests/gpu/pod_on_gpu.sh "$BIN" "$B/bundle/pod/$POD"
+if [[ "$QUICK" == "--deploy" ]]; then
+  echo "failed steps: $failed" | tee -a "$OUT/summary.txt"
+  exit "$failed"
+fi
 step doctor 120 "$BIN/tessera" doctor
 cp "$OUT/doctor.log" "$OUT/doctor.txt"
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
