@@ -9,10 +9,12 @@
 // fp32 computations of the same bf16 weights):
 //   logits: max |gpu - expected| <= 0.04 * max(1, max |expected|) per prompt,
 //           and mean |gpu - expected| <= 0.004 * max(1, max |expected|);
-//   greedy continuations: equal up to the first step whose top-1/top-2 logit
-//           margin in the fixture is below kNearTie = 0.25 (a near tie that
-//           bf16 rounding may legitimately flip); at least 3 tokens over the
-//           model's prompts are compared.
+//   greedy continuations, teacher-forced (each step is fed the fixture's
+//           token): equal at every step whose top-1/top-2 logit margin in the
+//           fixture is at least kNearTie = 0.25; a step below it is a near
+//           tie that bf16 rounding may legitimately flip, and is not
+//           compared. Every other step is, and at least half of all steps
+//           must be comparable.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -155,7 +157,7 @@ TEST_P(ModelPairOnGpu, LogitsAndGreedyContinuationsMatchTransformers) {
     ASSERT_TRUE(runner.ok()) << runner.status();
     std::vector<int32_t> blocks(16);
     std::iota(blocks.begin(), blocks.end(), 0);
-    size_t total_compared = 0;
+    size_t total_compared = 0, total_steps = 0;
     for (const nlohmann::json& c : expected["cases"]) {
       SCOPED_TRACE(c["logits_tensor"].get<std::string>());
       const std::vector<int32_t> prompt = c["prompt_ids"].get<std::vector<int32_t>>();
@@ -186,10 +188,11 @@ TEST_P(ModelPairOnGpu, LogitsAndGreedyContinuationsMatchTransformers) {
       size_t compared = 0;
       for (size_t step = 0; step < want_ids.size(); ++step) {
         const int32_t next = Argmax(last.data(), vocab);
-        if (margins[step] < kNearTie) break;  // near tie: stop comparing
-        ASSERT_EQ(next, want_ids[step])
-            << "greedy step " << step << " (margin " << margins[step] << ")";
-        ++compared;
+        if (margins[step] >= kNearTie) {  // a near tie is not compared
+          EXPECT_EQ(next, want_ids[step])
+              << "greedy step " << step << " (margin " << margins[step] << ")";
+          ++compared;
+        }
         ForwardBatch decode;
         decode.block_table_stride = 16;
         decode.AddSequence({want_ids[step]}, pos++, blocks, options.block_size, true);
@@ -200,8 +203,10 @@ TEST_P(ModelPairOnGpu, LogitsAndGreedyContinuationsMatchTransformers) {
                        static_cast<int>(compared));
       }
       total_compared += compared;
+      total_steps += want_ids.size();
     }
-    EXPECT_GE(total_compared, 3u);
+    EXPECT_GE(2 * total_compared, total_steps)
+        << total_compared << " of " << total_steps << " greedy steps comparable";
     if (graphs) {
       EXPECT_GE((*runner)->graphs_captured(), 1);
     }
