@@ -58,6 +58,20 @@ for unit in tessera-router.service tessera-drafter.service tessera-worker@.servi
   [[ -f $ex ]] || { echo "FAIL: example environment file $ex missing"; fail=1; }
 done
 
+# The certificate restart path unit and its service.
+for unit in tessera-cert-restart@.path tessera-cert-restart@.service; do
+  [[ -f $SRC/$unit ]] || { echo "FAIL: $SRC/$unit missing"; fail=1; continue; }
+  cp "$SRC/$unit" "$tmp/${unit/@./@tessera-worker\\x40test.}"
+done
+if verify "$tmp/tessera-cert-restart@tessera-worker\x40test.path" &&
+   verify "$tmp/tessera-cert-restart@tessera-worker\x40test.service"; then
+  echo "ok: systemd-analyze verify tessera-cert-restart@.path and .service"
+else
+  echo "FAIL: systemd-analyze verify tessera-cert-restart@"; fail=1
+fi
+grep -q '^ExecStart=/usr/bin/systemctl try-restart %I$' "$SRC/tessera-cert-restart@.service" ||
+  { echo "FAIL: tessera-cert-restart@.service does not try-restart %I"; fail=1; }
+
 # Router and drafter: IP and Unix sockets only.
 for unit in tessera-router.service tessera-drafter.service; do
   grep -q '^RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX$' "$SRC/$unit" ||
