@@ -84,6 +84,8 @@ class InferenceService final
   // drain deadline (ServiceHost::SetDrainDeadlineHook). Any thread.
   void CutOpenStreams();
 
+  const router::AdmissionController& admission() const { return admission_; }
+
   // The reactor deletes itself when the call is done.
   grpc::ServerWriteReactor<tessera::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const tessera::v1::GenerateRequest* request) override;

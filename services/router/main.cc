@@ -165,9 +165,9 @@ int main(int argc, char** argv) {
   ts::ServiceHost host(ts::ServerOptionsFromFlags("router"));
   ts::RouterMetrics metrics(host.metrics().registry());
   tessera::router::Router router(ro);
-  auto worker_health = std::make_shared<ts::WorkerHealthCollector>(&router);
-  host.metrics().AddCollectable(worker_health);
   ts::InferenceService service(so, &router, std::move(tokenizer), &host.drain(), &metrics);
+  auto state = std::make_shared<ts::RouterStateCollector>(&router, &service.admission());
+  host.metrics().AddCollectable(state);
   host.AddService(&service, "tessera.v1.Inference");
   host.SetDrainDeadlineHook([&service] { service.CutOpenStreams(); });
   if (auto s = host.Start(); !s.ok()) return ts::StartupError(s);

@@ -45,18 +45,30 @@ RouterMetrics::RouterMetrics(prometheus::Registry& r)
                           "unavailable, cancelled, drain_cut, error")
                     .Register(r)) {}
 
-std::vector<prometheus::MetricFamily> WorkerHealthCollector::Collect() const {
-  prometheus::MetricFamily family;
-  family.name = "tessera_router_worker_healthy";
-  family.help = "1 when the worker reports SERVING and is routable, else 0";
-  family.type = prometheus::MetricType::Gauge;
+std::vector<prometheus::MetricFamily> RouterStateCollector::Collect() const {
+  prometheus::MetricFamily healthy;
+  healthy.name = "tessera_router_worker_healthy";
+  healthy.help = "1 when the worker reports SERVING and is routable, else 0";
+  healthy.type = prometheus::MetricType::Gauge;
   for (const router::WorkerReport& w : router_->Report()) {
     prometheus::ClientMetric m;
     m.label.push_back({"worker", w.status.id});
     m.gauge.value = w.status.unroutable == router::Unroutable::kNone ? 1 : 0;
-    family.metric.push_back(std::move(m));
+    healthy.metric.push_back(std::move(m));
   }
-  return {std::move(family)};
+  prometheus::MetricFamily queued;
+  queued.name = "tessera_router_requests_queued";
+  queued.help = "Requests waiting for an admission slot, by priority";
+  queued.type = prometheus::MetricType::Gauge;
+  const router::AdmissionStats stats = admission_->Stats();
+  for (int p = 0; p < router::kNumPriorities; ++p) {
+    prometheus::ClientMetric m;
+    m.label.push_back(
+        {"priority", std::string(router::PriorityName(static_cast<router::Priority>(p)))});
+    m.gauge.value = stats.queued[p];
+    queued.metric.push_back(std::move(m));
+  }
+  return {std::move(healthy), std::move(queued)};
 }
 
 }  // namespace tessera::services

@@ -12,6 +12,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "router/admission.h"
 #include "router/router.h"
 
 namespace tessera::services {
@@ -42,18 +43,23 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>& requests_;
 };
 
-// tessera_router_worker_healthy{worker}: 1 while the router would route to
-// the worker (it reports SERVING, was heard from within --load_staleness and
-// is not ejected), else 0. Read from the router's registry at each scrape,
-// so a worker that stops answering turns 0 as routing stops using it.
-class WorkerHealthCollector final : public prometheus::Collectable {
+// The families read from the router's state at each scrape:
+//   tessera_router_worker_healthy{worker}: 1 while the router would route to
+//     the worker (it reports SERVING, was heard from within --load_staleness
+//     and is not ejected), else 0; a worker that stops answering turns 0 as
+//     routing stops using it.
+//   tessera_router_requests_queued{priority}: requests waiting for an
+//     admission slot.
+class RouterStateCollector final : public prometheus::Collectable {
  public:
-  // REQUIRES: `router` outlives the collector.
-  explicit WorkerHealthCollector(const router::Router* router) : router_(router) {}
+  // REQUIRES: `router` and `admission` outlive the collector.
+  RouterStateCollector(const router::Router* router, const router::AdmissionController* admission)
+      : router_(router), admission_(admission) {}
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
   const router::Router* router_;
+  const router::AdmissionController* admission_;
 };
 
 }  // namespace tessera::services

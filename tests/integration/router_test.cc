@@ -337,8 +337,8 @@ bool InFlightDrops(int metrics_port) {
 }
 
 TEST(RouterTest, HundredsOfConcurrentStreamsRunOnAFewRouterThreads) {
-  // 50 ms decode steps: 320 streams of 16 tokens stay in flight together for
-  // about a second.
+  // 50 ms decode steps: 320 streams of 40 tokens stay in flight together for
+  // about two seconds, so that all of them overlap on a loaded machine too.
   Cluster c = StartCluster(
       2, {"--simulate=vocab=1024,context=8192,prefill_us_per_token=1,decode_step_us=50000,"
           "decode_us_per_seq=0",
@@ -346,7 +346,7 @@ TEST(RouterTest, HundredsOfConcurrentStreamsRunOnAFewRouterThreads) {
   const pid_t router_pid = c.router.process->pid();
   const int idle_threads = ThreadCount(router_pid);
   ASSERT_GT(idle_threads, 0);
-  const int kStreams = 320, kTokens = 16;
+  const int kStreams = 320, kTokens = 40;
   std::vector<Result> results(kStreams);
   std::atomic<int> finished{0};
   std::vector<std::thread> threads;
@@ -412,7 +412,12 @@ TEST(RouterTest, LeavingTheAdmissionQueueFreesTheQueuePlace) {
   grpc::ClientContext b_ctx;
   Result b;
   std::thread b_thread([&] { b = RunStream(c.stub.get(), Greedy({7, 8}, 5), nullptr, &b_ctx); });
-  absl::SleepFor(absl::Milliseconds(300));
+  const std::string queued = "tessera_router_requests_queued{priority=\"normal\"}";
+  until = absl::Now() + absl::Seconds(30);
+  while (MetricValue(c.router.metrics_port, queued) != 1 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(MetricValue(c.router.metrics_port, queued), 1) << "B never reached the queue";
   const absl::Time cancel_at = absl::Now();
   b_ctx.TryCancel();
   b_thread.join();
@@ -468,8 +473,12 @@ TEST(RouterTest, SigtermLetsOpenStreamsFinishRefusesNewOnesAndExitsZero) {
   while (started.load() < 2 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
   ASSERT_EQ(started.load(), 2);
   c.router.process->Signal(SIGTERM);
-  absl::SleepFor(absl::Milliseconds(300));  // past the 100 ms grace: new work is refused
-  Result refused = RunStream(c.stub.get(), Greedy({1, 2}, 2));
+  // After the 100 ms grace new work is refused; until then it is served.
+  Result refused;
+  until = absl::Now() + absl::Seconds(10);
+  do {
+    refused = RunStream(c.stub.get(), Greedy({1, 2}, 2));
+  } while (refused.status.ok() && absl::Now() < until);
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE)
       << refused.status.error_message();
   for (auto& t : threads) t.join();

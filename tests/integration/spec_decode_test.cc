@@ -182,15 +182,21 @@ TEST(SpecDecodeTest, DrafterKilledMidGenerationChangesNothingAndTheWorkerReconne
   EXPECT_GT(MetricValue(w.service.metrics_port, "tessera_spec_decode_drafter_rtt_seconds_count"),
             0);
 
-  // kill -9 in the middle: the stream finishes with the same tokens.
+  // kill -9 in the middle, while its drafts are in use: the stream
+  // finishes with the same tokens.
+  const char kDrafts[] = "tessera_spec_decode_num_drafts_total";
+  const double drafts_before_b = MetricValue(w.service.metrics_port, kDrafts);
+  double drafts_at_kill = 0;
   bool killed = false;
   Result b = RunStream(w.stub.get(), Greedy(1, kTokens), [&](size_t n) {
     if (!killed && n >= kTokens / 4) {
+      drafts_at_kill = MetricValue(w.service.metrics_port, kDrafts);
       drafter.process->Signal(SIGKILL);
       killed = true;
     }
   });
   ASSERT_TRUE(killed);
+  EXPECT_GT(drafts_at_kill, drafts_before_b) << "the drafter's drafts were not in use at the kill";
   ASSERT_TRUE(b.status.ok()) << b.status.error_message();
   EXPECT_EQ(b.tokens, expected[1]);
   drafter.process->Wait(absl::Seconds(10));
@@ -258,8 +264,10 @@ TEST(SpecDecodeTest, SlowDrafterDoesNotSlowTheWorker) {
   // with the connection up for every timed round, 0.88-0.93 on a quiet
   // two-core machine and 0.58 once in CI (before the warm-up above, the
   // rounds sometimes ran before the connection, and 0.79-1.08 was seen).
-  // The bound tells the two apart.
-  EXPECT_GT(ratio, 0.40);
+  // The bound separates the two by a wide margin (4x above waiting, about
+  // 3x below the slowest not-waiting run seen); the speed itself is
+  // measured by spec_decode_bench, not here.
+  EXPECT_GT(ratio, 0.20);
 }
 
 TEST(SpecDecodeTest, DraftModelDrafterGreedyAndSeededSampling) {
