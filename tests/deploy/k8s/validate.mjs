@@ -356,8 +356,11 @@ function checkTessera(all) {
         (eps ?? []).some((e) => e.port === metricsName &&
           (e.relabelings ?? []).some((r) => r.targetLabel === "job" && r.replacement === binary)));
       if (!monitored) errs.push(`${cwhere}: no PodMonitor/ServiceMonitor scrapes its ${metricsName} port as job ${binary}`);
-      if (!byKind("NetworkPolicy").some((p) => labelsMatch(p.spec.podSelector?.matchLabels, labels))) {
-        errs.push(`${cwhere}: no NetworkPolicy selects it`);
+      // A policy of its own that admits its traffic (the DNS policy selects
+      // every pod but admits nothing).
+      if (!byKind("NetworkPolicy").some((p) => labelsMatch(p.spec.podSelector?.matchLabels, labels) &&
+                                               (p.spec.ingress ?? []).length > 0)) {
+        errs.push(`${cwhere}: no NetworkPolicy with ingress rules selects it`);
       }
       found.push({ w, where: cwhere, binary, flags, grpcPort });
     }
