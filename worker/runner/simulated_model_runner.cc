@@ -17,6 +17,9 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// What a slot holds before anything was written to it.
+constexpr uint64_t kUnwrittenState = 0xBAD0BAD0BAD0BAD0ULL;
+
 absl::Status CheckCost(double us, const char* name) {
   if (!std::isfinite(us) || us < 0 || us > 1e9) {
     return absl::InvalidArgumentError(
@@ -75,11 +78,28 @@ model::ModelConfig SimulatedModelRunner::SyntheticConfig(int64_t vocab_size,
   return c;
 }
 
-int32_t SimulatedModelRunner::NextToken(int32_t token, int32_t position, int64_t vocab_size) {
+uint64_t SimulatedModelRunner::PrefixState(uint64_t previous, int32_t token, int32_t position) {
   const uint64_t key =
       (uint64_t{static_cast<uint32_t>(token)} << 32) | uint64_t{static_cast<uint32_t>(position)};
+  return Mix(previous ^ Mix(key));
+}
+
+int32_t SimulatedModelRunner::TokenAfter(uint64_t state, int64_t vocab_size) {
   const uint64_t range = static_cast<uint64_t>(vocab_size - kFirstGeneratedId);
-  return static_cast<int32_t>(Mix(key) % range) + kFirstGeneratedId;
+  return static_cast<int32_t>(Mix(state) % range) + kFirstGeneratedId;
+}
+
+std::vector<int32_t> SimulatedModelRunner::Continuation(const std::vector<int32_t>& prompt, int n,
+                                                        int64_t vocab_size) {
+  uint64_t state = kSeedState;
+  int32_t pos = 0;
+  for (int32_t t : prompt) state = PrefixState(state, t, pos++);
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(TokenAfter(state, vocab_size));
+    state = PrefixState(state, out.back(), pos++);
+  }
+  return out;
 }
 
 absl::Duration SimulatedModelRunner::StepCost(const ForwardBatch& batch,
@@ -121,12 +141,28 @@ absl::Status SimulatedModelRunner::Forward(const ForwardBatch& batch, std::vecto
   if (Broken()) return absl::InternalError("simulated device failure");
   if (auto s = ValidateBatch(batch); !s.ok()) return s;
   steps_.fetch_add(1);
+  // The "KV cache": each token's prefix state goes to its slot, from the
+  // state at the slot of the position before it (through the block table).
+  const int bs = options_.block_size;
+  for (int s = 0; s < batch.num_seqs(); ++s) {
+    for (int t = batch.query_start_loc[s]; t < batch.query_start_loc[s + 1]; ++t) {
+      const int32_t pos = batch.positions[t];
+      uint64_t previous = kSeedState;
+      if (pos > 0) {
+        const int32_t block =
+            batch.block_tables[static_cast<size_t>(s) * batch.block_table_stride + (pos - 1) / bs];
+        auto it = states_.find(int64_t{block} * bs + (pos - 1) % bs);
+        previous = it == states_.end() ? kUnwrittenState : it->second;
+      }
+      states_[batch.slot_mapping[t]] = PrefixState(previous, batch.token_ids[t], pos);
+    }
+  }
   const int64_t vocab = config_.vocab_size;
   const size_t rows = batch.logits_indices.size();
   logits->assign(rows * static_cast<size_t>(vocab), 0.0f);
   for (size_t r = 0; r < rows; ++r) {
     const int32_t t = batch.logits_indices[r];
-    const int32_t next = NextToken(batch.token_ids[t], batch.positions[t], vocab);
+    const int32_t next = TokenAfter(states_[batch.slot_mapping[t]], vocab);
     (*logits)[r * vocab + next] = kWinningLogit;
   }
   const absl::Duration remaining = start + StepCost(batch, options_) - absl::Now();

@@ -1,17 +1,27 @@
 // SimulatedModelRunner: a ModelRunner without weights, for benchmarks of the
-// router with many workers on one small machine. Forward() validates the
-// batch exactly as a real runner must, waits for the time a cost model says
-// the step would take on real hardware, and returns logits whose argmax is a
-// fixed function of the last token and its position:
+// router with many workers on one small machine, and for cluster tests.
+// Forward() validates the batch exactly as a real runner must, waits for the
+// time a cost model says the step would take on real hardware, and returns
+// logits whose argmax is a fixed function of the WHOLE sequence so far:
 //
-//   next token after (token t at position p) = NextToken(t, p)
+//   state(-1) = kSeedState
+//   state(p)  = PrefixState(state(p - 1), token at p, p)
+//   next token after position p = TokenAfter(state(p))
 //
-// That row holds kWinningLogit at the chosen token and 0 elsewhere, so the
-// chosen token has probability ~1 at any temperature. Greedy output is
-// therefore a pure function of the token list: independent of batching,
-// chunked prefill, prefix-cache hits, preemption, migration, or which worker
-// computes it. NextToken never returns ids 0..2 (kept for the synthetic
-// config's BOS = 1 and EOS = 2), so generation never stops on EOS.
+// The state plays the part of the KV cache: it is kept per KV slot (the
+// slot mapping says where each token's goes) and read through the block
+// table, as a real runner reads K and V. So the output depends on every
+// earlier token, and a scheduler that resumed a sequence with garbled
+// context, or a prefix-cache hit on the wrong blocks, changes it; a slot
+// read before it was written gives a state no real prefix has.
+//
+// The winning row holds kWinningLogit at the chosen token and 0 elsewhere,
+// so the chosen token has probability ~1 at any temperature. Greedy output
+// is therefore a pure function of the token list (Continuation computes
+// it): independent of batching, chunked prefill, prefix-cache hits,
+// preemption, migration, or which worker computes it. TokenAfter never
+// returns ids 0..2 (kept for the synthetic config's BOS = 1 and EOS = 2), so
+// generation never stops on EOS.
 //
 // Cost of one step (the wait), with q_len = the new tokens of a sequence in
 // the batch:
@@ -29,14 +39,14 @@
 // microseconds per step. The thread sleeps rather than spins, so many
 // simulated workers can share a few cores.
 //
-// No KV is stored. The block table and slot mapping are still checked
-// against the configured cache (block ids in range, each slot where the
-// block table puts its position), so scheduler bugs surface here as they
-// would with a real runner.
+// The block table and slot mapping are checked against the configured
+// cache (block ids in range, each slot where the block table puts its
+// position), so scheduler bugs surface here as they would with a real
+// runner. The states take 8 bytes per written slot.
 //
 // Thread-safety: not thread-safe (one engine loop owns it), like every
-// ModelRunner, except Health() (any thread). NextToken and StepCost are
-// pure.
+// ModelRunner, except Health() (any thread). PrefixState, TokenAfter,
+// Continuation and StepCost are pure.
 #pragma once
 
 #include <atomic>
@@ -44,6 +54,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -88,9 +99,16 @@ class SimulatedModelRunner final : public ModelRunner {
   // sizes (1 layer, 1 head of 64) that nothing computes with.
   static model::ModelConfig SyntheticConfig(int64_t vocab_size, int64_t max_position_embeddings);
 
-  // The token generated after `token` at `position`, in
+  // The state of a sequence before its first token.
+  static constexpr uint64_t kSeedState = 0x5EEDC0FFEE123457ULL;
+  // The state after `token` at `position`, following `previous`.
+  static uint64_t PrefixState(uint64_t previous, int32_t token, int32_t position);
+  // The token generated after a prefix with this state, in
   // [kFirstGeneratedId, vocab_size). REQUIRES: vocab_size >= kMinVocabSize.
-  static int32_t NextToken(int32_t token, int32_t position, int64_t vocab_size);
+  static int32_t TokenAfter(uint64_t state, int64_t vocab_size);
+  // The `n` tokens greedy decoding generates after `prompt`.
+  static std::vector<int32_t> Continuation(const std::vector<int32_t>& prompt, int n,
+                                           int64_t vocab_size);
 
   // The simulated duration of a step over `batch` (REQUIRES: a valid batch).
   static absl::Duration StepCost(const ForwardBatch& batch, const SimulatedRunnerOptions& options);
@@ -116,6 +134,7 @@ class SimulatedModelRunner final : public ModelRunner {
   bool Broken() const;
 
   SimulatedRunnerOptions options_;
+  absl::flat_hash_map<int64_t, uint64_t> states_;  // KV slot -> prefix state
   model::ModelConfig config_;
   std::atomic<int64_t> steps_{0};  // steps run (Health() reads it from any thread)
 };

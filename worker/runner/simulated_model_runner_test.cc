@@ -55,18 +55,20 @@ SimulatedRunnerOptions Costs(double prefill, double step, double per_seq) {
   return o;
 }
 
-TEST(SimulatedModelRunnerTest, NextTokenStaysInRangeAndDependsOnBothInputs) {
+TEST(SimulatedModelRunnerTest, TokensStayInRangeAndDependOnEveryEarlierToken) {
   std::set<int32_t> seen;
   int differ_by_token = 0, differ_by_position = 0;
   for (int32_t token = 0; token < 200; ++token) {
     for (int32_t pos = 0; pos < 200; ++pos) {
-      const int32_t t = SimulatedModelRunner::NextToken(token, pos, 1024);
+      const uint64_t state = SimulatedModelRunner::PrefixState(7, token, pos);
+      const int32_t t = SimulatedModelRunner::TokenAfter(state, 1024);
       ASSERT_GE(t, SimulatedModelRunner::kFirstGeneratedId);
       ASSERT_LT(t, 1024);
-      EXPECT_EQ(t, SimulatedModelRunner::NextToken(token, pos, 1024));
       seen.insert(t);
-      differ_by_token += t != SimulatedModelRunner::NextToken(token + 1, pos, 1024);
-      differ_by_position += t != SimulatedModelRunner::NextToken(token, pos + 1, 1024);
+      differ_by_token += t != SimulatedModelRunner::TokenAfter(
+                                  SimulatedModelRunner::PrefixState(7, token + 1, pos), 1024);
+      differ_by_position += t != SimulatedModelRunner::TokenAfter(
+                                     SimulatedModelRunner::PrefixState(7, token, pos + 1), 1024);
     }
   }
   // 40000 draws over 1021 ids: every id appears (the chance of missing one
@@ -74,8 +76,18 @@ TEST(SimulatedModelRunnerTest, NextTokenStaysInRangeAndDependsOnBothInputs) {
   EXPECT_EQ(seen.size(), 1021u);
   EXPECT_GT(differ_by_token, 39000);
   EXPECT_GT(differ_by_position, 39000);
+  // A change to the first of 20 tokens changes the continuation: the state
+  // carries the whole prefix, not only the last token.
+  std::vector<int32_t> a(20, 9), b(20, 9);
+  b[0] = 10;
+  const std::vector<int32_t> ca = SimulatedModelRunner::Continuation(a, 16, 1024);
+  const std::vector<int32_t> cb = SimulatedModelRunner::Continuation(b, 16, 1024);
+  int differ = 0;
+  for (int i = 0; i < 16; ++i) differ += ca[i] != cb[i];
+  EXPECT_GE(differ, 14);
+  EXPECT_EQ(ca, SimulatedModelRunner::Continuation(a, 16, 1024));
   // The smallest vocabulary has exactly one generatable id.
-  EXPECT_EQ(SimulatedModelRunner::NextToken(7, 9, 4), 3);
+  EXPECT_EQ(SimulatedModelRunner::TokenAfter(12345, 4), 3);
 }
 
 TEST(SimulatedModelRunnerTest, StepCostCountsPrefillTokensAndDecodeSequences) {
@@ -97,16 +109,16 @@ TEST(SimulatedModelRunnerTest, StepCostCountsPrefillTokensAndDecodeSequences) {
 TEST(SimulatedModelRunnerTest, ForwardWaitsTheCostAndPutsTheWinnerAtTheRuleToken) {
   auto runner = SimulatedModelRunner::Create(Costs(100, 3000, 0));
   ASSERT_TRUE(runner.ok()) << runner.status();
-  ForwardBatch batch = BatchBuilder(4).Add(Iota(20, 100), 0).Add({500}, 40).Build();
+  ForwardBatch batch = BatchBuilder(4).Add(Iota(20, 100), 0).Add(Iota(3, 500), 0).Build();
   const absl::Duration cost = SimulatedModelRunner::StepCost(batch, (*runner)->options());
-  ASSERT_EQ(cost, absl::Microseconds(100 * 20 + 3000));
+  ASSERT_EQ(cost, absl::Microseconds(100 * (20 + 3)));  // two prefills, no decode
   std::vector<float> logits;
   const absl::Time start = absl::Now();
   ASSERT_TRUE((*runner)->Forward(batch, &logits).ok());
   EXPECT_GE(absl::Now() - start, cost);
   ASSERT_EQ(logits.size(), 2u * 1024);
-  const int32_t expected[2] = {SimulatedModelRunner::NextToken(119, 19, 1024),
-                               SimulatedModelRunner::NextToken(500, 40, 1024)};
+  const int32_t expected[2] = {SimulatedModelRunner::Continuation(Iota(20, 100), 1, 1024)[0],
+                               SimulatedModelRunner::Continuation(Iota(3, 500), 1, 1024)[0]};
   for (int r = 0; r < 2; ++r) {
     for (int v = 0; v < 1024; ++v) {
       const float want = v == expected[r] ? SimulatedModelRunner::kWinningLogit : 0.0f;
@@ -209,14 +221,7 @@ using engine::TokenId;
 
 // The output the rule gives for `prompt` followed by `n` tokens.
 std::vector<TokenId> Reference(const std::vector<TokenId>& prompt, int n, int64_t vocab) {
-  std::vector<TokenId> out;
-  TokenId last = prompt.back();
-  int32_t pos = static_cast<int32_t>(prompt.size()) - 1;
-  for (int i = 0; i < n; ++i) {
-    last = SimulatedModelRunner::NextToken(last, pos++, vocab);
-    out.push_back(last);
-  }
-  return out;
+  return SimulatedModelRunner::Continuation(prompt, n, vocab);
 }
 
 std::vector<TokenId> Prompt(int n, int seed, int vocab = 1024) {
