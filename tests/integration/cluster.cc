@@ -103,6 +103,38 @@ Result RunStream(Inference::Stub* stub, const GenerateRequest& req,
   return r;
 }
 
+OpenStreams::OpenStreams(Inference::Stub* stub, std::vector<GenerateRequest> requests)
+    : results_(requests.size()) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    threads_.emplace_back([this, stub, i, req = std::move(requests[i])] {
+      bool counted = false;
+      results_[i] = RunStream(stub, req, [&](int) {
+        if (!counted) {
+          counted = true;
+          started_.fetch_add(1);
+        }
+      });
+    });
+  }
+}
+
+OpenStreams::~OpenStreams() { Join(); }
+
+bool OpenStreams::WaitAllStarted(absl::Duration timeout) {
+  const absl::Time until = absl::Now() + timeout;
+  while (started_.load() < static_cast<int>(results_.size()) && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return started_.load() == static_cast<int>(results_.size());
+}
+
+std::vector<Result> OpenStreams::Join() {
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  return results_;
+}
+
 double MetricValue(int port, const std::string& name) {
   auto body = HttpGet(port, "/metrics");
   if (!body.ok()) return -1;

@@ -9,12 +9,15 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/inference.grpc.pb.h"
 #include "tests/integration/test_process.h"
@@ -68,6 +71,26 @@ struct Result {
 Result RunStream(tessera::v1::Inference::Stub* stub, const tessera::v1::GenerateRequest& req,
                  std::function<void(int)> on_token = nullptr,
                  grpc::ClientContext* ctx_in = nullptr);
+
+// Streams run on threads of their own, e.g. to be open while the test
+// signals a process. The destructor joins them.
+class OpenStreams {
+ public:
+  OpenStreams(tessera::v1::Inference::Stub* stub,
+              std::vector<tessera::v1::GenerateRequest> requests);
+  ~OpenStreams();
+  OpenStreams(const OpenStreams&) = delete;
+  OpenStreams& operator=(const OpenStreams&) = delete;
+  // True once every stream has its first token (false after `timeout`).
+  bool WaitAllStarted(absl::Duration timeout);
+  // Waits for every stream to end; their results, in request order.
+  std::vector<Result> Join();
+
+ private:
+  std::vector<Result> results_;
+  std::vector<std::thread> threads_;
+  std::atomic<int> started_{0};
+};
 
 // The value of the sample `name` (with its labels, as exposed) on a
 // service's /metrics; -1 when the page or the sample is missing.

@@ -35,17 +35,8 @@ using ::testing::HasSubstr;
 
 // A TCP connection to 127.0.0.1:port, or -1.
 int Connect(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(port);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
+  absl::StatusOr<int> fd = ConnectLoopback(port);
+  return fd.ok() ? *fd : -1;
 }
 
 // True once the server closed `fd` (a read returns 0 or an error).
@@ -436,26 +427,10 @@ TEST(HardeningTest, WorkerHealthyGaugeFollowsRoutingForAHungWorker) {
 TEST(HardeningTest, DrainDeadlineEndsOpenStreamsWithAFinalMessage) {
   Cluster c = StartCluster(1, {kSlowSim}, {"--drain_deadline=1s"});
   // Two streams of about 10 s each (500 tokens at 20 ms).
-  std::atomic<int> started{0};
-  std::vector<Result> open(2);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 2; ++i) {
-    threads.emplace_back([&, i] {
-      bool counted = false;
-      open[i] = RunStream(c.stub.get(), Greedy({4, 5, 6 + i}, 500), [&](int) {
-        if (!counted) {
-          counted = true;
-          started.fetch_add(1);
-        }
-      });
-    });
-  }
-  absl::Time until = absl::Now() + absl::Seconds(30);
-  while (started.load() < 2 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
-  ASSERT_EQ(started.load(), 2);
+  OpenStreams streams(c.stub.get(), {Greedy({4, 5, 6}, 500), Greedy({4, 5, 7}, 500)});
+  ASSERT_TRUE(streams.WaitAllStarted(absl::Seconds(30)));
   c.router.process->Signal(SIGTERM);
-  for (auto& t : threads) t.join();
-  for (const Result& r : open) {
+  for (const Result& r : streams.Join()) {
     EXPECT_TRUE(r.status.ok()) << r.status.error_code() << ": " << r.status.error_message();
     ASSERT_TRUE(r.has_complete);
     EXPECT_EQ(r.complete.finish_reason(), tessera::v1::FINISH_REASON_CANCELLED);

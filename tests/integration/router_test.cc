@@ -269,8 +269,6 @@ TEST(RouterTest, WorkersFileIsReReadWhenItChanges) {
   EXPECT_TRUE(RunStream(stub.get(), Greedy({1, 2}, 2)).status.ok());
 }
 
-// A byte-level tokenizer.json whose 256 tokens are the bytes (ids 0..255),
-// as GPT-2 style byte-level BPE maps them to printable characters.
 TEST(RouterTest, StopStringsEndTheTextStreamAndCancelTheWorker) {
   std::string dir = MakeTempDir();
   WriteByteTokenizer(dir);
@@ -455,34 +453,18 @@ TEST(RouterTest, LeavingTheAdmissionQueueFreesTheQueuePlace) {
 TEST(RouterTest, SigtermLetsOpenStreamsFinishRefusesNewOnesAndExitsZero) {
   Cluster c = StartCluster(1, {kSlowSim}, {"--drain_deadline=20s"});
   // Two streams of about 1 s each (50 tokens at 20 ms).
-  std::atomic<int> started{0};
-  std::vector<Result> open(2);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 2; ++i) {
-    threads.emplace_back([&, i] {
-      bool counted = false;
-      open[i] = RunStream(c.stub.get(), Greedy({4, 5, 6 + i}, 50), [&](int) {
-        if (!counted) {
-          counted = true;
-          started.fetch_add(1);
-        }
-      });
-    });
-  }
-  absl::Time until = absl::Now() + absl::Seconds(30);
-  while (started.load() < 2 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
-  ASSERT_EQ(started.load(), 2);
+  OpenStreams streams(c.stub.get(), {Greedy({4, 5, 6}, 50), Greedy({4, 5, 7}, 50)});
+  ASSERT_TRUE(streams.WaitAllStarted(absl::Seconds(30)));
   c.router.process->Signal(SIGTERM);
   // After the 100 ms grace new work is refused; until then it is served.
   Result refused;
-  until = absl::Now() + absl::Seconds(10);
+  const absl::Time until = absl::Now() + absl::Seconds(10);
   do {
     refused = RunStream(c.stub.get(), Greedy({1, 2}, 2));
   } while (refused.status.ok() && absl::Now() < until);
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE)
       << refused.status.error_message();
-  for (auto& t : threads) t.join();
-  for (const Result& r : open) {
+  for (const Result& r : streams.Join()) {
     EXPECT_TRUE(r.status.ok()) << r.status.error_message();
     EXPECT_EQ(r.tokens.size(), 50u);
   }

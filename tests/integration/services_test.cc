@@ -322,6 +322,15 @@ std::string WaitForText(const std::string& path, const std::string& text, absl::
   return got;
 }
 
+// The router address `tessera up` prints once the cluster is ready ("" if
+// it did not within 60 s).
+std::string UpRouterAddress(const std::string& up_out) {
+  const std::string started = WaitForText(up_out, "\nrouter=", absl::Seconds(60));
+  const size_t at = started.find("\nrouter=");
+  if (at == std::string::npos) return "";
+  return started.substr(at + 8, started.find('\n', at + 1) - at - 8);
+}
+
 // `tessera up` with one simulated worker that breaks for good after a few
 // steps: the worker exits with kExitServiceFailed, `up` starts it again on
 // its ports, the router finds it there and serves again, and Ctrl-C still
@@ -336,10 +345,8 @@ TEST(ServicesTest, UpRestartsAWorkerWhoseModelRunnerFailedOnItsPorts) {
                         "fail_after_steps=12"},
                        dir + "/up.out")
                   .ok());
-  const std::string started = WaitForText(dir + "/up.out", "\nrouter=", absl::Seconds(60));
-  const size_t at = started.find("\nrouter=");
-  ASSERT_NE(at, std::string::npos) << started;
-  const std::string router = started.substr(at + 8, started.find('\n', at + 1) - at - 8);
+  const std::string router = UpRouterAddress(dir + "/up.out");
+  ASSERT_FALSE(router.empty()) << ReadWhole(dir + "/up.out");
   auto stub = tessera::v1::Inference::NewStub(
       grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
   auto generate = [&](int max_tokens, int* tokens) {
@@ -406,10 +413,8 @@ TEST(ServicesTest, UpRestartsAWorkerKilledByASignal) {
                         "--up_simulate=vocab=512,context=4096,decode_step_us=1000"},
                        dir + "/up.out")
                   .ok());
-  const std::string started = WaitForText(dir + "/up.out", "\nrouter=", absl::Seconds(60));
-  const size_t at = started.find("\nrouter=");
-  ASSERT_NE(at, std::string::npos) << started;
-  const std::string router = started.substr(at + 8, started.find('\n', at + 1) - at - 8);
+  const std::string router = UpRouterAddress(dir + "/up.out");
+  ASSERT_FALSE(router.empty()) << ReadWhole(dir + "/up.out");
   auto stub = tessera::v1::Inference::NewStub(
       grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
   auto generate = [&] {

@@ -153,11 +153,9 @@ absl::StatusOr<RunResult> RunToCompletion(const std::string& binary,
   return RunResult{*exit, p.ReadLog()};
 }
 
-absl::StatusOr<std::string> HttpGet(int port, const std::string& path_and_query) {
+absl::StatusOr<int> ConnectLoopback(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return absl::InternalError("socket");
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -166,6 +164,15 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& path_and_query)
     close(fd);
     return absl::UnavailableError(absl::StrCat("connect 127.0.0.1:", port, ": ", strerror(errno)));
   }
+  return fd;
+}
+
+absl::StatusOr<std::string> HttpGet(int port, const std::string& path_and_query) {
+  absl::StatusOr<int> connected = ConnectLoopback(port);
+  if (!connected.ok()) return connected.status();
+  const int fd = *connected;
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   std::string req = absl::StrCat("GET ", path_and_query, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
   if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
     close(fd);

@@ -67,6 +67,9 @@ absl::StatusOr<RunResult> RunToCompletion(const std::string& binary,
                                           const std::vector<std::string>& args,
                                           absl::Duration timeout);
 
+// A TCP connection to 127.0.0.1:port (the caller closes the descriptor).
+absl::StatusOr<int> ConnectLoopback(int port);
+
 // HTTP/1.0 GET on 127.0.0.1:port; returns the body when the status is 200.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path_and_query);
 
