@@ -72,6 +72,8 @@ done | sort -u |
   grep -v -E '/(libcublas|libcublasLt|libnccl|libcudart)\.so' |
   while read -r lib; do cp -L "$lib" "$out/lib/"; done
 strip --strip-unneeded "$out"/lib/*.so* 2>/dev/null || true
+# The tests' ctest entries (their arguments: a GPU test's filter), for gpu-run.sh.
+ctest --test-dir "$BUILD_DIR" --show-only=json-v1 >"$out/ctest.json"
 # The worker pod as the overlays render it: 8 GPUs (single-node, the base's
 # reference node) and 1 GPU (single-gpu).
 for overlay in single-node single-gpu; do

@@ -64,16 +64,29 @@ fi
 step doctor 120 "$BIN/tessera" doctor
 cp "$OUT/doctor.log" "$OUT/doctor.txt"
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+# A test's arguments as its ctest entry has them (a GPU test's entry leaves
+# out its host cases, which run as <test>_host; some of those test the
+# no-device path and skip where a GPU is present).
+ctest_args() {
+  python3 -c 'import json,sys
+for t in json.load(open(sys.argv[2]))["tests"]:
+    if t["name"] == sys.argv[1] and t["command"][1:]: print("\n".join(t["command"][1:]))' \
+    "$1" "$B/bundle/ctest.json"
+}
 # Here every case should run: a skip fails the step (TESSERA_REQUIRE_GPU,
 # tests/gpu_test_main.cc). The two-GPU tests run where there are two GPUs.
 for t in arch_test cuda_selection_test cuda_ops_test cuda_gemm_test cuda_gemv_test cuda_sampling_test \
          cuda_decode_rope_test paged_attention_test prefill_attention_sm90_test \
          cuda_model_runner_test; do
-  step "tests/$t" 300 env TESSERA_REQUIRE_GPU=1 "$BIN/$t" --gtest_output="json:$OUT/tests/$t.json"
+  mapfile -t args < <(ctest_args "$t")
+  step "tests/$t" 300 env TESSERA_REQUIRE_GPU=1 "$BIN/$t" "${args[@]}" \
+    --gtest_output="json:$OUT/tests/$t.json"
 done
 for t in cuda_tensor_parallel_test cuda_p2p_all_reduce_test; do
   if [[ "$GPUS" -ge 2 ]]; then
-    step "tests/$t" 300 env TESSERA_REQUIRE_GPU=1 "$BIN/$t" --gtest_output="json:$OUT/tests/$t.json"
+    mapfile -t args < <(ctest_args "$t")
+    step "tests/$t" 300 env TESSERA_REQUIRE_GPU=1 "$BIN/$t" "${args[@]}" \
+      --gtest_output="json:$OUT/tests/$t.json"
   else
     echo "tests/$t skipped: needs 2 GPUs, $GPUS here" | tee -a "$OUT/summary.txt"
   fi

@@ -7,8 +7,12 @@
 //
 // Tolerances (bf16 weights AND bf16 activations on the GPU; the fixtures are
 // fp32 computations of the same bf16 weights):
-//   logits: max |gpu - expected| <= 0.04 * max(1, max |expected|) per prompt,
-//           and mean |gpu - expected| <= 0.004 * max(1, max |expected|);
+//   logits: max |gpu - expected| <= 0.015 * max(1, max |expected|) per prompt,
+//           and mean |gpu - expected| <= 0.004 * max(1, max |expected|). The
+//           max bound is 3.2x the worst error measured on an H200: 0.048 to
+//           0.061 for the target and 0.073 to 0.094 for the draft, at logit
+//           scales 16 to 21, i.e. at most 0.0047 x scale
+//           (tests/bench/results/cuda_runner_parity_h200.json);
 //   greedy continuations, teacher-forced (each step is fed the fixture's
 //           token): equal at every step whose top-1/top-2 logit margin in the
 //           fixture is at least kNearTie = 0.25; a step below it is a near
@@ -177,7 +181,7 @@ TEST_P(ModelPairOnGpu, LogitsAndGreedyContinuationsMatchTransformers) {
         RecordProperty(absl::StrCat(name, "_", c["logits_tensor"].get<std::string>(), "_max_err"),
                        absl::StrCat(e.max));
       }
-      EXPECT_LE(e.max, 0.04f * e.scale) << "max abs error " << e.max << " scale " << e.scale;
+      EXPECT_LE(e.max, 0.015f * e.scale) << "max abs error " << e.max << " scale " << e.scale;
       EXPECT_LE(e.mean, 0.004f * e.scale) << "mean abs error " << e.mean;
 
       // Greedy decoding with the KV cache, one token per step.
