@@ -303,6 +303,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
         if (events_.empty()) {
           running_ = false;
           destroy = call_done_;
+          dying_ = destroy;
           break;
         }
         next = std::move(events_.front());
@@ -348,6 +349,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
   // True when the queue was idle: the caller now runs it (Run).
   bool Enqueue(Event e) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (dying_) return false;  // past its last event: the object is going
     events_.push_back(std::move(e));
     if (running_) return false;
     running_ = true;
@@ -421,14 +423,12 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
       if (req.text().size() > kInlineTokenizeBytes) {
         // A long text is tokenized on the pool; the result comes back as
         // an event.
-        tokenizing_ = true;
         const bool queued = s->tokenize_pool_.TrySubmit([this] {
           Event e{Event::kTokenized};
           e.ids = Tokenize();
           Post(std::move(e));
         });
         if (queued) return;
-        tokenizing_ = false;
         return FinishWith("rejected",
                           grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                                        "too many long prompts are waiting to be tokenized"));
@@ -447,7 +447,6 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
   }
 
   void OnTokenized(absl::StatusOr<std::vector<int32_t>> ids) {
-    tokenizing_ = false;
     if (client_cancelled_ || context_->IsCancelled()) {
       return FinishWith("cancelled", grpc::Status::CANCELLED);
     }
@@ -857,12 +856,13 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
   const size_t request_bytes_;
   const absl::Time arrival_;
 
-  std::mutex mu_;  // guards events_ and running_
+  std::mutex mu_;  // guards events_, running_ and dying_
   // events_: posted, not yet handled. call_done_ is written by the handling
   // thread and read by it after the queue ran dry.
   std::deque<Event> events_;
   bool running_ = false;
   bool call_done_ = false;
+  bool dying_ = false;  // the queue ran dry after OnDone: deleted next
 
   // Below: touched only by the event being handled.
   Phase phase_ = Phase::kAdmission;
@@ -884,7 +884,6 @@ class GenerateCall final : public grpc::ServerWriteReactor<GenerateResponse> {
   bool client_cancelled_ = false;
   bool client_gone_ = false;  // a write to the client failed
   bool cut_ = false;          // the router's drain deadline passed
-  bool tokenizing_ = false;   // the prompt is on the tokenize pool
 
   // The current attempt.
   std::optional<router::RouteDecision> decision_;
