@@ -38,9 +38,16 @@ for b in worker/tessera-worker router/tessera-router cli/tessera; do
   [[ -x ${build}/services/${b} ]] || fail "${build}/services/${b} is not built"
 done
 
-work=$(mktemp -d "${build}/tests/deploy/sandbox.XXXXXX")
+# The service user (uid 65534) must reach the worker and the model, and a
+# checkout may sit in a folder only its owner can enter (a mktemp clone):
+# both are staged in a folder of their own, kept visible read-only.
+work=$(mktemp -d /tmp/tessera-sandbox.XXXXXX)
 chmod 0755 "$work"
 mkdir -m 0777 "$work/rw"
+mkdir -m 0755 "$work/stage" "$work/stage/model"
+cp "${build}/services/worker/tessera-worker" "$work/stage/"
+cp -r "${repo}/tests/fixtures/models/qwen3_tiny/." "$work/stage/model/"
+chmod -R a+rX "$work/stage"
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
@@ -50,7 +57,7 @@ cleanup() {
 trap cleanup EXIT
 
 # worker.env.example, changed where CI differs.
-sed -e "s#^TESSERA_MODEL=.*#TESSERA_MODEL=${repo}/tests/fixtures/models/qwen3_tiny#" \
+sed -e "s#^TESSERA_MODEL=.*#TESSERA_MODEL=${work}/stage/model#" \
     -e 's#^TESSERA_DEVICE=.*#TESSERA_DEVICE=cpu#' -e 's#^TESSERA_TP=.*#TESSERA_TP=2#' \
     -e 's#^TESSERA_LISTEN=.*#TESSERA_LISTEN=127.0.0.1:0#' \
     -e 's#^TESSERA_METRICS_LISTEN=.*#TESSERA_METRICS_LISTEN=127.0.0.1:0#' \
@@ -63,7 +70,7 @@ sed -e "s#^TESSERA_MODEL=.*#TESSERA_MODEL=${repo}/tests/fixtures/models/qwen3_ti
     "${repo}/deploy/systemd/worker.env.example" >"$work/worker.env"
 grep -q '^TESSERA_TP=2$' "$work/worker.env" || fail "worker.env.example has no TESSERA_TP= line to set"
 sandbox=(/usr/bin/python3 "${here}/unit_sandbox.py" run --unit "$unit" --instance ci
-         --env-file "$work/worker.env" --writable "$work/rw")
+         --env-file "$work/worker.env" --writable "$work/rw" --expose "$work/stage")
 
 # Controls.
 "${sandbox[@]}" -- /usr/bin/python3 -c 'import os; os.chroot("/")' 2>/dev/null
@@ -87,7 +94,7 @@ echo "ok: the interface list works with the unit's RestrictAddressFamilies and f
 
 # The worker, as the unit starts it.
 cmd=$("${sandbox[@]}" --print) || fail "cannot render the unit's ExecStart"
-cmd=${cmd/\/usr\/local\/bin\/tessera-worker/${build}/services/worker/tessera-worker}
+cmd=${cmd/\/usr\/local\/bin\/tessera-worker/${work}/stage/tessera-worker}
 echo "worker: ${cmd}"
 read -ra argv <<<"$cmd"
 # Control: the same worker under a copy of the unit without AF_INET must
@@ -95,7 +102,8 @@ read -ra argv <<<"$cmd"
 # needs and is denied.
 sed 's/^RestrictAddressFamilies=.*/RestrictAddressFamilies=AF_UNIX AF_NETLINK/' "$unit" >"$work/no-inet.service"
 if /usr/bin/python3 "${here}/unit_sandbox.py" run --unit "$work/no-inet.service" --instance ci \
-     --env-file "$work/worker.env" --writable "$work/rw" -- "${argv[@]}" >"$work/no-inet.log" 2>&1; then
+     --env-file "$work/worker.env" --writable "$work/rw" --expose "$work/stage" -- "${argv[@]}" \
+     >"$work/no-inet.log" 2>&1; then
   fail "control: the worker started under a unit without AF_INET"
 fi
 grep -qi "listen\|address family\|bind" "$work/no-inet.log" ||

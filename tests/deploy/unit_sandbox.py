@@ -204,15 +204,26 @@ def cmd_run(args, command):
         for d in ("/home", "/root", "/run/user"):
             if os.path.isdir(d):
                 bwrap += ["--tmpfs", d, "--remount-ro", d]
+    # The checkout this script is in (with the build tree and the fixtures)
+    # stays visible, read-only, when it lies under the private /tmp: a clean
+    # CI clone may be there, where the real unit's binaries are installed
+    # elsewhere (/opt/tessera).
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    tmp_roots = ("/tmp/", "/var/tmp/")
+    exposed = [repo] if settings["private_tmp"] and repo.startswith(tmp_roots) else []
+    exposed += [os.path.abspath(e) for e in args.expose]  # --expose: read-only too
     # Folders bwrap makes on the way to a mount point are 0700; make those
     # under the private /tmp traversable for the service user.
     writable = os.path.abspath(args.writable)
     if settings["private_tmp"]:
-        parts = writable.split("/")
-        for i in range(2, len(parts)):
-            parent = "/".join(parts[:i + 1])
-            if parent.startswith(("/tmp/", "/var/tmp/")) and parent != writable:
-                bwrap += ["--perms", "0755", "--dir", parent]
+        for path in exposed + [writable]:
+            parts = path.split("/")
+            for i in range(2, len(parts)):
+                parent = "/".join(parts[:i + 1])
+                if parent.startswith(tmp_roots) and parent != path:
+                    bwrap += ["--perms", "0755", "--dir", parent]
+    for path in exposed:
+        bwrap += ["--ro-bind", path, path]
     bwrap += ["--bind", writable, writable, "--chdir", "/"]
     inner = [sys.executable, os.path.abspath(__file__), "inner", json.dumps(settings), "--"] + argv
     proc = subprocess.Popen(bwrap + ["--"] + inner, env=env)
@@ -342,6 +353,8 @@ def main():
     p.add_argument("--instance", default="test")
     p.add_argument("--env-file", required=True)
     p.add_argument("--writable", required=True)
+    p.add_argument("--expose", action="append", default=[],
+                   help="a folder under /tmp to keep visible, read-only (repeatable)")
     p.add_argument("--drop-family", default="")
     p.add_argument("--print", action="store_true", help="print the rendered command only")
     return cmd_run(p.parse_args(argv), command)
