@@ -331,6 +331,23 @@ std::string UpRouterAddress(const std::string& up_out) {
   return started.substr(at + 8, started.find('\n', at + 1) - at - 8);
 }
 
+// A greedy stream of `max_tokens` after the prompt 5 6 7 (30 s deadline);
+// *tokens counts what arrived.
+grpc::Status GenerateFiveSixSeven(tessera::v1::Inference::Stub* stub, int max_tokens, int* tokens) {
+  tessera::v1::GenerateRequest req;
+  for (int32_t t : {5, 6, 7}) req.mutable_token_ids()->add_ids(t);
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_sampling()->set_max_tokens(max_tokens);
+  req.mutable_sampling()->set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto reader = stub->Generate(&ctx, req);
+  tessera::v1::GenerateResponse resp;
+  *tokens = 0;
+  while (reader->Read(&resp)) *tokens += resp.chunk().token_ids_size();
+  return reader->Finish();
+}
+
 // `tessera up` with one simulated worker that breaks for good after a few
 // steps: the worker exits with kExitServiceFailed, `up` starts it again on
 // its ports, the router finds it there and serves again, and Ctrl-C still
@@ -350,18 +367,7 @@ TEST(ServicesTest, UpRestartsAWorkerWhoseModelRunnerFailedOnItsPorts) {
   auto stub = tessera::v1::Inference::NewStub(
       grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
   auto generate = [&](int max_tokens, int* tokens) {
-    tessera::v1::GenerateRequest req;
-    for (int32_t t : {5, 6, 7}) req.mutable_token_ids()->add_ids(t);
-    req.mutable_sampling()->set_temperature(0);
-    req.mutable_sampling()->set_max_tokens(max_tokens);
-    req.mutable_sampling()->set_ignore_eos(true);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    auto reader = stub->Generate(&ctx, req);
-    tessera::v1::GenerateResponse resp;
-    *tokens = 0;
-    while (reader->Read(&resp)) *tokens += resp.chunk().token_ids_size();
-    return reader->Finish();
+    return GenerateFiveSixSeven(stub.get(), max_tokens, tokens);
   };
   int tokens = 0;
   // Breaks the worker: no other worker to resume on, so the stream fails.
@@ -418,17 +424,8 @@ TEST(ServicesTest, UpRestartsAWorkerKilledByASignal) {
   auto stub = tessera::v1::Inference::NewStub(
       grpc::CreateChannel(router, grpc::InsecureChannelCredentials()));
   auto generate = [&] {
-    tessera::v1::GenerateRequest req;
-    for (int32_t t : {5, 6, 7}) req.mutable_token_ids()->add_ids(t);
-    req.mutable_sampling()->set_temperature(0);
-    req.mutable_sampling()->set_max_tokens(4);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    auto reader = stub->Generate(&ctx, req);
-    tessera::v1::GenerateResponse resp;
-    while (reader->Read(&resp)) {
-    }
-    return reader->Finish();
+    int tokens = 0;
+    return GenerateFiveSixSeven(stub.get(), 4, &tokens);
   };
   ASSERT_TRUE(generate().ok());
   const pid_t worker = FindProcess("--port_file=" + dir + "/worker-0.ports");
