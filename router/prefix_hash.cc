@@ -3,13 +3,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "worker/engine/block_hash.h"
+#include "base/block_hash.h"
 
 namespace tessera::router {
 
 void ComputeBlockHashes(absl::Span<const TokenId> tokens, const HashScheme& scheme,
                         std::vector<uint64_t>* hashes) {
-  engine::HashFullBlocks(tokens, scheme.block_size, scheme.seed, hashes);
+  HashFullBlocks(tokens, scheme.block_size, scheme.seed, hashes);
 }
 
 absl::Status VerifyStoredBlocks(const HashScheme& scheme, uint64_t parent_hash,
@@ -25,7 +25,7 @@ absl::Status VerifyStoredBlocks(const HashScheme& scheme, uint64_t parent_hash,
   }
   uint64_t parent = parent_hash;
   for (size_t i = 0; i < hashes.size(); ++i) {
-    const uint64_t h = engine::HashBlockTokens(parent, token_ids.subspan(i * bs, bs), scheme.seed);
+    const uint64_t h = HashBlockTokens(parent, token_ids.subspan(i * bs, bs), scheme.seed);
     if (h != hashes[i]) {
       return absl::FailedPreconditionError(absl::StrCat(
           "block hash mismatch at block ", i, " of a stored event: the worker reports ", hashes[i],

@@ -1,5 +1,5 @@
 // Prefix block hashes as the router computes them: exactly the workers' own
-// hash function (worker/engine/block_hash.h, XXH64 chained over little-endian
+// hash function (base/block_hash.h, XXH64 chained over little-endian
 // token ids), called directly rather than re-implemented, so a hash the
 // router computes from a prompt's token ids equals the hash a worker reports
 // in its prefix-cache events for the same tokens, block size and seed.

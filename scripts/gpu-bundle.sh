@@ -38,19 +38,19 @@ bins=(
   kernels/cuda/cuda_ops_test
   kernels/cuda/cuda_gemm_test
   kernels/cuda/cuda_gemv_test
-  kernels/cuda/cuda_sampling_test
+  worker/sampling/cuda_sampling_test
   kernels/cuda/cuda_decode_rope_test
   kernels/cuda/cuda_p2p_all_reduce_test
   kernels/cuda/paged_attention_test
   kernels/cuda/prefill_attention_sm90_test
   worker/runner/cuda_model_runner_test
-  kernels/cuda/cuda_ops_bench
-  kernels/cuda/gemm_search_bench
-  kernels/cuda/paged_attention_bench
+  tests/bench/cuda_ops_bench
+  tests/bench/gemm_search_bench
+  tests/bench/paged_attention_bench
   tests/bench/gpu_decode_bench
   worker/parallel/cuda_tensor_parallel_test
   tests/bench/gpu_tp_bench
-  router/router_route_bench
+  tests/bench/router_route_bench
   tests/bench/spec_decode_bench
 )
 if [[ $DEPLOY_ONLY == 1 ]]; then bins=("${bins[@]:0:4}"); fi

@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 bash scripts/install-deps.sh
+# Module layout: one-way includes, CUDA headers only in kernels/cuda.
+bash scripts/check_layout.sh
 bash scripts/build.sh
 BUILD_DIR=${BUILD_DIR:-build}
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" --timeout 900

@@ -17,8 +17,8 @@
 #include "services/cli/commands.h"
 #include "tessera/v1/inference.grpc.pb.h"
 #include "worker/engine/local_engine.h"
-#include "worker/tokenizer/incremental_detokenizer.h"
-#include "worker/tokenizer/tokenizer.h"
+#include "text/tokenizer/incremental_detokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 ABSL_DECLARE_FLAG(std::string, device);        // doctor.cc
 ABSL_DECLARE_FLAG(int, tensor_parallel_size);  // doctor.cc

@@ -19,11 +19,11 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/client_callback.h"
 #include "router/retry.h"
-#include "router/text/stop_strings.h"
+#include "text/stop_strings.h"
 #include "services/common/sampling_convert.h"
 #include "services/common/status.h"
 #include "services/router/request_checks.h"
-#include "worker/tokenizer/incremental_detokenizer.h"
+#include "text/tokenizer/incremental_detokenizer.h"
 
 namespace tessera::services {
 namespace {

@@ -43,7 +43,7 @@
 #include "services/router/tokenize_pool.h"
 #include "services/router/upstream.h"
 #include "tessera/v1/inference.grpc.pb.h"
-#include "worker/tokenizer/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace tessera::services {
 

@@ -11,7 +11,7 @@
 #include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
-#include "worker/tokenizer/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace tessera::services {
 

@@ -111,7 +111,7 @@ def attention(out, results):
                 row["sm90a_tflop_per_s"] = r["sm90a_tflop_per_s"]
                 row["sm90a_ratio"] = round(r["sm90a_tflop_per_s"] / s, 3)
             ratios.append(row)
-    obj = {"command": "bash scripts/gpu-run.sh OUT (kernels/cuda/paged_attention_bench, "
+    obj = {"command": "bash scripts/gpu-run.sh OUT (tests/bench/paged_attention_bench, "
                       "tests/gpu/sdpa_reference.py, same run); "
                       "tests/bench/collect_gpu_results.py OUT",
            "prefill_vs_sdpa": ratios}
@@ -133,12 +133,12 @@ def wrap(out, results, src, name, command, notes=None, drop=()):
 
 def ops(out, results):
     wrap(out, results, "bench/cuda_ops.json", "cuda_ops_h200.json",
-         "bash scripts/gpu-run.sh OUT (kernels/cuda/cuda_ops_bench)")
+         "bash scripts/gpu-run.sh OUT (tests/bench/cuda_ops_bench)")
 
 
 def gemm_search(out, results):
     wrap(out, results, "bench/gemm_search.json", "gemm_search_h200.json",
-         "bash scripts/gpu-run.sh OUT (kernels/cuda/gemm_search_bench)")
+         "bash scripts/gpu-run.sh OUT (tests/bench/gemm_search_bench)")
 
 
 def tensor_parallel(out, results):

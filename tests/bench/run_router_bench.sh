@@ -45,7 +45,7 @@ TESSERA=${TESSERA:-$BUILD_DIR/services/cli/tessera}
 TESSERA_ROUTER=${TESSERA_ROUTER:-$BUILD_DIR/services/router/tessera-router}
 TESSERA_WORKER=${TESSERA_WORKER:-$BUILD_DIR/services/worker/tessera-worker}
 TESSERA_DRAFTER=${TESSERA_DRAFTER:-$BUILD_DIR/services/drafter/tessera-drafter}
-ROUTE_BENCH=${ROUTE_BENCH:-$BUILD_DIR/router/router_route_bench}
+ROUTE_BENCH=${ROUTE_BENCH:-$BUILD_DIR/tests/bench/router_route_bench}
 PARTS=${PARTS:-policies latency}
 RESULTS_DIR=${RESULTS_DIR:-$repo/tests/bench/results}
 for b in "$TESSERA" "$TESSERA_ROUTER" "$TESSERA_WORKER" "$TESSERA_DRAFTER"; do

@@ -31,7 +31,7 @@
 #include "tessera/v1/inference.pb.h"
 #include "tessera/v1/worker.pb.h"
 #include "worker/spec/draft_source.h"
-#include "worker/tokenizer/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace {
 

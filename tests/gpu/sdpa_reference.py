@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Prefill-attention ceiling measured in the same GPU run as
-kernels/cuda/paged_attention_bench: torch's scaled_dot_product_attention,
+tests/bench/paged_attention_bench: torch's scaled_dot_product_attention,
 causal, bf16, one sequence of 2048 and of 8192 tokens, 32 query heads with
 8 KV heads (GQA, as the bench's shapes) and head_dim 128.
 

@@ -7,7 +7,7 @@ committed file; edit the fragments below and re-run to extend it.
 
   python3 tests/tokenizer/make_corpus.py > tests/tokenizer/corpus.jsonl
 
-Deliberately absent (documented in worker/tokenizer/README.md): U+FEFF,
+Deliberately absent (documented in text/tokenizer/README.md): U+FEFF,
 U+0085 and U+180E, which the JavaScript oracle's \\s classifies differently
 from Hugging Face tokenizers; the long s U+017F after an apostrophe, which the
 oracle's rewritten contraction rule does not fold; letters assigned after

@@ -46,7 +46,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "worker/engine/block_hash.h"
+#include "base/block_hash.h"
 #include "worker/engine/sequence.h"
 
 namespace tessera::engine {

@@ -22,7 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "worker/engine/block_hash.h"
+#include "base/block_hash.h"
 
 namespace tessera::engine {
 

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "absl/status/status.h"
-#include "worker/model/str_cat.h"
+#include "base/str_cat.h"
 
 namespace tessera::model {
 namespace {

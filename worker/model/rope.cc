@@ -4,7 +4,7 @@
 #include <numbers>
 
 #include "absl/status/status.h"
-#include "worker/model/str_cat.h"
+#include "base/str_cat.h"
 
 namespace tessera::model {
 

@@ -12,8 +12,8 @@
 #include <utility>
 
 #include "absl/status/status.h"
-#include "worker/model/json_util.h"
-#include "worker/model/str_cat.h"
+#include "base/json.h"
+#include "base/str_cat.h"
 
 namespace tessera::model {
 namespace {

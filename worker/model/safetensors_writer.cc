@@ -7,7 +7,7 @@
 #include <set>
 
 #include "nlohmann/json.hpp"
-#include "worker/model/str_cat.h"
+#include "base/str_cat.h"
 #include "worker/model/tensor.h"
 
 namespace tessera::model {

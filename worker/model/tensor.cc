@@ -3,7 +3,7 @@
 #include <bit>
 #include <cstring>
 
-#include "worker/model/str_cat.h"
+#include "base/str_cat.h"
 
 namespace tessera::model {
 namespace {

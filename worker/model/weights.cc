@@ -6,7 +6,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
-#include "worker/model/str_cat.h"
+#include "base/str_cat.h"
 
 namespace tessera::model {
 namespace {
