@@ -37,9 +37,10 @@ mkdir -p "${OUT}/corpus-${TARGET}" "${OUT}/artifacts-${TARGET}"
 BIN="${OUT}/${TARGET}_fuzz"
 
 # The same sources tests/fuzz/CMakeLists.txt compiles.
-MODEL_SOURCES=(checkpoint config dtype json_util rope safetensors safetensors_writer tensor weights)
+MODEL_SOURCES=(checkpoint config dtype rope safetensors safetensors_writer tensor weights)
 SOURCES=("${ROOT}/tests/fuzz/${TARGET}_fuzz.cc")
 for s in "${MODEL_SOURCES[@]}"; do SOURCES+=("${ROOT}/worker/model/${s}.cc"); done
+SOURCES+=("${ROOT}/base/json.cc" "${ROOT}/base/file.cc")
 
 ABSL_FLAGS="$(pkg-config --cflags --libs absl_status absl_statusor absl_strings \
   absl_flat_hash_map absl_flat_hash_set absl_hash absl_raw_hash_set)"
