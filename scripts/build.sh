@@ -6,4 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -G Ninja -DTESSERA_CUDA="${TESSERA_CUDA:-AUTO}" "$@"
-cmake --build "$BUILD_DIR" -j "$(nproc)"
+# Ninja's progress line with the elapsed time: [done/total percent seconds].
+NINJA_STATUS=${NINJA_STATUS:-"[%f/%t %p %es] "} cmake --build "$BUILD_DIR" -j "$(nproc)"

@@ -1,30 +1,115 @@
 #!/usr/bin/env bash
-# The main job: installs, builds, starts a local cluster on loopback with
-# `tessera up` (2 workers serving a model, a drafter, a router), streams a
-# generation through the router, prints the services' metrics endpoints and
-# stops the cluster cleanly (SIGINT → graceful drain of every service).
+# The first thing to run: installs the dependencies, builds the four
+# binaries, starts a local cluster on loopback with `tessera up` (2 workers
+# serving a model, a drafter, a router), streams a generation through the
+# router, prints the services' metrics endpoints and stops the cluster
+# cleanly (SIGINT → graceful drain of every service).
+#
+# Where it runs: with a GPU (nvidia-smi reports one) and the CUDA toolkit
+# (nvcc), it builds the CUDA backend for that GPU's code images only
+# (TESSERA_CUDA_ARCHS=native) into build-demo-cuda/ and runs the workers on
+# the first GPU (--device=cuda:<PCI bus id>). Otherwise it builds without
+# CUDA into build-demo/ and runs the workers on the CPU. Neither touches
+# build/, the development build.
 #
 # Defaults: the workers serve models/target (the trained 15.7M-parameter
 # Qwen3 test model, see models/MODEL_CARD.md), the router tokenizes with its
 # tokenizer, and the demo streams, as text, the greedy completion (64 tokens)
 # of a Python prompt. Environment overrides:
-#   MODEL       model directory the workers serve (default models/target)
-#   TOKENIZER   tokenizer directory for the router (default: $MODEL)
-#   DRAFT_MODEL draft model the drafter runs for speculative decoding
-#               (default models/draft; empty = no speculation)
-#   PROMPT      prompt text (default: the start of a Python fibonacci function)
-#   MAX_TOKENS  tokens to generate (default 64)
-#   BUILD_DIR   build directory (default build)
+#   TESSERA_CUDA        AUTO (default: on with a GPU and nvcc), ON or OFF
+#   TESSERA_CUDA_ARCHS  code images to build (default: native with a GPU,
+#                       else CMake's full list)
+#   BUILD_DIR           build directory (default build-demo or build-demo-cuda)
+#   MODEL               model directory the workers serve (default models/target)
+#   TOKENIZER           tokenizer directory for the router (default: $MODEL)
+#   DRAFT_MODEL         draft model the drafter runs for speculative decoding
+#                       (default models/draft; empty = no speculation)
+#   PROMPT              prompt text (default: the start of a Python function)
+#   MAX_TOKENS          tokens to generate (default 64)
+#   DEMO_PLAN_ONLY=1    print the plan (key=value lines) and exit: no
+#                       install, no build (tests/scripts/demo_plan_test.sh)
 # A model directory without tokenizer.json (e.g. tests/fixtures/models/
 # qwen3_tiny) is demonstrated with token ids in and out instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# ---- The plan: is there a GPU, a CUDA compiler, and what to build. ----
+gpu_bus_id=""
+gpu_name=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+  # All of it, then the first line (a pipe into head could cut nvidia-smi off).
+  first=$(nvidia-smi --query-gpu=pci.bus_id,name --format=csv,noheader 2>/dev/null) || first=""
+  first=${first%%$'\n'*}
+  if [[ "$first" == *:*,* ]]; then  # a bus id such as 00000000:18:00.0, then the name
+    gpu_bus_id=$(tr -d '[:space:]' <<<"${first%%,*}")
+    gpu_name=$(sed 's/^ *//' <<<"${first#*,}")
+  fi
+fi
+nvcc=""
+if [ -n "${CUDACXX:-}" ]; then candidates=("$CUDACXX")  # CMake's own override
+else candidates=("$(command -v nvcc || true)" /usr/local/cuda/bin/nvcc); fi
+for c in "${candidates[@]}"; do
+  if [ -n "$c" ] && [ -x "$c" ]; then nvcc=$c; break; fi
+done
+
+note=""
+case "${TESSERA_CUDA:-AUTO}" in
+  ON) cuda=ON ;;
+  OFF) cuda=OFF ;;
+  AUTO)
+    if [ -n "$gpu_bus_id" ] && [ -n "$nvcc" ]; then cuda=ON; else cuda=OFF; fi
+    if [ -n "$gpu_bus_id" ] && [ -z "$nvcc" ]; then
+      note="a GPU is here ($gpu_name) but no CUDA compiler (nvcc on PATH, /usr/local/cuda or"
+      note+=" \$CUDACXX): building for the CPU"
+    fi ;;
+  *) echo "demo: TESSERA_CUDA=${TESSERA_CUDA} is not AUTO, ON or OFF" >&2; exit 2 ;;
+esac
+archs=""
+device=cpu
+worker_args=--kv_cache_memory_mb=64
+if [ "$cuda" = ON ]; then
+  archs=${TESSERA_CUDA_ARCHS:-}
+  if [ -n "$gpu_bus_id" ]; then
+    archs=${archs:-native}
+    device="cuda:$gpu_bus_id"
+    # Both workers share the GPU: each sizes its KV cache as a share of the
+    # memory it finds free (--kv_cache_memory_mb is the CPU's budget).
+    worker_args="--device=$device,--gpu_memory_fraction=0.3"
+  fi
+fi
+BUILD_DIR=${BUILD_DIR:-$([ "$cuda" = ON ] && echo build-demo-cuda || echo build-demo)}
+if [ "${DEMO_PLAN_ONLY:-0}" = 1 ]; then
+  printf 'gpu=%s\ncuda=%s\narchs=%s\nbuild_dir=%s\ndevice=%s\nworker_args=%s\nnote=%s\n' \
+    "${gpu_bus_id:-none}" "$cuda" "${archs:-default}" "$BUILD_DIR" "$device" "$worker_args" "$note"
+  exit 0
+fi
+
 bash scripts/install-deps.sh
-BUILD_DIR=${BUILD_DIR:-build}
-# Only the binaries the demo runs (scripts/build.sh builds everything).
-cmake -S . -B "$BUILD_DIR" -G Ninja -DTESSERA_CUDA="${TESSERA_CUDA:-AUTO}" >/dev/null
-cmake --build "$BUILD_DIR" -j "$(nproc)" --target tessera tessera-worker tessera-router \
-  tessera-drafter >/dev/null
+[ -z "$note" ] || echo "demo: $note"
+
+# ---- Build: only the binaries the demo runs (scripts/build.sh builds everything). ----
+cmake_args=(-S . -B "$BUILD_DIR" -G Ninja -DTESSERA_CUDA="$cuda")
+[ -z "$archs" ] || cmake_args+=(-DTESSERA_CUDA_ARCHS="$archs")
+[ -z "$nvcc" ] || [ "$cuda" = OFF ] || cmake_args+=(-DCMAKE_CUDA_COMPILER="$nvcc")
+mkdir -p "$BUILD_DIR"
+echo "demo: configuring $BUILD_DIR (CUDA $cuda${archs:+, code images: $archs}; log in" \
+  "$BUILD_DIR/demo-configure.log)"
+if ! cmake "${cmake_args[@]}" >"$BUILD_DIR/demo-configure.log" 2>&1; then
+  tail -n 40 "$BUILD_DIR/demo-configure.log"
+  echo "demo: configuring failed; the whole log is $BUILD_DIR/demo-configure.log" >&2
+  exit 1
+fi
+grep 'Tessera CUDA' "$BUILD_DIR/demo-configure.log" | sed 's/^-- /demo: /' || true
+build_start=$(date +%s)
+echo "demo: building tessera, tessera-worker, tessera-router, tessera-drafter with $(nproc)" \
+  "jobs (a first build on 2 cores takes a while; later runs rebuild only what changed)"
+# Ninja's own progress: one updating line on a terminal, a line per step
+# in a log. [done/total percent elapsed].
+NINJA_STATUS="[%f/%t %p %es] " cmake --build "$BUILD_DIR" -j "$(nproc)" --target tessera \
+  tessera-worker tessera-router tessera-drafter
+echo "demo: build done in $(( $(date +%s) - build_start )) s"
+
+# ---- Run: a local cluster on loopback. ----
 tessera="$BUILD_DIR/services/cli/tessera"
 MODEL=${MODEL:-models/target}
 TOKENIZER=${TOKENIZER:-$MODEL}
@@ -32,8 +117,7 @@ PROMPT=${PROMPT:-$'def fibonacci(n):\n    """Return the nth Fibonacci number."""
 MAX_TOKENS=${MAX_TOKENS:-64}
 run_dir=$(mktemp -d)
 
-up_args=(--workers=2 --up_model="$MODEL" --run_dir="$run_dir"
-  --worker_args=--kv_cache_memory_mb=64)
+up_args=(--workers=2 --up_model="$MODEL" --run_dir="$run_dir" --worker_args="$worker_args")
 if [ -f "$TOKENIZER/tokenizer.json" ]; then
   up_args+=(--up_tokenizer="$TOKENIZER")
 fi
@@ -46,6 +130,7 @@ if [ -n "$DRAFT_MODEL" ] && [ -f "$DRAFT_MODEL/config.json" ]; then
   up_args+=(--up_draft_source=model --up_draft_model="$DRAFT_MODEL")
 fi
 
+echo "demo: starting 2 workers on ${device}${gpu_name:+ ($gpu_name)}, a drafter and a router"
 "$tessera" up "${up_args[@]}" >"$run_dir/up.out" 2>&1 &
 up_pid=$!
 trap 'kill -INT $up_pid 2>/dev/null || true' EXIT

@@ -7,6 +7,8 @@ start=$(date +%s)
 bash scripts/install-deps.sh
 # Module layout: one-way includes, CUDA headers only in kernels/cuda.
 bash scripts/check_layout.sh
+# Docs: every repository path a Markdown file links or names exists.
+bash scripts/check_docs.sh
 bash scripts/build.sh
 BUILD_DIR=${BUILD_DIR:-build}
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" --timeout 900
