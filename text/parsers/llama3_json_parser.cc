@@ -1,0 +1,184 @@
+#include "text/parsers/llama3_json_parser.h"
+
+#include <optional>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "text/parsers/tag_scan.h"
+#include "text/parsers/tool_call_json.h"
+
+namespace tessera::text {
+namespace {
+
+constexpr absl::string_view kPythonTag = "<|python_tag|>";
+// A lead longer than this (e.g. pages of blank lines) is not a call.
+constexpr size_t kMaxLead = 4096;
+
+}  // namespace
+
+Llama3JsonParser::Llama3JsonParser(uint64_t id_seed, size_t max_block_bytes)
+    : max_block_bytes_(max_block_bytes), emitter_(id_seed) {}
+
+Llama3JsonParser::Lead Llama3JsonParser::ClassifyLead(
+    size_t* object_pos) const {
+  const bool allow_semicolon = state_ == State::kBetween;
+  absl::string_view s = lead_;
+  size_t i = 0;
+  auto skip = [&](bool semicolons) {
+    while (i < s.size() && (IsSpace(s[i]) || (semicolons && s[i] == ';'))) {
+      ++i;
+    }
+  };
+  skip(allow_semicolon);
+  if (i == s.size()) return Lead::kNeedMore;
+  if (s[i] != '{') {
+    absl::string_view rest = s.substr(i);
+    if (rest.size() < kPythonTag.size()) {
+      return absl::StartsWith(kPythonTag, rest) ? Lead::kNeedMore
+                                                : Lead::kNotACall;
+    }
+    if (!absl::StartsWith(rest, kPythonTag)) return Lead::kNotACall;
+    i += kPythonTag.size();
+    skip(false);
+    if (i == s.size()) return Lead::kNeedMore;
+    if (s[i] != '{') return Lead::kNotACall;
+  }
+  *object_pos = i;
+  return Lead::kObject;
+}
+
+void Llama3JsonParser::ToContent(absl::string_view text, ParsedDelta* out) {
+  state_ = State::kContent;
+  emitter_.Content(text, out);
+}
+
+size_t Llama3JsonParser::ScanObject(absl::string_view text,
+                                    ParsedDelta* out) {
+  size_t i = 0;
+  bool closed = false;
+  bool too_deep = false;
+  for (; i < text.size(); ++i) {
+    char c = text[i];
+    if (escape_) {
+      escape_ = false;
+    } else if (in_string_) {
+      if (c == '\\') {
+        escape_ = true;
+      } else if (c == '"') {
+        in_string_ = false;
+      }
+    } else if (c == '"') {
+      in_string_ = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth_ > kMaxJsonDepth) {
+        too_deep = true;
+        ++i;
+        break;
+      }
+    } else if (c == '}' || c == ']') {
+      if (--depth_ == 0) {
+        closed = true;
+        ++i;
+        break;
+      }
+    }
+  }
+  object_.append(text.data(), i);
+  if (closed) {
+    std::optional<ParsedToolCall> call =
+        object_.size() <= max_block_bytes_
+            ? ParseToolCallObject(object_, /*require_arguments=*/true)
+            : std::nullopt;
+    if (call) {
+      emitter_.Call(std::move(call->name), std::move(call->arguments), out);
+      state_ = State::kBetween;
+    } else {
+      ToContent(raw_lead_ + object_, out);
+    }
+    object_.clear();
+    raw_lead_.clear();
+  } else if (too_deep || object_.size() > max_block_bytes_) {
+    ToContent(raw_lead_ + object_, out);
+    object_.clear();
+    raw_lead_.clear();
+  }
+  return i;
+}
+
+ParsedDelta Llama3JsonParser::Feed(absl::string_view text) {
+  ParsedDelta out;
+  while (!text.empty()) {
+    switch (state_) {
+      case State::kContent:
+        emitter_.Content(text, &out);
+        return out;
+      case State::kStart:
+      case State::kBetween: {
+        // One byte at a time: the lead is short, and deciding per byte
+        // makes the outcome independent of how deltas are split.
+        lead_.push_back(text.front());
+        text.remove_prefix(1);
+        size_t pos = 0;
+        Lead lead = ClassifyLead(&pos);
+        if (lead == Lead::kNeedMore && lead_.size() > kMaxLead) {
+          lead = Lead::kNotACall;
+        }
+        if (lead == Lead::kNotACall) {
+          std::string held = std::move(lead_);
+          lead_.clear();
+          ToContent(held, &out);
+        } else if (lead == Lead::kObject) {
+          // After a call, its separators are not part of the next object.
+          size_t from = 0;
+          while (state_ == State::kBetween && from < pos &&
+                 (IsSpace(lead_[from]) || lead_[from] == ';')) {
+            ++from;
+          }
+          raw_lead_ = lead_.substr(from, pos - from);
+          lead_.clear();
+          object_.assign(1, '{');
+          depth_ = 1;
+          in_string_ = false;
+          escape_ = false;
+          state_ = State::kObject;
+        }
+        break;
+      }
+      case State::kObject:
+        text.remove_prefix(ScanObject(text, &out));
+        break;
+    }
+  }
+  return out;
+}
+
+ParsedDelta Llama3JsonParser::Finish() {
+  ParsedDelta out;
+  switch (state_) {
+    case State::kStart:
+      emitter_.Content(lead_, &out);
+      break;
+    case State::kBetween: {
+      // Trailing separators after the last call are not content.
+      bool only_separators = true;
+      for (char c : lead_) {
+        if (!IsSpace(c) && c != ';') only_separators = false;
+      }
+      if (!only_separators) emitter_.Content(lead_, &out);
+      break;
+    }
+    case State::kObject:
+      emitter_.Content(raw_lead_ + object_, &out);
+      break;
+    case State::kContent:
+      break;
+  }
+  lead_.clear();
+  object_.clear();
+  raw_lead_.clear();
+  state_ = State::kContent;
+  emitter_.Finish(&out);
+  return out;
+}
+
+}  // namespace tessera::text
