@@ -2,7 +2,7 @@
 """Checks that deploy/ only uses metrics that exist.
 
 Extracts every tessera_* metric name used in the Prometheus rules and the
-Grafana dashboard and checks that each is documented in README.md's metrics
+Grafana dashboard and checks that each is documented in docs/metrics.md's
 tables (rows starting with "| `tessera_..."). Histogram series may carry the
 _bucket, _sum or _count suffix. Also checks the dashboard is valid JSON with
 unique panel ids and that every target has an expression.
@@ -19,7 +19,7 @@ HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
 def documented(readme_text):
-    """Returns {metric name: type} from the README metrics tables."""
+    """Returns {metric name: type} from the metrics tables of docs/metrics.md."""
     out = {}
     for line in readme_text.splitlines():
         m = re.match(r"\|\s*`(tessera_[a-z0-9_]+)(?:\{[^}]*\})?`\s*\|\s*(\w+)\s*\|", line)
@@ -71,10 +71,10 @@ def main(argv):
         print(__doc__, file=sys.stderr)
         return 2
     root = args[0]
-    with open(f"{root}/README.md") as f:
+    with open(f"{root}/docs/metrics.md") as f:
         docs = documented(f.read())
     if len(docs) < 20:
-        print(f"FAIL: found only {len(docs)} metrics in README.md's tables; did its format change?")
+        print(f"FAIL: found only {len(docs)} metrics in docs/metrics.md's tables; did its format change?")
         return 1
 
     errors = []
@@ -95,7 +95,7 @@ def main(argv):
         if not used:
             errors.append(f"{what}: no tessera_* metric found")
         for name in unknown_names(used, docs):
-            errors.append(f"{what}: {name} is not in README.md's metrics tables")
+            errors.append(f"{what}: {name} is not in docs/metrics.md's tables")
         print(f"{what}: {len(used)} metric names checked")
 
     if self_test:

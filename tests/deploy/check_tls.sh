@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mutual TLS between router and worker with the certificates made exactly
-# as deploy/README.md says (its `deploy/tls/make-certs.sh certs ...` line,
+# as docs/deployment.md says (its `deploy/tls/make-certs.sh certs ...` line,
 # run as written), with the real binaries:
 #   1. a router reaches a worker addressed as 127.0.0.1:PORT whose
 #      certificate it checks for tessera-worker-0.tessera-worker (a pod's
@@ -35,8 +35,8 @@ cleanup() {
 trap cleanup EXIT
 
 # The README's command, as written (brace expansion included).
-recipe=$(grep -m1 '^ *deploy/tls/make-certs.sh certs ' "${repo}/deploy/README.md" | sed 's/^ *//') ||
-  fail "deploy/README.md has no 'deploy/tls/make-certs.sh certs ...' line"
+recipe=$(grep -m1 '^ *deploy/tls/make-certs.sh certs ' "${repo}/docs/deployment.md" | sed 's/^ *//') ||
+  fail "docs/deployment.md has no 'deploy/tls/make-certs.sh certs ...' line"
 echo "recipe: ${recipe}"
 (cd "$tmp" && mkdir deploy && ln -s "${repo}/deploy/tls" deploy/tls && bash -c "${recipe}") ||
   fail "the README's recipe failed"
