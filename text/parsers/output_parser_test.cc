@@ -138,40 +138,64 @@ TEST(ReasoningTest, NoTagsIsAllContent) {
   EXPECT_TRUE(m.reasoning.empty());
 }
 
-TEST(ReasoningTest, SeveralBlocks) {
+TEST(ReasoningTest, OnlyOneLeadingBlock) {
+  // Later tags are content: an answer may quote them.
   ParsedMessage m = ExpectSplitInvariant(
       Opts("none", true), "<think>a</think>b<think>c</think>d");
-  EXPECT_EQ(m.reasoning, "ac");
-  EXPECT_EQ(m.content, "bd");
+  EXPECT_EQ(m.reasoning, "a");
+  EXPECT_EQ(m.content, "b<think>c</think>d");
+  // <think> opens reasoning only as the first non-whitespace.
+  m = ExpectSplitInvariant(Opts("none", true), "x<think>a</think>b");
+  EXPECT_EQ(m.content, "x<think>a</think>b");
+  EXPECT_TRUE(m.reasoning.empty());
+  m = ExpectSplitInvariant(Opts("none", true), " \n<think>a</think>b");
+  EXPECT_EQ(m.reasoning, "a");
+  EXPECT_EQ(m.content, "b");
+}
+
+TEST(ReasoningTest, StartsInReasoningDropsARepeatedOpenTag) {
+  ParsedMessage m = ExpectSplitInvariant(Opts("none", false, true),
+                                         "<think>\nwhy</think>ok");
+  EXPECT_EQ(m.reasoning, "\nwhy");
+  EXPECT_EQ(m.content, "ok");
+  m = ExpectSplitInvariant(Opts("none", false, true), "\nwhy</think>ok");
+  EXPECT_EQ(m.reasoning, "\nwhy");
 }
 
 TEST(ReasoningTest, UnicodeAroundTags) {
   ParsedMessage m = ExpectSplitInvariant(
-      Opts("none", true), "前言😀<think>推理：∑ñ</think>答案🎉");
-  EXPECT_EQ(m.reasoning, "推理：∑ñ");
-  EXPECT_EQ(m.content, "前言😀答案🎉");
+      Opts("none", true), "<think>推理：∑ñ😀</think>答案🎉<think>");
+  EXPECT_EQ(m.reasoning, "推理：∑ñ😀");
+  EXPECT_EQ(m.content, "答案🎉<think>");
+  m = ExpectSplitInvariant(Opts("none", false, true), "前言😀</think>答案");
+  EXPECT_EQ(m.reasoning, "前言😀");
+  EXPECT_EQ(m.content, "答案");
 }
 
 TEST(ReasoningTest, HoldsBackOnlyAPossibleTagPrefix) {
   auto parser = MakeOutputParser(Opts("none", true));
   ASSERT_TRUE(parser.ok());
-  EXPECT_EQ((*parser)->Feed("a <th").content, "a ");
-  EXPECT_EQ((*parser)->Feed("e").content, "<the");  // "<the" is no tag prefix
-  EXPECT_EQ((*parser)->Feed("<").content, "");
-  EXPECT_EQ((*parser)->Feed("<").content, "<");  // "<<": the first '<' goes
-  EXPECT_EQ((*parser)->Feed("think").content, "");
-  ParsedDelta d = (*parser)->Feed(">x</thi");
-  EXPECT_EQ(d.content, "");
+  EXPECT_EQ((*parser)->Feed("\n<th").content, "");
+  ParsedDelta d = (*parser)->Feed("ink>x</thi");
   EXPECT_EQ(d.reasoning, "x");
-  d = (*parser)->Feed("s");
+  EXPECT_EQ(d.content, "");
+  d = (*parser)->Feed("s");  // "</this" is no tag prefix
   EXPECT_EQ(d.reasoning, "</this");
-  d = (*parser)->Finish();
-  EXPECT_TRUE(d.empty());
+  d = (*parser)->Feed("<</");
+  EXPECT_EQ(d.reasoning, "<");
+  d = (*parser)->Feed("think>A<");
+  EXPECT_EQ(d.reasoning, "");
+  EXPECT_EQ(d.content, "A<");  // after reasoning nothing is held back
+  EXPECT_TRUE((*parser)->Finish().empty());
+
+  parser = MakeOutputParser(Opts("none", true));
+  EXPECT_EQ((*parser)->Feed("<thi").content, "");
+  EXPECT_EQ((*parser)->Feed("s is").content, "<this is");
 }
 
 TEST(ReasoningTest, PartialTagAtEndIsFlushedToCurrentStream) {
-  ParsedMessage m = ExpectSplitInvariant(Opts("none", true), "answer <thin");
-  EXPECT_EQ(m.content, "answer <thin");
+  ParsedMessage m = ExpectSplitInvariant(Opts("none", true), "<thin");
+  EXPECT_EQ(m.content, "<thin");
   m = ExpectSplitInvariant(Opts("none", false, true), "why </thi");
   EXPECT_EQ(m.reasoning, "why </thi");
 }
@@ -179,6 +203,22 @@ TEST(ReasoningTest, PartialTagAtEndIsFlushedToCurrentStream) {
 TEST(ReasoningTest, StrayCloseTagInContentIsContent) {
   ParsedMessage m = ExpectSplitInvariant(Opts("none", true), "a</think>b");
   EXPECT_EQ(m.content, "a</think>b");
+}
+
+TEST(ReasoningTest, LongLeadingWhitespaceStopsWaitingForTheTag) {
+  std::string text = std::string(5000, ' ') + "<think>x</think>";
+  ParsedMessage m = RunWhole(Opts("none", true), text);
+  EXPECT_EQ(m.content, text);
+  EXPECT_EQ(RunBytes(Opts("none", true), text), m);
+}
+
+TEST(ReasoningTest, TagsInToolArgumentsAfterReasoningSurvive) {
+  ParsedMessage m = ExpectSplitInvariant(
+      Opts("qwen3", true),
+      "<think>plan</think><tool_call>{\"name\":\"f\",\"arguments\":"
+      "{\"html\":\"<think>x</think>\"}}</tool_call>");
+  EXPECT_EQ(m.reasoning, "plan");
+  ExpectCalls(m, {Call("f", R"({"html":"<think>x</think>"})")});
 }
 
 TEST(ReasoningTest, PromptOpensReasoning) {

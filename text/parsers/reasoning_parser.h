@@ -1,14 +1,17 @@
 // Splits streamed output into reasoning (inside `<think>…</think>`) and
 // content. Implements OutputParser; its deltas never carry tool calls.
 //
-// Output may start inside reasoning (the prompt opened `<think>`), in which
-// case only `</think>` is expected first. Several blocks are allowed: after
-// `</think>`, a later `<think>` opens reasoning again. Tags are removed; all
-// other bytes reach exactly one of the two streams, in order. A tag split
-// across deltas is held back, but never more bytes than could begin the tag
-// that would end the current stream. At Finish, held bytes go to the
-// current stream (an unclosed `<think>` leaves its text as reasoning: the
-// output was cut off while the model was thinking).
+// One reasoning block, at the start, as Qwen3 and DeepSeek-R1 write it:
+// `<think>` opens it only as the first non-whitespace of the output (that
+// whitespace is dropped); with starts_in_reasoning (the prompt already
+// opened `<think>`) the output is reasoning from its first byte, and a
+// leading `<think>` the model repeats anyway is dropped. The first
+// `</think>` ends reasoning; everything after it is content, including any
+// later `<think>` (so a tag quoted in an answer or in tool-call arguments is
+// never swallowed). Tags split across deltas are held back, but never more
+// bytes than could still begin the tag. At Finish, held bytes go to the
+// current stream; an unclosed block stays reasoning (the output was cut off
+// while the model was thinking).
 //
 // Thread-safety: not thread-safe; one instance per request.
 #pragma once
@@ -22,16 +25,19 @@ namespace tessera::text {
 class ReasoningParser : public OutputParser {
  public:
   explicit ReasoningParser(bool starts_in_reasoning)
-      : in_reasoning_(starts_in_reasoning) {}
+      : starts_in_reasoning_(starts_in_reasoning) {}
 
   ParsedDelta Feed(absl::string_view text) override;
   ParsedDelta Finish() override;
 
  private:
+  enum class State { kStart, kReasoning, kContent };
+
   void Drain(bool final, ParsedDelta* out);
 
-  bool in_reasoning_;
-  std::string pending_;  // at most one tag's length minus one between calls
+  const bool starts_in_reasoning_;
+  State state_ = State::kStart;
+  std::string pending_;  // kStart: leading whitespace and a partial tag
 };
 
 }  // namespace tessera::text
