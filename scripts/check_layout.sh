@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fails when a source file breaks the module layout of DESIGN.md:
+# Fails when a source file breaks the module layout (docs/architecture.md):
 #   - dependencies run one way: services -> router / worker -> text /
 #     kernels -> base; router/ and worker/ never include each other, and
 #     nothing below includes what sits above it;
