@@ -10,7 +10,11 @@
 #                   { } $ ...), build outputs (build*/), absolute paths, and
 #                   text inside ``` fences. A program named after its
 #                   source (`tests/bench/foo_bench` for foo_bench.cc) counts
-#                   as existing.
+#                   as existing;
+#   `name.h`        in a folder's README.md, a backticked bare file name with
+#                   a source extension (.h .cc .cu .cuh .py .sh .inc .proto)
+#                   must exist in that folder or below it (the entry points
+#                   a README lists).
 # Usage: scripts/check_docs.sh [ROOT]   (default: this checkout). Prints
 # FILE:LINE: PATH for each broken reference and exits 1 if there is one.
 set -euo pipefail
@@ -19,9 +23,14 @@ cd "$root"
 exec python3 - <<'PY'
 import os, re, subprocess, sys
 
-listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", "*.md"],
+listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"],
                         check=True, capture_output=True, text=True).stdout.split("\n")
-files = sorted(f for f in listed if f and "node_modules/" not in f and os.path.isfile(f))
+listed = [f for f in listed if f and "node_modules/" not in f and os.path.isfile(f)]
+files = sorted(f for f in listed if f.endswith(".md"))
+by_name = {}
+for g in listed:
+    by_name.setdefault(os.path.basename(g), []).append(g)
+bare_re = re.compile(r"^[A-Za-z0-9_.+-]+\.(h|cc|cu|cuh|py|sh|inc|proto)$")
 top = set(os.listdir("."))
 link_re = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 tick_re = re.compile(r"`([^`\s]+)`")
@@ -52,6 +61,11 @@ for f in files:
                 if path and not exists(os.path.join(base, path)):
                     bad.append(f"{f}:{n}: link ({target})")
             for word in tick_re.findall(line):
+                if ("/" not in word and bare_re.match(word) and base and
+                        os.path.basename(f) == "README.md" and not f.startswith("docs/")):
+                    if not any(g.startswith(base + "/") for g in by_name.get(word, [])):
+                        bad.append(f"{f}:{n}: `{word}` (not in {base}/)")
+                    continue
                 if "/" not in word or word[0] in "/-~." or "://" in word:
                     continue
                 if any(c in placeholder for c in word):
