@@ -20,6 +20,7 @@
 #   TESSERA_CUDA_ARCHS  code images to build (default: native with a GPU,
 #                       else CMake's full list)
 #   BUILD_DIR           build directory (default build-demo or build-demo-cuda)
+#   BUILD_TYPE          CMake build type (default Release)
 #   MODEL               model directory the workers serve (default models/target)
 #   TOKENIZER           tokenizer directory for the router (default: $MODEL)
 #   DRAFT_MODEL         draft model the drafter runs for speculative decoding
@@ -88,7 +89,9 @@ bash scripts/install-deps.sh
 [ -z "$note" ] || echo "demo: $note"
 
 # ---- Build: only the binaries the demo runs (scripts/build.sh builds everything). ----
-cmake_args=(-S . -B "$BUILD_DIR" -G Ninja -DTESSERA_CUDA="$cuda")
+# Release: no debug info, so the first build compiles and links faster.
+cmake_args=(-S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}"
+  -DTESSERA_CUDA="$cuda")
 [ -z "$archs" ] || cmake_args+=(-DTESSERA_CUDA_ARCHS="$archs")
 [ -z "$nvcc" ] || [ "$cuda" = OFF ] || cmake_args+=(-DCMAKE_CUDA_COMPILER="$nvcc")
 mkdir -p "$BUILD_DIR"
