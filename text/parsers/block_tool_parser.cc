@@ -43,7 +43,8 @@ bool ValidName(absl::string_view name) {
 }  // namespace
 
 std::optional<ParsedToolCall> ParseQwen3Body(absl::string_view body) {
-  return ParseToolCallObject(body, /*require_arguments=*/false);
+  // Some fine-tunes wrap the object in a ```json fence; accept that too.
+  return ParseToolCallObject(StripFence(body), /*require_arguments=*/false);
 }
 
 std::optional<ParsedToolCall> ParseDeepSeekBody(absl::string_view body) {

@@ -47,6 +47,15 @@ Llama3JsonParser::Lead Llama3JsonParser::ClassifyLead(
   return Lead::kObject;
 }
 
+size_t Llama3JsonParser::SeparatorLength(size_t limit) const {
+  size_t n = 0;
+  while (state_ == State::kBetween && n < limit &&
+         (IsSpace(lead_[n]) || lead_[n] == ';')) {
+    ++n;
+  }
+  return n;
+}
+
 void Llama3JsonParser::ToContent(absl::string_view text, ParsedDelta* out) {
   state_ = State::kContent;
   emitter_.Content(text, out);
@@ -124,16 +133,11 @@ ParsedDelta Llama3JsonParser::Feed(absl::string_view text) {
           lead = Lead::kNotACall;
         }
         if (lead == Lead::kNotACall) {
-          std::string held = std::move(lead_);
+          std::string held = lead_.substr(SeparatorLength(lead_.size()));
           lead_.clear();
           ToContent(held, &out);
         } else if (lead == Lead::kObject) {
-          // After a call, its separators are not part of the next object.
-          size_t from = 0;
-          while (state_ == State::kBetween && from < pos &&
-                 (IsSpace(lead_[from]) || lead_[from] == ';')) {
-            ++from;
-          }
+          size_t from = SeparatorLength(pos);
           raw_lead_ = lead_.substr(from, pos - from);
           lead_.clear();
           object_.assign(1, '{');
@@ -159,12 +163,9 @@ ParsedDelta Llama3JsonParser::Finish() {
       emitter_.Content(lead_, &out);
       break;
     case State::kBetween: {
-      // Trailing separators after the last call are not content.
-      bool only_separators = true;
-      for (char c : lead_) {
-        if (!IsSpace(c) && c != ';') only_separators = false;
-      }
-      if (!only_separators) emitter_.Content(lead_, &out);
+      emitter_.Content(
+          absl::string_view(lead_).substr(SeparatorLength(lead_.size())),
+          &out);
       break;
     }
     case State::kObject:

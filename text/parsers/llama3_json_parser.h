@@ -39,6 +39,9 @@ class Llama3JsonParser : public OutputParser {
   Lead ClassifyLead(size_t* object_pos) const;
   // Scans object bytes; returns how many of `text` it consumed.
   size_t ScanObject(absl::string_view text, ParsedDelta* out);
+  // After a call: how many leading bytes of lead_ (up to `limit`) are the
+  // call's separators (whitespace and ';'), which are never content.
+  size_t SeparatorLength(size_t limit) const;
   void ToContent(absl::string_view text, ParsedDelta* out);
 
   const size_t max_block_bytes_;

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -429,6 +430,10 @@ TEST(Llama3JsonTest, TextAfterACallIsContent) {
       "\"parameters\": {}}");
   ExpectCalls(m, {Call("a", "{}")});
   EXPECT_EQ(m.content, "I called it. {\"name\": \"b\", \"parameters\": {}}");
+  m = ExpectSplitInvariant(Opts("llama3_json"),
+                           "{\"name\": \"a\", \"parameters\": {}}; hello");
+  ExpectCalls(m, {Call("a", "{}")});
+  EXPECT_EQ(m.content, "hello");
 }
 
 TEST(Llama3JsonTest, BadSecondObjectKeepsFirstCall) {
@@ -651,6 +656,170 @@ TEST(WhitespaceRuleTest, ShortRunsTouchingACallAreDroppedLongOnesKept) {
         RunCuts(Opts("qwen3"), text, RandomCuts(text.size(), &rng));
     EXPECT_EQ(r.content, m.content);
   }
+}
+
+}  // namespace
+}  // namespace tessera::text
+
+namespace tessera::text {
+namespace {
+
+// ------------------------------------------------------------- edge cases
+
+TEST(EdgeCaseTest, EmptyFeedsAndFinishWithoutFeed) {
+  for (const std::string& f : KnownToolFormats()) {
+    for (bool r : {false, true}) {
+      auto parser = MakeOutputParser(Opts(f, r));
+      ASSERT_TRUE(parser.ok());
+      EXPECT_TRUE((*parser)->Feed("").empty()) << f;
+      EXPECT_TRUE((*parser)->Finish().empty()) << f;
+    }
+  }
+}
+
+TEST(EdgeCaseTest, ManyCallsGetConsecutiveIndexesAndDistinctIds) {
+  std::string text;
+  for (int i = 0; i < 500; ++i) {
+    text += absl::StrCat("<tool_call>{\"name\":\"f", i,
+                         "\",\"arguments\":{\"i\":", i, "}}</tool_call>\n");
+  }
+  auto parser = MakeOutputParser(Opts("qwen3"));
+  ASSERT_TRUE(parser.ok());
+  std::vector<ToolCallDelta> calls;
+  std::mt19937_64 rng(5);
+  size_t at = 0;
+  for (size_t cut : RandomCuts(text.size(), &rng)) {
+    for (auto& c : (*parser)->Feed(text.substr(at, cut - at)).tool_calls) {
+      calls.push_back(c);
+    }
+    at = cut;
+  }
+  for (auto& c : (*parser)->Feed(text.substr(at)).tool_calls) {
+    calls.push_back(c);
+  }
+  EXPECT_TRUE((*parser)->Finish().empty());
+  ASSERT_EQ(calls.size(), 500u);
+  std::set<std::string> ids;
+  for (int i = 0; i < 500; ++i) {
+    EXPECT_EQ(calls[i].index, i);
+    EXPECT_EQ(calls[i].name, absl::StrCat("f", i));
+    EXPECT_EQ(calls[i].arguments, absl::StrCat("{\"i\":", i, "}"));
+    ids.insert(calls[i].id);
+  }
+  EXPECT_EQ(ids.size(), 500u);
+}
+
+TEST(EdgeCaseTest, Qwen3LenientBodies) {
+  ParsedMessage m = ExpectSplitInvariant(
+      Opts("qwen3"),
+      "<tool_call>\n```json\n{\"name\": \"f\", \"arguments\": {}}\n```\n"
+      "</tool_call><tool_call>{\"name\": \"g\", \"arguments\": \"\"}"
+      "</tool_call><tool_call>{\"name\": \"h\", \"arguments\": null, "
+      "\"id\": 3}</tool_call>");
+  ExpectCalls(m, {Call("f", "{}"), Call("g", "{}"), Call("h", "{}")});
+}
+
+TEST(EdgeCaseTest, JsonEscapesAndNumbersAreNormalized) {
+  ParsedMessage m = ExpectSplitInvariant(
+      Opts("qwen3"),
+      "<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": \"\\u00e9\\n\\\"\","
+      " \"n\": -1.5e2, \"big\": 18446744073709551615, \"b\": false, "
+      "\"z\": null, \"e\": {}, \"l\": []}}</tool_call>");
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.tool_calls[0].arguments,
+            "{\"b\":false,\"big\":18446744073709551615,\"e\":{},\"l\":[],"
+            "\"n\":-150.0,\"s\":\"é\\n\\\"\",\"z\":null}");
+}
+
+TEST(EdgeCaseTest, EndTagInsideAStringClosesTheBlockEarly) {
+  // A documented limitation shared with other servers: the first end tag
+  // ends the block. The block then fails to parse and is content, whole.
+  std::string text =
+      "<tool_call>{\"name\":\"f\",\"arguments\":{\"s\":\"</tool_call>\"}}"
+      "</tool_call>";
+  ParsedMessage m = ExpectSplitInvariant(Opts("qwen3"), text);
+  EXPECT_EQ(m.content, text);
+  EXPECT_TRUE(m.tool_calls.empty());
+}
+
+TEST(EdgeCaseTest, Llama3AdjacentObjectsAndTagThenSpace) {
+  ParsedMessage m = ExpectSplitInvariant(
+      Opts("llama3_json"),
+      "<|python_tag|> \n{\"name\":\"a\",\"parameters\":{}}"
+      "{\"name\":\"b\",\"parameters\":{\"x\":\"\\\\\"}}");
+  ExpectCalls(m, {Call("a", "{}"), Call("b", R"({"x":"\\"})")});
+  EXPECT_EQ(m.content, "");
+}
+
+TEST(EdgeCaseTest, Llama3TrailingSeparatorsAndBareTagAfterCall) {
+  ParsedMessage m = ExpectSplitInvariant(
+      Opts("llama3_json"), "{\"name\":\"a\",\"parameters\":{}} ;\n; ");
+  ExpectCalls(m, {Call("a", "{}")});
+  EXPECT_EQ(m.content, "");
+  m = ExpectSplitInvariant(Opts("llama3_json"),
+                           "{\"name\":\"a\",\"parameters\":{}};<|python_tag|>");
+  ExpectCalls(m, {Call("a", "{}")});
+  EXPECT_EQ(m.content, "<|python_tag|>");
+}
+
+TEST(EdgeCaseTest, Llama3DeepNestingIsContent) {
+  std::string text = "{\"name\":\"f\",\"parameters\":" +
+                     std::string(1000, '[') + std::string(1000, ']') + "}";
+  ParsedMessage m = RunWhole(Opts("llama3_json"), text);
+  EXPECT_EQ(m.content, text);
+  EXPECT_EQ(RunBytes(Opts("llama3_json"), text), m);
+}
+
+TEST(EdgeCaseTest, DeepSeekNamesAndStrayTextInSection) {
+  ParsedMessage m = ExpectSplitInvariant(
+      Opts("deepseek_v3"),
+      kCallsBegin + "\n" + DsV3Call("pkg.get_weather", "{}") +
+          " stray " + DsV3Call("b", "{\"k\": \"```\"}") + "\n" + kCallsEnd +
+          "after");
+  ExpectCalls(m, {Call("pkg.get_weather", "{}"),
+                  Call("b", R"({"k":"```"})")});
+  EXPECT_EQ(m.content, "strayafter");
+}
+
+TEST(EdgeCaseTest, DeepSeekTagsInsideReasoningAreReasoning) {
+  std::string inner = kCallsBegin + DsV3Call("x", "{}") + kCallsEnd;
+  ParsedMessage m = ExpectSplitInvariant(Opts("deepseek_v3", false, true),
+                                         "I could " + inner + "</think>ok");
+  EXPECT_EQ(m.reasoning, "I could " + inner);
+  EXPECT_EQ(m.content, "ok");
+  EXPECT_TRUE(m.tool_calls.empty());
+}
+
+TEST(EdgeCaseTest, DeepSeekSectionWithoutCallsKeepsItsTags) {
+  std::string text = "a" + kCallsBegin + "  \n " + kCallsEnd + "b";
+  ParsedMessage m = ExpectSplitInvariant(Opts("deepseek_v3"), text);
+  EXPECT_EQ(m.content, text);
+}
+
+TEST(EdgeCaseTest, FormatsIgnoreEachOthersTags) {
+  std::string qwen = "<tool_call>{\"name\":\"f\"}</tool_call>";
+  std::string ds = kCallsBegin + DsV3Call("f", "{}") + kCallsEnd;
+  EXPECT_EQ(RunWhole(Opts("deepseek_v3"), qwen).content, qwen);
+  EXPECT_EQ(RunWhole(Opts("qwen3"), ds).content, ds);
+  EXPECT_EQ(RunWhole(Opts("llama3_json"), qwen).content, qwen);
+}
+
+TEST(EdgeCaseTest, AccumulateMergesFragmentsByIndex) {
+  ParsedMessage m;
+  ParsedDelta a;
+  a.content = "x";
+  a.tool_calls.push_back({0, "call_1", "f", "{\"a\""});
+  ParsedDelta b;
+  b.reasoning = "r";
+  b.tool_calls.push_back({0, "", "", ":1}"});
+  b.tool_calls.push_back({1, "call_2", "g", "{}"});
+  Accumulate(a, &m);
+  Accumulate(b, &m);
+  EXPECT_EQ(m.content, "x");
+  EXPECT_EQ(m.reasoning, "r");
+  ASSERT_EQ(m.tool_calls.size(), 2u);
+  EXPECT_EQ(m.tool_calls[0], (ToolCall{"call_1", "f", "{\"a\":1}"}));
+  EXPECT_EQ(m.tool_calls[1], (ToolCall{"call_2", "g", "{}"}));
 }
 
 }  // namespace

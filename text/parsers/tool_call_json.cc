@@ -74,6 +74,9 @@ std::optional<ParsedToolCall> ParseToolCallObject(absl::string_view text,
     call.arguments = Compact(*args);
   } else if (args->is_null()) {
     call.arguments = "{}";
+  } else if (args->is_string() &&
+             TrimSpace(args->get_ref<const std::string&>()).empty()) {
+    call.arguments = "{}";
   } else if (args->is_string()) {
     std::optional<std::string> inner =
         CompactJsonObject(args->get_ref<const std::string&>());

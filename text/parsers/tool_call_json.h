@@ -23,7 +23,8 @@ struct ParsedToolCall {
 
 // `text` (surrounding whitespace allowed) must be one JSON object with a
 // non-empty string "name" and arguments under "arguments" or, failing that,
-// "parameters": an object, a string holding a JSON object, or null (-> {}).
+// "parameters": an object, a string holding a JSON object, or null or an
+// empty string (-> {}).
 // Without either key: {} unless `require_arguments`. Other keys are ignored.
 std::optional<ParsedToolCall> ParseToolCallObject(absl::string_view text,
                                                   bool require_arguments);
