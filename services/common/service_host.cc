@@ -150,6 +150,7 @@ absl::Status ServiceHost::Start() {
     }
   }
   if (auto s = WritePortFile(); !s.ok()) return s;
+  for (const auto& [key, port] : extra_ports_) LogInfo("listening", {{key, port}});
   LogInfo("listening", {{"grpc_port", grpc_port_},
                         {"metrics_port", metrics_.port()},
                         {"tls", options_.tls_cert_file.empty() ? "off" : "on"},
@@ -163,6 +164,7 @@ absl::Status ServiceHost::WritePortFile() const {
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << "grpc_port=" << grpc_port_ << "\nmetrics_port=" << metrics_.port() << "\n";
+    for (const auto& [key, port] : extra_ports_) out << key << "=" << port << "\n";
     if (!out)
       return absl::InvalidArgumentError(absl::StrCat("--port_file=", tmp, ": cannot write"));
   }

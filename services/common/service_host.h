@@ -87,6 +87,10 @@ class ServiceHost {
   // Readiness starts NOT_SERVING; liveness ("") is SERVING.
   absl::Status Start();
 
+  // Adds "key=port" to the port file (and the "listening" log line), e.g. a
+  // second listener the binary runs itself. REQUIRES: before Start().
+  void AddPortFileEntry(std::string key, int port) { extra_ports_.emplace_back(std::move(key), port); }
+
   // Sets readiness of every registered service (ignored once draining).
   void SetReady(bool ready);
 
@@ -134,6 +138,7 @@ class ServiceHost {
   std::atomic<int> exit_code_{kExitClean};
   std::thread watchdog_;  // systemd watchdog pings, when enabled
   std::function<void()> drain_deadline_hook_;
+  std::vector<std::pair<std::string, int>> extra_ports_;
 };
 
 // Client-side credentials for connecting to another Tessera service: TLS

@@ -1,25 +1,24 @@
 // InferenceService: the public tessera.v1.Inference API, the router's text
-// layer over the routing core (router/router.h).
+// layer over the routing core (router/router.h), and the state that the
+// HTTP API (openai_handler.h) shares with it: API keys, admission, routing,
+// workers, drain and metrics.
 //
-// Generate: authenticate (optional API keys) → tokenize (text prompts) →
-// admit (bounded in-flight, RESOURCE_EXHAUSTED with a retry hint) → route →
-// stream from the chosen worker, detokenizing incrementally and applying stop
-// strings (a match cancels the worker's stream) → complete with usage.
-// Failure handling: before the first token, a retryable worker failure is
-// retried on another worker; after it, the request migrates — it resumes on
-// another worker with the prompt plus the tokens already sent, so the client
-// sees one stream with nothing lost or repeated. Client cancellation and
-// deadlines propagate to the worker call.
+// Generate and Chat: authenticate (optional API keys) → (Chat: render the
+// messages with the model's chat template) → a StreamPipeline
+// (stream_pipeline.h: tokenize, admit, route, stream with retries and
+// migration, detokenize, stop strings, output parsing) whose sink is a gRPC
+// reactor. Failure handling: before the first token, a retryable worker
+// failure is retried on another worker; after it, the request migrates — it
+// resumes on another worker with the prompt plus the tokens already sent, so
+// the client sees one stream with nothing lost or repeated. Client
+// cancellation and deadlines propagate to the worker call.
 //
-// Threading: Generate is served with gRPC's callback API. Each stream is a
-// reactor (GenerateCall, in inference_service.cc) driven by events — the
-// client's write done, cancel and done; the worker call's read done and
-// done; the admission queue's verdict — that run one at a time per stream
-// on whichever thread delivered them (gRPC's callback threads, or the thread
-// whose finished request freed an admission slot). No thread is held while
-// a stream waits for admission, for a worker's token or for the client, so
-// the router runs thousands of streams on a handful of threads. Tokenize
-// and ListModels are unary synchronous handlers.
+// Threading: Generate and Chat are served with gRPC's callback API; each
+// stream is a pipeline driven by events that run one at a time per stream
+// on whichever thread delivered them. No thread is held while a stream
+// waits for admission, for a worker's token or for the client, so the
+// router runs thousands of streams on a handful of threads. Tokenize and
+// ListModels are unary synchronous handlers.
 //
 // Thread-safety: gRPC calls the handlers from its threads; shared state is
 // the thread-safe Router, the thread-safe admission controller, atomics and
@@ -39,7 +38,9 @@
 #include "router/admission.h"
 #include "router/router.h"
 #include "services/common/drain.h"
+#include "services/router/chat_request.h"
 #include "services/router/router_metrics.h"
+#include "services/router/stream_pipeline.h"
 #include "services/router/tokenize_pool.h"
 #include "services/router/upstream.h"
 #include "tessera/v1/inference.grpc.pb.h"
@@ -62,16 +63,21 @@ struct InferenceServiceOptions {
   int tokenize_threads = 2;  // threads of the pool that tokenizes long prompts
 };
 
-class GenerateCall;
+namespace internal {
+class Pipeline;  // stream_pipeline.cc
+}  // namespace internal
 
 class InferenceService final
-    : public tessera::v1::Inference::WithCallbackMethod_Generate<tessera::v1::Inference::Service>,
+    : public tessera::v1::Inference::WithCallbackMethod_Generate<
+          tessera::v1::Inference::WithCallbackMethod_Chat<tessera::v1::Inference::Service>>,
       public UpstreamSink {
  public:
   // `tokenizer` may be null: then only token-id prompts are accepted.
+  // `chat` may be null: then Chat is refused (FAILED_PRECONDITION).
   // REQUIRES: router, drain and metrics outlive the service.
   InferenceService(InferenceServiceOptions options, router::Router* router,
-                   std::unique_ptr<Tokenizer> tokenizer, DrainState* drain, RouterMetrics* metrics);
+                   std::unique_ptr<Tokenizer> tokenizer, DrainState* drain, RouterMetrics* metrics,
+                   std::unique_ptr<ChatRenderer> chat = nullptr);
   ~InferenceService() override;
 
   // Makes the set of workers equal `addresses` (connecting new ones,
@@ -86,9 +92,25 @@ class InferenceService final
 
   const router::AdmissionController& admission() const { return admission_; }
 
+  // For the HTTP API: the same checks and state as gRPC.
+  // OK when no API keys are configured or `authorization` is "Bearer <a
+  // configured key>"; else UNAUTHENTICATED.
+  absl::Status CheckApiKey(absl::string_view authorization) const;
+  const std::string& model_name() const { return options_.model_name; }
+  int context_length() const { return context_length_.load(); }
+  int HealthyWorkers() const;
+  bool draining() const { return drain_->draining(); }
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  // The pipeline request for a chat (rendered with the chat template); a
+  // request that cannot be rendered carries the error (early_error).
+  StreamRequest ChatToStream(const tessera::v1::ChatRequest& request) const;
+  static StreamRequest GenerateToStream(const tessera::v1::GenerateRequest& request);
+
   // The reactor deletes itself when the call is done.
   grpc::ServerWriteReactor<tessera::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const tessera::v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<tessera::v1::GenerateResponse>* Chat(
+      grpc::CallbackServerContext* context, const tessera::v1::ChatRequest* request) override;
   grpc::Status Tokenize(grpc::ServerContext* context, const tessera::v1::TokenizeRequest* request,
                         tessera::v1::TokenizeResponse* response) override;
   grpc::Status ListModels(grpc::ServerContext* context,
@@ -101,8 +123,10 @@ class InferenceService final
   void OnLoad(const std::string& address, const tessera::v1::LoadReport& report) override;
 
  private:
-  friend class GenerateCall;
+  friend class internal::Pipeline;
 
+  grpc::ServerWriteReactor<tessera::v1::GenerateResponse>* StartGrpcStream(
+      grpc::CallbackServerContext* context, StreamRequest request);
   grpc::Status Authenticate(const grpc::ServerContextBase& context) const;
   // OK when `model` is empty or the served name; else NOT_FOUND.
   grpc::Status CheckModel(const std::string& model) const;
@@ -114,13 +138,14 @@ class InferenceService final
   InferenceServiceOptions options_;
   router::Router* router_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<ChatRenderer> chat_;
   DrainState* drain_;
   RouterMetrics* metrics_;
   router::AdmissionController admission_;
   std::atomic<int> context_length_{0};
 
   absl::Mutex calls_mu_;
-  absl::flat_hash_set<GenerateCall*> calls_ ABSL_GUARDED_BY(calls_mu_);  // open streams
+  absl::flat_hash_set<StreamPipeline*> calls_ ABSL_GUARDED_BY(calls_mu_);  // open streams
 
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<WorkerUpstream>> upstreams_ ABSL_GUARDED_BY(mu_);

@@ -5,6 +5,10 @@
 // --workers_dns (every address of a name, looked up again every
 // --workers_dns_interval: a Kubernetes headless Service; router/worker_dns.h).
 // The router uses the union of the three.
+//
+// --http_listen adds the OpenAI-compatible HTTP API (openai_handler.h) on a
+// port of its own; its bound port goes to the port file as http_port.
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <fstream>
@@ -24,7 +28,10 @@
 #include "router/worker_dns.h"
 #include "services/common/server_flags.h"
 #include "services/common/service_host.h"
+#include "services/router/chat_request.h"
+#include "services/router/http_server.h"
 #include "services/router/inference_service.h"
+#include "services/router/openai_handler.h"
 #include "services/router/router_metrics.h"
 #include "services/router/upstream.h"
 
@@ -54,6 +61,21 @@ ABSL_FLAG(int64_t, max_prompt_bytes, 0,
           "the context implies: context tokens x the tokenizer's longest token)");
 ABSL_FLAG(int, tokenize_threads, 2,
           "Threads that tokenize long text prompts (off the threads serving requests)");
+ABSL_FLAG(std::string, http_listen, "",
+          "host:port of the OpenAI-compatible HTTP API (port 0 picks one); empty = no HTTP");
+ABSL_FLAG(int, http_threads, 2, "Threads running the HTTP server's event loop");
+ABSL_FLAG(int64_t, http_max_body_bytes, 8 << 20, "Largest HTTP request body (larger: 413)");
+ABSL_FLAG(int, http_max_connections, 16384, "Open HTTP connections at most");
+ABSL_FLAG(int, max_n, 8, "Largest n (choices per request) of the HTTP API");
+ABSL_FLAG(std::string, chat_template_dir, "",
+          "Model directory whose chat template (tokenizer_config.json or chat_template.jinja) "
+          "and config.json serve Chat; default: --tokenizer");
+ABSL_FLAG(std::string, tool_call_parser, "auto",
+          "Tool-call format of the model's output: auto (from the template), none, qwen3, "
+          "llama3_json or deepseek_v3");
+ABSL_FLAG(std::string, reasoning_parser, "auto",
+          "Separate <think> reasoning from content: on, off, or auto (on when the chat "
+          "template mentions <think>)");
 ABSL_FLAG(std::string, upstream_tls_ca, "", "PEM CA for TLS to workers; empty = plaintext");
 ABSL_FLAG(std::string, upstream_tls_cert, "", "PEM client certificate for mTLS to workers");
 ABSL_FLAG(std::string, upstream_tls_key, "", "PEM key of --upstream_tls_cert");
@@ -133,11 +155,53 @@ int main(int argc, char** argv) {
   }
   so.upstream_credentials = ts::WithTargetNameOverride(*creds, target_name);
 
+  // Thousands of HTTP streams need as many descriptors: raise the soft
+  // limit to the hard one.
+  struct rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+
   std::unique_ptr<tessera::Tokenizer> tokenizer;
   if (!absl::GetFlag(FLAGS_tokenizer).empty()) {
     auto t = tessera::Tokenizer::FromDirectory(absl::GetFlag(FLAGS_tokenizer));
     if (!t.ok()) return ts::StartupError(t.status());
     tokenizer = std::move(*t);
+  }
+  // The chat template, from the tokenizer's directory unless told.
+  std::unique_ptr<ts::ChatRenderer> chat;
+  {
+    ts::ChatOptions co;
+    co.tool_call_parser = absl::GetFlag(FLAGS_tool_call_parser);
+    const std::string rp = absl::GetFlag(FLAGS_reasoning_parser);
+    if (rp == "on") {
+      co.reasoning = ts::ReasoningMode::kOn;
+    } else if (rp == "off") {
+      co.reasoning = ts::ReasoningMode::kOff;
+    } else if (rp != "auto") {
+      return ts::StartupError(absl::InvalidArgumentError(
+          absl::StrCat("--reasoning_parser=", rp, ": expected on, off or auto")));
+    }
+    std::string dir = absl::GetFlag(FLAGS_chat_template_dir);
+    const bool explicit_dir = !dir.empty();
+    if (dir.empty()) dir = absl::GetFlag(FLAGS_tokenizer);
+    if (!dir.empty()) {
+      auto c = ts::ChatRenderer::Load(dir, co);
+      if (c.ok()) {
+        chat = std::move(*c);
+        tessera::LogInfo("chat template loaded", {{"dir", dir},
+                                                  {"tool_call_parser", chat->tool_format()},
+                                                  {"reasoning", chat->reasoning() ? "on" : "off"}});
+      } else if (explicit_dir || c.status().code() != absl::StatusCode::kNotFound) {
+        // A template that is there but cannot be served is a startup error,
+        // never a chat rendered wrong later.
+        return ts::StartupError(c.status());
+      } else {
+        tessera::LogInfo("no chat template: Chat and /v1/chat/completions are refused",
+                         {{"dir", dir}});
+      }
+    }
   }
   const std::vector<std::string> static_workers = absl::GetFlag(FLAGS_workers);
   const std::string workers_file = absl::GetFlag(FLAGS_workers_file);
@@ -165,11 +229,45 @@ int main(int argc, char** argv) {
   ts::ServiceHost host(ts::ServerOptionsFromFlags("router"));
   ts::RouterMetrics metrics(host.metrics().registry());
   tessera::router::Router router(ro);
-  ts::InferenceService service(so, &router, std::move(tokenizer), &host.drain(), &metrics);
+  ts::InferenceService service(so, &router, std::move(tokenizer), &host.drain(), &metrics,
+                               std::move(chat));
   auto state = std::make_shared<ts::RouterStateCollector>(&router, &service.admission());
   host.metrics().AddCollectable(state);
   host.AddService(&service, "tessera.v1.Inference");
   host.SetDrainDeadlineHook([&service] { service.CutOpenStreams(); });
+  // The HTTP API: the same service (keys, admission, routing, drain,
+  // metrics) behind a second listener.
+  ts::OpenAiLimits limits;
+  limits.max_n = absl::GetFlag(FLAGS_max_n);
+  ts::OpenAiHandler openai(&service, limits);
+  std::unique_ptr<ts::HttpServer> http;
+  if (!absl::GetFlag(FLAGS_http_listen).empty()) {
+    ts::HttpServerOptions ho;
+    ho.listen = absl::GetFlag(FLAGS_http_listen);
+    ho.threads = absl::GetFlag(FLAGS_http_threads);
+    ho.max_connections = absl::GetFlag(FLAGS_http_max_connections);
+    if (ho.threads < 1 || limits.max_n < 1 || absl::GetFlag(FLAGS_http_max_body_bytes) < 1024 ||
+        ho.max_connections < 1) {
+      return ts::StartupError(absl::InvalidArgumentError(
+          "--http_threads, --max_n and --http_max_connections must be >= 1, "
+          "--http_max_body_bytes >= 1024"));
+    }
+    ho.max_body_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_http_max_body_bytes));
+    ho.error_body = [](int status, const std::string& message) {
+      ts::ApiError e;
+      e.http_status = status;
+      e.message = message;
+      if (status == 413) e.code = "request_too_large";
+      return ts::ErrorJson(e);
+    };
+    auto server = ts::HttpServer::Start(
+        std::move(ho), [&openai](ts::HttpRequest req, std::shared_ptr<ts::HttpExchange> ex) {
+          openai.Handle(std::move(req), std::move(ex));
+        });
+    if (!server.ok()) return ts::StartupError(server.status());
+    http = std::move(*server);
+    host.AddPortFileEntry("http_port", http->port());
+  }
   if (auto s = host.Start(); !s.ok()) return ts::StartupError(s);
   // The union of the three sources; each update under one lock.
   absl::Mutex workers_mu;
@@ -219,6 +317,7 @@ int main(int argc, char** argv) {
   int code = host.RunUntilShutdown();
   if (watcher.joinable()) watcher.join();
   if (dns_watcher) dns_watcher->Stop();
+  http.reset();  // the drain is over: no stream is open
   service.StopUpstreams();
   return code;
 }
