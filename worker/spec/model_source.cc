@@ -12,17 +12,17 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
-#include "worker/engine/block_manager.h"
 #include "worker/runner/cpu_model_runner.h"
 #include "worker/sampling/philox.h"
 #include "worker/sampling/sampler.h"
+#include "worker/spec/draft_kv_cache.h"
 
 namespace tessera::spec {
 namespace {
 
 class ModelSource final : public DraftSource {
  public:
-  ModelSource(std::unique_ptr<runner::ModelRunner> runner, std::unique_ptr<engine::BlockManager> kv,
+  ModelSource(std::unique_ptr<runner::ModelRunner> runner, std::unique_ptr<DraftKvCache> kv,
               ModelSourceOptions o, std::unique_ptr<model::LoadedModel> model)
       : model_(std::move(model)), runner_(std::move(runner)), kv_(std::move(kv)), o_(o) {
     o_.max_model_len = std::min<int>(o_.max_model_len,
@@ -142,7 +142,7 @@ class ModelSource final : public DraftSource {
       batch.block_table_stride = static_cast<int64_t>(stride);
       for (int qi : in_batch) {
         State& s = seqs_[queries[qi].seq];
-        const absl::Span<const engine::BlockId> table = kv_->BlockTable(queries[qi].seq);
+        const absl::Span<const int32_t> table = kv_->BlockTable(queries[qi].seq);
         std::vector<int32_t> tbl(table.begin(), table.end());
         std::vector<int32_t> toks(s.tokens.begin() + s.computed, s.tokens.end());
         batch.AddSequence(toks, s.computed, tbl, runner_->block_size(), /*want_logits=*/true);
@@ -275,32 +275,22 @@ class ModelSource final : public DraftSource {
 
   // Keeps the KV of the first `keep` tokens.
   void RollBack(SeqKey seq, State& s, size_t keep) {
-    const int slots = kv_->NumSlots(seq);
-    if (static_cast<int>(keep) < slots) {
-      auto copy = kv_->Truncate(seq, slots - static_cast<int>(keep));
-      if (!copy.ok() || copy->has_value()) {
-        // No sharing without prefix caching; be safe anyway.
-        kv_->Free(seq);
-        keep = 0;
-      }
-    }
+    kv_->Truncate(seq, static_cast<int>(keep));
     s.computed = std::min<int>(s.computed, static_cast<int>(keep));
   }
 
   // Adds n slots for `seq`, freeing its KV first when the pool is short.
   bool Reserve(SeqKey seq, State& s, int n) {
-    if (!kv_->Contains(seq)) {
-      return kv_->Allocate(seq, engine::PrefixMatch{}, n).ok();
-    }
-    if (kv_->AppendSlots(seq, n).ok()) return true;
+    if (kv_->Append(seq, n)) return true;
+    if (!kv_->Contains(seq)) return false;
     kv_->Free(seq);
     s.computed = 0;
-    return kv_->Allocate(seq, engine::PrefixMatch{}, static_cast<int>(s.tokens.size())).ok();
+    return kv_->Append(seq, static_cast<int>(s.tokens.size()));
   }
 
   std::unique_ptr<model::LoadedModel> model_;  // when loaded here; outlives runner_
   std::unique_ptr<runner::ModelRunner> runner_;
-  std::unique_ptr<engine::BlockManager> kv_;
+  std::unique_ptr<DraftKvCache> kv_;
   ModelSourceOptions o_;
   absl::flat_hash_map<SeqKey, State> seqs_;
   sampling::TokenCounts empty_counts_;
@@ -310,11 +300,7 @@ absl::StatusOr<std::unique_ptr<DraftSource>> Make(std::unique_ptr<runner::ModelR
                                                   ModelSourceOptions options,
                                                   std::unique_ptr<model::LoadedModel> model) {
   if (runner == nullptr) return absl::InvalidArgumentError("the draft model source needs a runner");
-  engine::BlockManagerOptions bo;
-  bo.block_size = runner->block_size();
-  bo.num_blocks = static_cast<int>(runner->num_kv_blocks());
-  bo.enable_prefix_caching = false;
-  auto kv = engine::BlockManager::Create(bo);
+  auto kv = DraftKvCache::Create(runner->block_size(), runner->num_kv_blocks());
   if (!kv.ok()) return kv.status();
   return std::unique_ptr<DraftSource>(
       new ModelSource(std::move(runner), std::move(*kv), options, std::move(model)));

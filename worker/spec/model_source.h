@@ -1,7 +1,7 @@
 // A draft source that runs a small model of the target's tokenizer through
 // the same runner code as the target (runner::ModelRunner, e.g.
-// CpuModelRunner) with its own paged KV cache (engine::BlockManager, no
-// prefix caching). Proposals of all queried sequences are computed together:
+// CpuModelRunner) with its own paged KV cache (draft_kv_cache.h: no prefix
+// caching, no sharing). Proposals of all queried sequences are computed together:
 // each round is one batched forward pass (the first catches each sequence's
 // KV up with its new tokens, the others add one draft token each).
 //
