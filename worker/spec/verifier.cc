@@ -205,6 +205,42 @@ absl::StatusOr<VerifyResult> VerifyTree(absl::Span<const float> logits, int64_t 
   }
 }
 
+absl::StatusOr<VerifyResult> VerifyDraft(absl::Span<const float> logits, int64_t vocab,
+                                         const Draft& draft, int k,
+                                         const sampling::SamplingParams& params,
+                                         sampling::TokenCounts* counts, int64_t position) {
+  if (k < 0 || k > static_cast<int>(draft.tokens.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot verify ", k, " nodes of a draft of ", draft.tokens.size()));
+  }
+  const absl::Span<const TokenId> tokens = absl::MakeConstSpan(draft.tokens).first(k);
+  if (!IsChain(draft)) {
+    return VerifyTree(logits, vocab, tokens, absl::MakeConstSpan(draft.parents).first(k), params,
+                      counts, position);
+  }
+  absl::Span<const DraftDistribution> q;
+  if (!draft.q.empty()) q = absl::MakeConstSpan(draft.q).first(k);
+  return VerifyChain(logits, vocab, tokens, q, params, counts, position);
+}
+
+VerifyResult VerifyChainArgmax(absl::Span<const TokenId> draft, absl::Span<const int32_t> argmax,
+                               sampling::TokenCounts* counts) {
+  VerifyResult result;
+  const size_t k = draft.size();
+  for (size_t i = 0; i <= k; ++i) {
+    result.tokens.push_back(argmax[i]);
+    counts->AddOutput(argmax[i]);
+    if (i == k || draft[i] != argmax[i]) break;
+    ++result.num_accepted;
+  }
+  return result;
+}
+
+int64_t LogitsRowOf(const VerifyResult& result, size_t m) {
+  if (result.path.empty()) return static_cast<int64_t>(m);
+  return m == 0 ? 0 : 1 + result.path[m - 1];
+}
+
 void RawLogprobs(absl::Span<const float> row, TokenId token, int top_n, float* logprob,
                  std::vector<sampling::TokenLogprob>* top) {
   float max_logit = -std::numeric_limits<float>::infinity();

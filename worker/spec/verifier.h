@@ -79,6 +79,27 @@ absl::StatusOr<VerifyResult> VerifyTree(absl::Span<const float> logits, int64_t 
                                         const sampling::SamplingParams& params,
                                         sampling::TokenCounts* counts, int64_t position);
 
+// The first k nodes of `draft` (a chain or a tree; k <= draft.tokens.size())
+// verified by the rule for their shape: VerifyChain (with the draft's q)
+// or VerifyTree. `logits` holds k + 1 rows.
+absl::StatusOr<VerifyResult> VerifyDraft(absl::Span<const float> logits, int64_t vocab,
+                                         const Draft& draft, int k,
+                                         const sampling::SamplingParams& params,
+                                         sampling::TokenCounts* counts, int64_t position);
+
+// Greedy verification from the argmax of each of the k + 1 rows alone (what
+// a runner that samples on its device returns): accept while draft[i] ==
+// argmax[i], then emit argmax at the first mismatch, or the bonus argmax[k].
+// The tokens VerifyChain gives a greedy target for the same logits. `counts`
+// gets every emitted token. REQUIRES: argmax.size() == draft.size() + 1.
+VerifyResult VerifyChainArgmax(absl::Span<const TokenId> draft, absl::Span<const int32_t> argmax,
+                               sampling::TokenCounts* counts);
+
+// The logits row that emitted token m of `result` was decided from: row m
+// along a chain; along a tree's path the row of the node before it (row 0,
+// the last committed token's, for m = 0).
+int64_t LogitsRowOf(const VerifyResult& result, size_t m);
+
 // Checks a draft before it is scheduled: token ids inside the vocabulary,
 // parents empty or one per token, each -1 or an earlier node, no two
 // siblings with the same token; q empty or one well-formed distribution per

@@ -5,6 +5,7 @@
 // (chi-square over random trees) and a first-child-preferring walk caught.
 #include "worker/spec/verifier.h"
 
+#include <algorithm>
 #include <functional>
 #include <iostream>
 #include <random>
@@ -57,6 +58,64 @@ TEST(VerifierTest, GreedyAcceptsWhileDraftIsArgmaxThenTakesTheTargetsToken) {
   std::vector<float> same = Rows({{3, 2, 0, 0}, {3, 2, 0, 0}});
   r = VerifyChain(same, 4, {0}, {}, pen, &fresh, 0);
   EXPECT_THAT(r->tokens, ElementsAre(0, 1));
+}
+
+TEST(VerifierTest, ArgmaxVerificationGivesTheGreedyChainsTokens) {
+  // The device path sees only each row's argmax; it must emit what
+  // VerifyChain emits for a greedy target, and count the same tokens.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> logit(-3, 3);
+  std::uniform_int_distribution<int> token(0, 3);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int k = 1 + trial % 4;
+    std::vector<float> logits((k + 1) * 4);
+    for (float& v : logits) v = logit(rng);
+    std::vector<int32_t> argmax;
+    for (int r = 0; r <= k; ++r) {
+      argmax.push_back(static_cast<int32_t>(
+          std::max_element(logits.begin() + r * 4, logits.begin() + (r + 1) * 4) -
+          (logits.begin() + r * 4)));
+    }
+    std::vector<TokenId> draft;
+    for (int i = 0; i < k; ++i) draft.push_back(trial % 3 == 0 ? argmax[i] : token(rng));
+    sampling::TokenCounts host_counts, device_counts;
+    auto host = VerifyChain(logits, 4, draft, {}, Greedy(), &host_counts, 5);
+    ASSERT_TRUE(host.ok()) << host.status();
+    VerifyResult device = VerifyChainArgmax(draft, argmax, &device_counts);
+    EXPECT_EQ(device.tokens, host->tokens) << "trial " << trial;
+    EXPECT_EQ(device.num_accepted, host->num_accepted) << "trial " << trial;
+    ASSERT_EQ(device_counts.counts().size(), host_counts.counts().size());
+    for (const auto& [t, c] : host_counts.counts()) {
+      EXPECT_EQ(device_counts.counts().at(t).output, c.output) << "token " << t;
+    }
+  }
+}
+
+TEST(VerifierTest, VerifyDraftPicksTheRuleByShapeAndNamesTheRows) {
+  // Argmaxes per row: 2, 0, 3, 1.
+  std::vector<float> logits = Rows({{0, 1, 5, 2}, {9, 1, 0, 2}, {0, 1, 2, 3}, {0, 4, 1, 1}});
+  sampling::TokenCounts counts;
+  Draft chain;
+  chain.tokens = {2, 0, 3, 9};  // only the first 3 nodes are verified
+  auto r = VerifyDraft(logits, 4, chain, 3, Greedy(), &counts, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->tokens, ElementsAre(2, 0, 3, 1));
+  EXPECT_TRUE(r->path.empty());
+  EXPECT_EQ(LogitsRowOf(*r, 3), 3);
+  // A tree: nodes 0 (token 1) and 1 (token 2) under the root, node 2 (token
+  // 3) under node 1. Greedy: row 0 picks 2 (node 1), row 2 (node 1's) picks
+  // 3 (node 2, a leaf), whose row 3 gives the bonus token 1.
+  Draft tree;
+  tree.tokens = {1, 2, 3};
+  tree.parents = {-1, -1, 1};
+  r = VerifyDraft(logits, 4, tree, 3, Greedy(), &counts, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->tokens, ElementsAre(2, 3, 1));
+  EXPECT_THAT(r->path, ElementsAre(1, 2));
+  EXPECT_EQ(LogitsRowOf(*r, 0), 0);
+  EXPECT_EQ(LogitsRowOf(*r, 1), 2);
+  EXPECT_EQ(LogitsRowOf(*r, 2), 3);
+  EXPECT_FALSE(VerifyDraft(logits, 4, tree, 4, Greedy(), &counts, 0).ok());
 }
 
 TEST(VerifierTest, MalformedTreesAreRefusedWithAClearError) {
