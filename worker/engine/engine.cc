@@ -5,11 +5,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
+#include "worker/engine/kv_compaction.h"
 #include "worker/spec/verifier.h"
 
 namespace tessera::engine {
 
 // A request the engine owns: its stream, sampling state and timing.
+// (Its speculation state is in Speculation.)
 struct Engine::Request {
   SequenceId id = 0;
   EngineRequest request;
@@ -17,12 +19,8 @@ struct Engine::Request {
   sampling::TokenCounts counts;
   absl::Time arrival;
   std::optional<absl::Time> last_token_time;
-  bool admitted = false;
-  // Speculation.
-  bool draft_open = false;
-  int draft_tokens = 0;
-  int accepted_tokens = 0;
-  std::optional<spec::AdaptiveDraftLength> draft_length;
+  // Tokens sampled in the step in flight, with their logprobs, until Emit.
+  std::vector<TokenReport> reports;
 };
 
 // ---- RequestStream ----
@@ -41,11 +39,36 @@ void RequestStream::Push(StreamEvent event) {
   events_.push_back(std::move(event));
 }
 
+namespace {
+
+// The tokens the device sampler drew for one sequence. The GPU sampler's -1:
+// a NaN or +inf logit, no finite logit, or its group of CTAs for the row
+// could not all run (kernels/cuda/sampling.h). Any other id outside the
+// vocabulary fails the request alone too, rather than the whole step in
+// Scheduler::OnStepDone.
+absl::Status CheckDrawnTokens(absl::Span<const int32_t> drawn, int64_t vocab) {
+  const auto bad =
+      std::find_if(drawn.begin(), drawn.end(), [vocab](int32_t t) { return t < 0 || t >= vocab; });
+  if (bad == drawn.end()) return absl::OkStatus();
+  if (*bad < 0) {
+    return absl::InvalidArgumentError(
+        "no token drawn on the GPU: the logits row is not finite, or the sampler's CTAs for the "
+        "row could not all run");
+  }
+  return absl::InternalError(absl::StrCat("the device sampler returned token id ", *bad,
+                                          ", outside the vocabulary of ", vocab));
+}
+
+}  // namespace
+
 // ---- Engine ----
 
 Engine::Engine(std::unique_ptr<runner::ModelRunner> runner, EngineOptions options,
                EngineObserver* observer)
-    : runner_(std::move(runner)), options_(std::move(options)), observer_(observer) {
+    : runner_(std::move(runner)),
+      options_(std::move(options)),
+      observer_(observer),
+      speculation_(options_.speculation, options_.draft_provider) {
   static EngineObserver* const kNoObserver = new EngineObserver();
   if (observer_ == nullptr) observer_ = kNoObserver;
 }
@@ -98,13 +121,9 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest requ
         absl::StrCat("max_tokens must be >= 1, got ", request.max_tokens));
   }
   if (auto s = sampling::ValidateSamplingParams(request.sampling, vocab); !s.ok()) return s;
-  SamplingOptions so;
-  so.max_tokens = request.max_tokens;
-  so.eos_token_ids = options_.eos_token_ids;
-  so.ignore_eos = request.ignore_eos;
-  so.stop_token_ids = request.stop_token_ids;
-  so.priority = request.priority;
-  if (auto s = scheduler_->CheckAdmissible(request.prompt, request.generated, so); !s.ok()) {
+  if (auto s = scheduler_->CheckAdmissible(request.prompt, request.generated,
+                                           SamplingOptionsOf(request));
+      !s.ok()) {
     return s;
   }
   auto r = std::make_unique<Request>();
@@ -201,6 +220,21 @@ void Engine::Loop() {
   }
 }
 
+SamplingOptions Engine::SamplingOptionsOf(const EngineRequest& request) const {
+  SamplingOptions so;
+  so.max_tokens = request.max_tokens;
+  so.eos_token_ids = options_.eos_token_ids;
+  so.ignore_eos = request.ignore_eos;
+  so.stop_token_ids = request.stop_token_ids;
+  so.priority = request.priority;
+  return so;
+}
+
+Engine::Request* Engine::Find(SequenceId id) {
+  auto it = active_.find(id);
+  return it == active_.end() ? nullptr : it->second.get();
+}
+
 void Engine::DrainInbox() {
   std::vector<std::unique_ptr<Request>> inbox;
   std::vector<SequenceId> cancels;
@@ -210,22 +244,16 @@ void Engine::DrainInbox() {
     cancels.swap(cancels_);
   }
   for (auto& r : inbox) {
-    SamplingOptions so;
-    so.max_tokens = r->request.max_tokens;
-    so.eos_token_ids = options_.eos_token_ids;
-    so.ignore_eos = r->request.ignore_eos;
-    so.stop_token_ids = r->request.stop_token_ids;
-    so.priority = r->request.priority;
-    absl::Status s = scheduler_->AddSequence(r->id, r->request.prompt, so, r->request.generated);
+    absl::Status s = scheduler_->AddSequence(r->id, r->request.prompt,
+                                             SamplingOptionsOf(r->request), r->request.generated);
     if (!s.ok()) {
       StreamEvent e;
       e.error = s;
       End(*r, std::move(e));
       continue;
     }
-    SequenceId id = r->id;
-    r->draft_length.emplace(options_.speculation);
-    active_[id] = std::move(r);
+    speculation_.Add(r->id);
+    active_[r->id] = std::move(r);
   }
   std::vector<std::unique_ptr<Request>> aborted;
   for (SequenceId id : cancels) {
@@ -233,7 +261,7 @@ void Engine::DrainInbox() {
     if (it == active_.end()) continue;
     // Abort frees the blocks now, or when the step in flight completes.
     scheduler_->Abort(id).IgnoreError();
-    CloseDrafts(*it->second);
+    speculation_.Remove(id);
     aborted.push_back(std::move(it->second));
     active_.erase(it);
   }
@@ -247,7 +275,8 @@ void Engine::DrainInbox() {
 
 // One engine step: (drafts →) schedule → run → sample / verify → emit → free.
 bool Engine::Step() {
-  const DraftTokens drafts = CollectDrafts();
+  const DraftTokens drafts = speculation_.CollectDrafts(*scheduler_, runner_->config().vocab_size,
+                                                        runner_->SupportsTreeAttention());
   absl::StatusOr<ScheduledBatch> batch = scheduler_->Schedule(drafts.empty() ? nullptr : &drafts);
   if (!batch.ok()) {
     FailAll(batch.status());
@@ -255,46 +284,14 @@ bool Engine::Step() {
   }
   if (batch->empty()) return false;
 
-  runner::ForwardBatch forward = ToForwardBatch(*batch);
-  ApplyDraftTrees(*batch, &forward);
-  std::vector<float> logits;
-  std::vector<runner::DeviceSamplingRow> device_rows;
-  std::vector<int32_t> device_tokens;
-  const bool on_device = DeviceSamplingRows(*batch, &device_rows);
-  absl::Time start = absl::Now();
-  absl::Status run = on_device ? runner_->ForwardSample(forward, device_rows, &device_tokens)
-                               : runner_->Forward(forward, &logits);
-  observer_->OnStep(*batch, absl::Now() - start);
-  if (!run.ok()) {
-    const absl::Status health = runner_->Health();
-    LogError(health.ok() ? "model step failed; failing the batch's requests"
-                         : "model step failed and the runner can run no more; failing every "
-                           "request",
-             {{"error", std::string(run.message())}});
-    if (health.ok()) {
-      FailStep(*batch, run);
-    } else {
-      // The worker leaves service first, so that a router does not send the
-      // failed requests back to it.
-      if (!runner_failed_) {
-        runner_failed_ = true;
-        if (on_runner_failed_) on_runner_failed_(health);
-      }
-      // UNAVAILABLE: the requests themselves are sound, so a router retries
-      // them, or resumes them after the tokens already sent, elsewhere.
-      FailAll(absl::UnavailableError(
-          absl::StrCat("the worker's model runner failed for good: ", health.message())));
-      EndFailedStep();
-    }
+  ModelOutput model;
+  if (absl::Status run = RunModel(*batch, &model); !run.ok()) {
+    OnModelFailed(*batch, run);
     return true;
   }
-
-  std::vector<SampledTokens> sampled;
-  if (on_device) {
-    TakeDeviceTokens(*batch, device_tokens, &sampled);
-  } else {
-    Sample(*batch, logits, &sampled);
-  }
+  const std::vector<SampledTokens> sampled = model.on_device
+                                                 ? TakeDeviceTokens(*batch, model.device_tokens)
+                                                 : SampleOnHost(*batch, model.logits);
   absl::StatusOr<std::vector<SequenceOutput>> outputs = scheduler_->OnStepDone(sampled);
   if (!outputs.ok()) {
     FailAll(outputs.status());
@@ -334,166 +331,17 @@ runner::ForwardBatch ToForwardBatch(const ScheduledBatch& batch) {
   return f;
 }
 
-bool Engine::IsTreeDraft(SequenceId id) const {
-  auto it = step_drafts_.find(id);
-  return it != step_drafts_.end() && !spec::IsChain(it->second);
-}
-
-void Engine::ApplyDraftTrees(const ScheduledBatch& batch, runner::ForwardBatch* f) const {
-  bool any = false;
-  for (const ScheduledSequence& s : batch.sequences) {
-    any |= s.num_draft_tokens > 0 && IsTreeDraft(s.id);
-  }
-  if (!any) return;
-  f->tree_parents.resize(f->token_ids.size());
-  int begin = 0;
-  for (const ScheduledSequence& s : batch.sequences) {
-    for (int j = 0; j < s.num_tokens; ++j) f->tree_parents[begin + j] = j - 1;
-    if (s.num_draft_tokens > 0 && IsTreeDraft(s.id)) {
-      // The drafts follow the decode token: node i is chunk token first + i.
-      const std::vector<int32_t>& parents = step_drafts_.at(s.id).parents;
-      const int first = s.num_tokens - s.num_draft_tokens;
-      std::vector<int32_t> depth(s.num_tokens);
-      for (int j = 0; j < s.num_tokens; ++j) {
-        if (j >= first) {
-          const int32_t p = parents[j - first];
-          f->tree_parents[begin + j] = p < 0 ? first - 1 : first + p;
-        }
-        const int32_t parent = f->tree_parents[begin + j];
-        depth[j] = parent < 0 ? 0 : depth[parent] + 1;
-        f->positions[begin + j] = s.start_position + depth[j];
-      }
-    }
-    begin += s.num_tokens;
-  }
-}
-
-DraftTokens Engine::CollectDrafts() {
-  step_drafts_.clear();
-  spec::DraftProvider* provider = options_.draft_provider.get();
-  if (provider == nullptr || options_.speculation.num_speculative_tokens <= 0) return {};
-  const std::vector<SequenceId> decoding = scheduler_->DecodingSequences();
-  std::vector<spec::ProposalRequest> wanted;
-  for (SequenceId id : decoding) {
-    auto it = active_.find(id);
-    const Sequence* seq = scheduler_->FindSequence(id);
-    if (it == active_.end() || seq == nullptr || !it->second->draft_open) continue;
-    const int k =
-        it->second->draft_length->Next(options_.speculation, static_cast<int>(decoding.size()));
-    if (k > 0) wanted.push_back({id, seq->num_tokens(), k});
-  }
-  if (wanted.empty()) return {};
-  std::vector<std::optional<spec::Draft>> got = provider->GetDrafts(wanted);
-  const int64_t vocab = runner_->config().vocab_size;
-  DraftTokens drafts;
-  for (size_t i = 0; i < wanted.size() && i < got.size(); ++i) {
-    if (!got[i] || got[i]->base_len != wanted[i].num_tokens) continue;
-    spec::Draft& d = *got[i];
-    if (static_cast<int>(d.tokens.size()) > wanted[i].max_tokens) {
-      d.tokens.resize(wanted[i].max_tokens);
-      if (!d.q.empty()) d.q.resize(wanted[i].max_tokens);
-      if (!d.parents.empty()) d.parents.resize(wanted[i].max_tokens);
-    }
-    if (d.tokens.empty()) continue;
-    if (absl::Status s = spec::ValidateDraft(d, vocab); !s.ok()) {
-      LogDebug("draft dropped", {{"seq", wanted[i].seq}, {"why", std::string(s.message())}});
-      continue;
-    }
-    // A runner without tree attention verifies the first-child chain.
-    if (!runner_->SupportsTreeAttention() && !spec::IsChain(d)) d = spec::FirstChildChain(d);
-    drafts[wanted[i].seq] = d.tokens;
-    step_drafts_[wanted[i].seq] = std::move(d);
-  }
-  return drafts;
-}
-
-void Engine::SyncDrafts(Request& req, const SequenceOutput& out) {
-  spec::DraftProvider* provider = options_.draft_provider.get();
-  if (provider == nullptr || options_.speculation.num_speculative_tokens <= 0) return;
-  if (out.finished) {
-    CloseDrafts(req);
-    return;
-  }
-  if (out.new_token_ids.empty()) return;
-  const Sequence* seq = scheduler_->FindSequence(req.id);
-  if (seq == nullptr) return;
-  const int max_k = options_.speculation.num_speculative_tokens;
-  if (!req.draft_open) {
-    provider->Open(req.id, seq->token_ids(), req.request.sampling, max_k);
-    req.draft_open = true;
-  } else {
-    const int64_t base = seq->num_tokens() - static_cast<int64_t>(out.new_token_ids.size());
-    provider->Commit(req.id, base, out.new_token_ids, max_k);
-  }
-}
-
-void Engine::CloseDrafts(Request& req) {
-  if (!req.draft_open || options_.draft_provider == nullptr) return;
-  options_.draft_provider->Close(req.id);
-  req.draft_open = false;
-}
-
-void Engine::Sample(const ScheduledBatch& batch, const std::vector<float>& logits,
-                    std::vector<SampledTokens>* sampled) {
-  const int64_t vocab = runner_->config().vocab_size;
-  int row = 0;
-  for (const ScheduledSequence& s : batch.sequences) {
-    if (!s.needs_logits) continue;
-    const int rows = 1 + s.num_draft_tokens;
-    absl::Span<const float> r(logits.data() + row * vocab, rows * vocab);
-    row += rows;
-    auto it = active_.find(s.id);
-    if (it == active_.end()) continue;  // aborted during the step
-    SampledTokens st;
-    st.id = s.id;
-    if (absl::Status status = SampleEntry(s, *it->second, r, &st); !status.ok()) {
-      FailSampling(s.id, status);  // non-finite logits: this request only
-      continue;
-    }
-    sampled->push_back(std::move(st));
-  }
-}
-
-void Engine::TakeGreedyVerification(const ScheduledSequence& s, Request& req,
-                                    absl::Span<const int32_t> argmax,
-                                    std::vector<SampledTokens>* sampled) {
-  // Greedy verification (spec::VerifyChain at temperature 0): accept while
-  // the draft equals the target's argmax, then the target's token; all
-  // accepted: the bonus token.
-  const spec::Draft& draft = step_drafts_.at(s.id);
-  const int k = s.num_draft_tokens;
-  SampledTokens st;
-  st.id = s.id;
-  int accepted = 0;
-  for (int i = 0; i <= k; ++i) {
-    st.token_ids.push_back(argmax[i]);
-    if (i == k || draft.tokens[i] != argmax[i]) break;
-    ++accepted;
-  }
-  req.draft_tokens += k;
-  req.accepted_tokens += accepted;
-  req.draft_length->Observe(options_.speculation, k, accepted);
-  observer_->OnDraftVerified(k, accepted);
-  std::vector<TokenReport>& reports = pending_reports_[s.id];
-  for (TokenId t : st.token_ids) {
-    req.counts.AddOutput(t);
-    TokenReport report;
-    report.token = t;
-    reports.push_back(std::move(report));
-  }
-  sampled->push_back(std::move(st));
-}
-
-void Engine::FailSampling(SequenceId id, absl::Status status) {
-  auto it = active_.find(id);
-  if (it == active_.end()) return;
-  StreamEvent e;
-  e.error = absl::InternalError(absl::StrCat("sampling failed: ", status.message()));
-  End(*it->second, std::move(e));
-  scheduler_->Abort(id).IgnoreError();
-  CloseDrafts(*it->second);
-  pending_reports_.erase(id);
-  active_.erase(it);
+absl::Status Engine::RunModel(const ScheduledBatch& batch, ModelOutput* out) {
+  runner::ForwardBatch forward = ToForwardBatch(batch);
+  speculation_.LayOutTrees(batch, &forward);
+  std::vector<runner::DeviceSamplingRow> device_rows;
+  out->on_device = DeviceSamplingRows(batch, &device_rows);
+  const absl::Time start = absl::Now();
+  absl::Status run = out->on_device
+                         ? runner_->ForwardSample(forward, device_rows, &out->device_tokens)
+                         : runner_->Forward(forward, &out->logits);
+  observer_->OnStep(batch, absl::Now() - start);
+  return run;
 }
 
 bool Engine::DeviceSamplingRows(const ScheduledBatch& batch,
@@ -513,7 +361,7 @@ bool Engine::DeviceSamplingRows(const ScheduledBatch& batch,
       // Verifying drafts on the device: greedy requests with chains only
       // (the argmax of each of the k + 1 rows decides; sampled verification
       // needs the target's probabilities on the host, a tree the host walk).
-      if (!p.greedy() || IsTreeDraft(s.id)) return false;
+      if (!p.greedy() || speculation_.IsTree(s.id)) return false;
       for (int i = 0; i <= s.num_draft_tokens; ++i) {
         runner::DeviceSamplingRow row;
         row.temperature = 0.0f;
@@ -521,160 +369,161 @@ bool Engine::DeviceSamplingRows(const ScheduledBatch& batch,
       }
       continue;
     }
-    const Sequence* seq = scheduler_->FindSequence(s.id);
     runner::DeviceSamplingRow row;
     row.temperature = p.temperature;
     row.top_k = p.top_k;
     row.top_p = p.top_p;
     row.min_p = p.min_p;
     row.seed = p.seed;
-    row.position = seq ? seq->num_tokens() : s.context_len();  // as SampleEntry
+    row.position = NextPosition(s);
     rows->push_back(row);
   }
   return true;
 }
 
-void Engine::TakeDeviceTokens(const ScheduledBatch& batch, const std::vector<int32_t>& tokens,
-                              std::vector<SampledTokens>* sampled) {
+void Engine::OnModelFailed(const ScheduledBatch& batch, const absl::Status& error) {
+  const absl::Status health = runner_->Health();
+  LogError(health.ok() ? "model step failed; failing the batch's requests"
+                       : "model step failed and the runner can run no more; failing every "
+                         "request",
+           {{"error", std::string(error.message())}});
+  if (health.ok()) {
+    FailStep(batch, error);
+    return;
+  }
+  // The worker leaves service first, so that a router does not send the
+  // failed requests back to it.
+  if (!runner_failed_) {
+    runner_failed_ = true;
+    if (on_runner_failed_) on_runner_failed_(health);
+  }
+  // UNAVAILABLE: the requests themselves are sound, so a router retries
+  // them, or resumes them after the tokens already sent, elsewhere.
+  FailAll(absl::UnavailableError(
+      absl::StrCat("the worker's model runner failed for good: ", health.message())));
+  EndFailedStep();
+}
+
+std::vector<SampledTokens> Engine::SampleOnHost(const ScheduledBatch& batch,
+                                                absl::Span<const float> logits) {
   const int64_t vocab = runner_->config().vocab_size;
+  std::vector<SampledTokens> sampled;
+  int64_t row = 0;
+  for (const ScheduledSequence& s : batch.sequences) {
+    if (!s.needs_logits) continue;
+    const int64_t num_rows = 1 + s.num_draft_tokens;
+    const absl::Span<const float> rows = logits.subspan(row * vocab, num_rows * vocab);
+    row += num_rows;
+    Request* req = Find(s.id);
+    if (req == nullptr) continue;  // aborted during the step
+    absl::StatusOr<SampledTokens> taken =
+        s.num_draft_tokens == 0 ? SampleToken(s, *req, rows) : VerifyOnHost(s, *req, rows);
+    if (!taken.ok()) {
+      FailSampling(s.id, taken.status());  // non-finite logits: this request only
+      continue;
+    }
+    sampled.push_back(*std::move(taken));
+  }
+  return sampled;
+}
+
+std::vector<SampledTokens> Engine::TakeDeviceTokens(const ScheduledBatch& batch,
+                                                    absl::Span<const int32_t> tokens) {
+  const int64_t vocab = runner_->config().vocab_size;
+  std::vector<SampledTokens> sampled;
   size_t row = 0;
   for (const ScheduledSequence& s : batch.sequences) {
     if (!s.needs_logits) continue;
     const size_t first = row;
     row += 1 + s.num_draft_tokens;
-    auto it = active_.find(s.id);
-    if (it == active_.end()) continue;  // aborted during the step
+    Request* req = Find(s.id);
+    if (req == nullptr) continue;  // aborted during the step
     if (row > tokens.size()) {
       FailSampling(s.id, absl::InternalError(absl::StrCat("the runner drew ", tokens.size(),
                                                           " tokens for at least ", row, " rows")));
       continue;
     }
-    const auto bad = std::find_if(tokens.begin() + first, tokens.begin() + row,
-                                  [vocab](int32_t t) { return t < 0 || t >= vocab; });
-    if (bad != tokens.begin() + row) {
-      // The GPU sampler's -1: a NaN or +inf logit, no finite logit, or its
-      // group of CTAs for the row could not all run (kernels/cuda/sampling.h).
-      // Any other id outside the vocabulary fails this request alone too,
-      // rather than the whole step in Scheduler::OnStepDone.
-      FailSampling(
-          s.id,
-          *bad < 0
-              ? absl::InvalidArgumentError("no token drawn on the GPU: the logits row is not "
-                                           "finite, or the sampler's CTAs for the row could not "
-                                           "all run")
-              : absl::InternalError(absl::StrCat("the device sampler returned token id ", *bad,
-                                                 ", outside the vocabulary of ", vocab)));
+    const absl::Span<const int32_t> drawn = tokens.subspan(first, row - first);
+    if (absl::Status checked = CheckDrawnTokens(drawn, vocab); !checked.ok()) {
+      FailSampling(s.id, checked);
       continue;
     }
     if (s.num_draft_tokens > 0) {
-      TakeGreedyVerification(s, *it->second,
-                             absl::MakeConstSpan(tokens).subspan(first, row - first), sampled);
+      const absl::Span<const TokenId> draft =
+          absl::MakeConstSpan(speculation_.StepDraft(s.id).tokens).first(s.num_draft_tokens);
+      absl::StatusOr<SampledTokens> taken =
+          TakeVerified(s, *req, spec::VerifyChainArgmax(draft, drawn, &req->counts), {});
+      if (taken.ok()) sampled.push_back(*std::move(taken));
       continue;
     }
-    const int32_t token = tokens[first];
-    it->second->counts.AddOutput(token);
-    SampledTokens st;
-    st.id = s.id;
-    st.token_ids.push_back(token);
-    TokenReport report;
-    report.token = token;
-    pending_reports_[s.id].push_back(std::move(report));
-    sampled->push_back(std::move(st));
+    req->counts.AddOutput(drawn[0]);
+    req->reports.push_back(ReportOf(*req, drawn[0], {}));
+    sampled.push_back(SampledTokens{s.id, {drawn[0]}, {}});
   }
+  return sampled;
 }
 
-absl::Status Engine::SampleEntry(const ScheduledSequence& s, Request& req,
-                                 absl::Span<const float> rows, SampledTokens* out) {
+absl::StatusOr<SampledTokens> Engine::SampleToken(const ScheduledSequence& s, Request& req,
+                                                  absl::Span<const float> row) {
+  absl::StatusOr<sampling::SampleResult> result =
+      sampling::Sample(row, req.request.sampling, req.counts, NextPosition(s));
+  if (!result.ok()) return result.status();
+  req.counts.AddOutput(result->token);
+  // Logprobs travel with the token; kept until Emit.
+  TokenReport report;
+  report.token = result->token;
+  if (req.request.logprobs) {
+    report.logprob = result->logprob;
+    report.top_logprobs = std::move(result->top_logprobs);
+  }
+  req.reports.push_back(std::move(report));
+  return SampledTokens{s.id, {result->token}, {}};
+}
+
+absl::StatusOr<SampledTokens> Engine::VerifyOnHost(const ScheduledSequence& s, Request& req,
+                                                   absl::Span<const float> rows) {
+  absl::StatusOr<spec::VerifyResult> verified =
+      spec::VerifyDraft(rows, runner_->config().vocab_size, speculation_.StepDraft(s.id),
+                        s.num_draft_tokens, req.request.sampling, &req.counts, NextPosition(s));
+  if (!verified.ok()) return verified.status();
+  return TakeVerified(s, req, *std::move(verified), rows);
+}
+
+absl::StatusOr<SampledTokens> Engine::TakeVerified(const ScheduledSequence& s, Request& req,
+                                                   spec::VerifyResult verified,
+                                                   absl::Span<const float> rows) {
+  if (absl::Status kept = KeepAcceptedKv(s, verified.path); !kept.ok()) return kept;
+  speculation_.Record(s.id, s.num_draft_tokens, verified.num_accepted);
+  observer_->OnDraftVerified(s.num_draft_tokens, verified.num_accepted);
   const int64_t vocab = runner_->config().vocab_size;
+  for (size_t m = 0; m < verified.tokens.size(); ++m) {
+    const absl::Span<const float> row =
+        rows.empty() ? rows : rows.subspan(spec::LogitsRowOf(verified, m) * vocab, vocab);
+    req.reports.push_back(ReportOf(req, verified.tokens[m], row));
+  }
+  return SampledTokens{s.id, std::move(verified.tokens), std::move(verified.path)};
+}
+
+absl::Status Engine::KeepAcceptedKv(const ScheduledSequence& s, absl::Span<const int32_t> path) {
+  const absl::Span<const int64_t> node_slots =
+      absl::MakeConstSpan(s.slot_mapping).subspan(s.num_tokens - s.num_draft_tokens);
+  const KvSlotCopies copies = AcceptedPathCopies(node_slots, path);
+  return copies.empty() ? absl::OkStatus() : runner_->CopyKvSlots(copies.from, copies.to);
+}
+
+TokenReport Engine::ReportOf(const Request& req, TokenId token, absl::Span<const float> row) const {
+  TokenReport report;
+  report.token = token;
+  if (req.request.logprobs && !row.empty()) {
+    spec::RawLogprobs(row, token, req.request.sampling.top_logprobs, &report.logprob,
+                      &report.top_logprobs);
+  }
+  return report;
+}
+
+int64_t Engine::NextPosition(const ScheduledSequence& s) const {
   const Sequence* seq = scheduler_->FindSequence(s.id);
-  const int64_t position = seq ? seq->num_tokens() : s.context_len();
-  std::vector<TokenReport>& reports = pending_reports_[s.id];
-  if (s.num_draft_tokens == 0) {
-    absl::StatusOr<sampling::SampleResult> result =
-        sampling::Sample(rows, req.request.sampling, req.counts, position);
-    if (!result.ok()) return result.status();
-    req.counts.AddOutput(result->token);
-    out->token_ids.push_back(result->token);
-    // Logprobs travel with the token; kept until Emit.
-    TokenReport report;
-    report.token = result->token;
-    if (req.request.logprobs) {
-      report.logprob = result->logprob;
-      report.top_logprobs = std::move(result->top_logprobs);
-    }
-    reports.push_back(std::move(report));
-    return absl::OkStatus();
-  }
-  // Speculative decode: verify the drafts against the k + 1 rows.
-  const spec::Draft& draft = step_drafts_.at(s.id);
-  const int k = s.num_draft_tokens;
-  if (!spec::IsChain(draft)) return VerifyTreeEntry(s, req, rows, position, out);
-  absl::Span<const TokenId> tokens = absl::MakeConstSpan(draft.tokens).first(k);
-  absl::Span<const spec::DraftDistribution> q;
-  if (!draft.q.empty()) q = absl::MakeConstSpan(draft.q).first(k);
-  absl::StatusOr<spec::VerifyResult> v =
-      spec::VerifyChain(rows, vocab, tokens, q, req.request.sampling, &req.counts, position);
-  if (!v.ok()) return v.status();
-  req.draft_tokens += k;
-  req.accepted_tokens += v->num_accepted;
-  req.draft_length->Observe(options_.speculation, k, v->num_accepted);
-  observer_->OnDraftVerified(k, v->num_accepted);
-  out->token_ids = v->tokens;
-  for (size_t i = 0; i < v->tokens.size(); ++i) {
-    TokenReport report;
-    report.token = v->tokens[i];
-    if (req.request.logprobs) {
-      spec::RawLogprobs(rows.subspan(i * vocab, vocab), report.token,
-                        req.request.sampling.top_logprobs, &report.logprob, &report.top_logprobs);
-    }
-    reports.push_back(std::move(report));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Engine::VerifyTreeEntry(const ScheduledSequence& s, Request& req,
-                                     absl::Span<const float> rows, int64_t position,
-                                     SampledTokens* out) {
-  const int64_t vocab = runner_->config().vocab_size;
-  const spec::Draft& draft = step_drafts_.at(s.id);
-  const int k = s.num_draft_tokens;
-  absl::StatusOr<spec::VerifyResult> v = spec::VerifyTree(
-      rows, vocab, absl::MakeConstSpan(draft.tokens).first(k),
-      absl::MakeConstSpan(draft.parents).first(k), req.request.sampling, &req.counts, position);
-  if (!v.ok()) return v.status();
-  // KV compaction: accepted node path[m] (chunk token first + path[m]) moves
-  // to the slot after the decode token and the accepted nodes before it
-  // (chunk token first + m), so the kept prefix is contiguous. path is
-  // increasing with path[m] >= m: no copy overwrites a later source.
-  const int first = s.num_tokens - k;
-  std::vector<int64_t> from, to;
-  for (size_t m = 0; m < v->path.size(); ++m) {
-    if (v->path[m] == static_cast<int32_t>(m)) continue;
-    from.push_back(s.slot_mapping[first + v->path[m]]);
-    to.push_back(s.slot_mapping[first + m]);
-  }
-  if (!from.empty()) {
-    if (absl::Status c = runner_->CopyKvSlots(from, to); !c.ok()) return c;
-  }
-  req.draft_tokens += k;
-  req.accepted_tokens += v->num_accepted;
-  req.draft_length->Observe(options_.speculation, k, v->num_accepted);
-  observer_->OnDraftVerified(k, v->num_accepted);
-  out->token_ids = v->tokens;
-  out->draft_path = v->path;
-  std::vector<TokenReport>& reports = pending_reports_[s.id];
-  for (size_t m = 0; m < v->tokens.size(); ++m) {
-    TokenReport report;
-    report.token = v->tokens[m];
-    if (req.request.logprobs) {
-      // Token m comes from the row of the node before it (row 0: the context).
-      const int64_t row = m == 0 ? 0 : 1 + v->path[m - 1];
-      spec::RawLogprobs(rows.subspan(row * vocab, vocab), report.token,
-                        req.request.sampling.top_logprobs, &report.logprob, &report.top_logprobs);
-    }
-    reports.push_back(std::move(report));
-  }
-  return absl::OkStatus();
+  return seq ? seq->num_tokens() : s.context_len();
 }
 
 void Engine::Emit(const std::vector<SequenceOutput>& outputs) {
@@ -684,14 +533,11 @@ void Engine::Emit(const std::vector<SequenceOutput>& outputs) {
     if (it == active_.end()) continue;
     Request& req = *it->second;
     StreamEvent e;
-    auto pending = pending_reports_.find(out.id);
-    if (pending != pending_reports_.end()) {
-      // The scheduler may keep fewer tokens than were sampled (a stop).
-      for (size_t i = 0; i < out.new_token_ids.size() && i < pending->second.size(); ++i) {
-        e.tokens.push_back(std::move(pending->second[i]));
-      }
-      pending_reports_.erase(pending);
-    }
+    // The scheduler may keep fewer tokens than were sampled (a stop).
+    const size_t kept = std::min(out.new_token_ids.size(), req.reports.size());
+    e.tokens.assign(std::make_move_iterator(req.reports.begin()),
+                    std::make_move_iterator(req.reports.begin() + kept));
+    req.reports.clear();
     if (!out.new_token_ids.empty()) {
       if (!req.last_token_time) {
         observer_->OnFirstToken(now - req.arrival);
@@ -701,43 +547,59 @@ void Engine::Emit(const std::vector<SequenceOutput>& outputs) {
       }
       req.last_token_time = now;
     }
-    SyncDrafts(req, out);
     if (out.finished) {
-      e.finish_reason = out.finish_reason;
-      if (out.finish_reason == FinishReason::kStop && !out.new_token_ids.empty()) {
-        e.stop_token = out.new_token_ids.back();
-      }
-      e.prompt_tokens = out.num_prompt_tokens;
-      e.output_tokens = out.num_output_tokens;
-      e.cached_tokens = out.num_cached_tokens;
-      e.draft_tokens = req.draft_tokens;
-      e.accepted_tokens = req.accepted_tokens;
-      const SequenceTimes& t = out.times;
-      absl::Time scheduled = t.first_scheduled.value_or(now);
-      absl::Time first = t.first_token.value_or(now);
-      e.queue_time = scheduled - t.arrival;
-      e.prefill_time = first - scheduled;
-      e.decode_time = t.finished.value_or(now) - first;
+      FillFinish(out, req, now, &e);
+      speculation_.Remove(out.id);
       End(req, std::move(e));
       active_.erase(it);
-    } else if (!e.tokens.empty()) {
-      req.stream->Push(std::move(e));
+      continue;
     }
+    if (const Sequence* seq = scheduler_->FindSequence(out.id); seq != nullptr) {
+      speculation_.Commit(out.id, *seq, out.new_token_ids, req.request.sampling);
+    }
+    if (!e.tokens.empty()) req.stream->Push(std::move(e));
   }
 }
 
-void Engine::FailStep(const ScheduledBatch& batch, const absl::Status& status) {
-  for (const ScheduledSequence& seq : batch.sequences) {
-    auto it = active_.find(seq.id);
-    if (it == active_.end()) continue;
-    StreamEvent e;
-    e.error = status;
-    End(*it->second, std::move(e));
-    CloseDrafts(*it->second);
-    pending_reports_.erase(seq.id);
-    active_.erase(it);
+void Engine::FillFinish(const SequenceOutput& out, const Request& req, absl::Time now,
+                        StreamEvent* e) const {
+  e->finish_reason = out.finish_reason;
+  if (out.finish_reason == FinishReason::kStop && !out.new_token_ids.empty()) {
+    e->stop_token = out.new_token_ids.back();
   }
+  e->prompt_tokens = out.num_prompt_tokens;
+  e->output_tokens = out.num_output_tokens;
+  e->cached_tokens = out.num_cached_tokens;
+  const Speculation::Counts drafts = speculation_.CountsOf(req.id);
+  e->draft_tokens = drafts.proposed;
+  e->accepted_tokens = drafts.accepted;
+  const SequenceTimes& t = out.times;
+  absl::Time scheduled = t.first_scheduled.value_or(now);
+  absl::Time first = t.first_token.value_or(now);
+  e->queue_time = scheduled - t.arrival;
+  e->prefill_time = first - scheduled;
+  e->decode_time = t.finished.value_or(now) - first;
+}
+
+void Engine::FailSampling(SequenceId id, absl::Status status) {
+  if (!active_.contains(id)) return;
+  FailActive(id, absl::InternalError(absl::StrCat("sampling failed: ", status.message())));
+  scheduler_->Abort(id).IgnoreError();
+}
+
+void Engine::FailStep(const ScheduledBatch& batch, const absl::Status& status) {
+  for (const ScheduledSequence& seq : batch.sequences) FailActive(seq.id, status);
   EndFailedStep();  // aborts and frees the step's sequences
+}
+
+void Engine::FailActive(SequenceId id, const absl::Status& status) {
+  auto it = active_.find(id);
+  if (it == active_.end()) return;
+  StreamEvent e;
+  e.error = status;
+  End(*it->second, std::move(e));
+  speculation_.Remove(id);
+  active_.erase(it);
 }
 
 void Engine::EndFailedStep() {
@@ -752,13 +614,12 @@ void Engine::EndFailedStep() {
 void Engine::FailAll(const absl::Status& status) {
   for (auto& [id, req] : active_) {
     scheduler_->Abort(id).IgnoreError();
-    CloseDrafts(*req);
+    speculation_.Remove(id);
     StreamEvent e;
     e.error = status;
     End(*req, std::move(e));
   }
   active_.clear();
-  pending_reports_.clear();
   std::vector<std::unique_ptr<Request>> inbox;
   {
     absl::MutexLock lock(&mu_);

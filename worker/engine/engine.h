@@ -32,10 +32,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "worker/engine/scheduler.h"
+#include "worker/engine/speculation.h"
 #include "worker/runner/model_runner.h"
 #include "worker/sampling/sampler.h"
 #include "worker/spec/adaptive.h"
 #include "worker/spec/draft_provider.h"
+#include "worker/spec/verifier.h"
 
 namespace tessera::engine {
 
@@ -192,54 +194,76 @@ class Engine {
 
  private:
   struct Request;
+  // What the model returned for a step: logits rows, or the tokens the
+  // runner drew on its device.
+  struct ModelOutput {
+    bool on_device = false;
+    std::vector<float> logits;
+    std::vector<int32_t> device_tokens;
+  };
   Engine(std::unique_ptr<runner::ModelRunner> runner, EngineOptions options,
          EngineObserver* observer);
   void Loop();
   bool Step();
   void DrainInbox();
+  SamplingOptions SamplingOptionsOf(const EngineRequest& request) const;
+  Request* Find(SequenceId id);
+
+  // The forward pass for a step (sampling on the device when every sequence
+  // allows it).
+  absl::Status RunModel(const ScheduledBatch& batch, ModelOutput* out);
   // Device sampling (EngineOptions::device_sampling) for this step, when
   // every sequence allows it; fills one row per sequence that samples.
   bool DeviceSamplingRows(const ScheduledBatch& batch,
                           std::vector<runner::DeviceSamplingRow>* rows) const;
-  // Takes the tokens the device drew (one per row of DeviceSamplingRows).
-  void TakeDeviceTokens(const ScheduledBatch& batch, const std::vector<int32_t>& tokens,
-                        std::vector<SampledTokens>* sampled);
-  // Greedy verification of a sequence's drafts from the argmax of its k + 1
-  // rows (device sampling).
-  void TakeGreedyVerification(const ScheduledSequence& s, Request& req,
-                              absl::Span<const int32_t> argmax,
-                              std::vector<SampledTokens>* sampled);
+  // A failed forward pass: the batch's requests fail, or every request when
+  // the runner can run no more.
+  void OnModelFailed(const ScheduledBatch& batch, const absl::Status& error);
+
+  // Sampling: each sequence that needed logits gets its next token, or its
+  // verified drafts. A sequence that cannot be sampled fails alone.
+  std::vector<SampledTokens> SampleOnHost(const ScheduledBatch& batch,
+                                          absl::Span<const float> logits);
+  std::vector<SampledTokens> TakeDeviceTokens(const ScheduledBatch& batch,
+                                              absl::Span<const int32_t> tokens);
+  // One token from one row (no drafts), on the host.
+  absl::StatusOr<SampledTokens> SampleToken(const ScheduledSequence& s, Request& req,
+                                            absl::Span<const float> row);
+  // The step's draft for `s` verified against its k + 1 rows.
+  absl::StatusOr<SampledTokens> VerifyOnHost(const ScheduledSequence& s, Request& req,
+                                             absl::Span<const float> rows);
+  // The drafts' verification (spec/verifier.h) taken into the step: a
+  // tree's accepted K/V moved next to the decode token, the counts of the
+  // draft recorded, the tokens reported. `rows` (empty after device
+  // sampling) give the logprobs.
+  absl::StatusOr<SampledTokens> TakeVerified(const ScheduledSequence& s, Request& req,
+                                             spec::VerifyResult verified,
+                                             absl::Span<const float> rows);
+  // A tree's accepted nodes' K/V moved to contiguous slots
+  // (kv_compaction.h, runner::ModelRunner::CopyKvSlots).
+  absl::Status KeepAcceptedKv(const ScheduledSequence& s, absl::Span<const int32_t> path);
+  // A token's report, with its logprobs from `row` when the request asks.
+  TokenReport ReportOf(const Request& req, TokenId token, absl::Span<const float> row) const;
+  // The position of the token a sequence samples next.
+  int64_t NextPosition(const ScheduledSequence& s) const;
+
+  void Emit(const std::vector<SequenceOutput>& outputs);
+  // The final event's counts and times for a finished sequence.
+  void FillFinish(const SequenceOutput& out, const Request& req, absl::Time now,
+                  StreamEvent* e) const;
   // Ends a request whose logits could not be sampled.
   void FailSampling(SequenceId id, absl::Status status);
-  void Sample(const ScheduledBatch& batch, const std::vector<float>& logits,
-              std::vector<SampledTokens>* sampled);
-  // Samples (or verifies drafts for) one entry from its logits rows.
-  absl::Status SampleEntry(const ScheduledSequence& s, Request& req, absl::Span<const float> rows,
-                           SampledTokens* out);
-  // A token tree's walk (spec::VerifyTree), then the accepted nodes' K/V
-  // moved to contiguous slots (runner::ModelRunner::CopyKvSlots).
-  absl::Status VerifyTreeEntry(const ScheduledSequence& s, Request& req,
-                               absl::Span<const float> rows, int64_t position, SampledTokens* out);
-  // Speculation: drafts for this step's decodes, and keeping the provider
-  // in step with each request's tokens.
-  DraftTokens CollectDrafts();
-  // Token trees among this step's drafts: sets the forward batch's
-  // tree_parents and the nodes' positions (their depths).
-  void ApplyDraftTrees(const ScheduledBatch& batch, runner::ForwardBatch* forward) const;
-  // Whether the step's draft for `id` is a tree (not a chain).
-  bool IsTreeDraft(SequenceId id) const;
-  void SyncDrafts(Request& req, const SequenceOutput& out);
-  void CloseDrafts(Request& req);
-  void Emit(const std::vector<SequenceOutput>& outputs);
+  // A failed model step: its requests fail with `status`, the others go on.
+  void FailStep(const ScheduledBatch& batch, const absl::Status& status);
   void FailAll(const absl::Status& status);
+  // Ends an active request with an error event and forgets it.
+  void FailActive(SequenceId id, const absl::Status& status);
   // Ends a request's stream with its last event (an error, an abort or a
   // finish reason): every request ends here once, and the observer counts it.
   void End(Request& req, StreamEvent e);
   // After FailAll for a step that produced no usable tokens: the scheduler
   // drops the step (its sequences freed) and takes new work.
   void EndFailedStep();
-  // A failed model step: its requests fail with `status`, the others go on.
-  void FailStep(const ScheduledBatch& batch, const absl::Status& status);
   void PublishLoad();
   void ApplyToSnapshot(const KvCacheEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -267,10 +291,7 @@ class Engine {
 
   // Engine thread only.
   absl::flat_hash_map<SequenceId, std::unique_ptr<Request>> active_;
-  // Tokens sampled this step, with their logprobs, until Emit.
-  absl::flat_hash_map<SequenceId, std::vector<TokenReport>> pending_reports_;
-  // Drafts attached to the step in flight, by sequence.
-  absl::flat_hash_map<SequenceId, spec::Draft> step_drafts_;
+  Speculation speculation_;
   std::thread thread_;
 };
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/json.h"
 #include "base/log.h"
 #include "kernels/cuda_devices.h"
 #include "worker/engine/preflight_process.h"
@@ -41,6 +42,34 @@ std::string ShortestDouble(double v) {
   return std::string(buf, result.ptr);
 }
 
+// The test-only token script of a simulated runner (SimulationOptions).
+absl::Status LoadScript(const std::string& path, SimulationOptions* o) {
+  auto j = ReadJsonFile(path, 16 << 20);
+  if (!j.ok()) return j.status();
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("script=", path, ": ", why));
+  };
+  if (!j->is_object() || !j->contains("replies") || !(*j)["replies"].is_array() ||
+      (*j)["replies"].empty()) {
+    return bad("expected {\"replies\": [[token ids], ...], \"switch_token\": id}");
+  }
+  for (const nlohmann::json& reply : (*j)["replies"]) {
+    if (!reply.is_array()) return bad("each reply must be a list of token ids");
+    std::vector<int32_t>& ids = o->script.emplace_back();
+    for (const nlohmann::json& t : reply) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= o->vocab) {
+        return bad("token ids must be integers in [0, vocab)");
+      }
+      ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  }
+  if (j->contains("switch_token")) {
+    if (!(*j)["switch_token"].is_number_integer()) return bad("switch_token must be an id");
+    o->script_switch_token = (*j)["switch_token"].get<int32_t>();
+  }
+  return absl::OkStatus();
+}
+
 runner::SimulatedRunnerOptions ToRunnerOptions(const SimulationOptions& s) {
   runner::SimulatedRunnerOptions r;
   r.vocab_size = s.vocab;
@@ -49,6 +78,8 @@ runner::SimulatedRunnerOptions ToRunnerOptions(const SimulationOptions& s) {
   r.decode_step_us = s.decode_step_us;
   r.decode_us_per_seq = s.decode_us_per_seq;
   r.fail_after_steps = s.fail_after_steps;
+  r.script = s.script;
+  r.script_switch_token = s.script_switch_token;
   return r;
 }
 
@@ -100,11 +131,14 @@ absl::StatusOr<SimulationOptions> ParseSimulationSpec(std::string_view spec) {
       status = integer(1, int64_t{1} << 40, &o.kv_bytes_per_token);
     } else if (key == "fail_after_steps") {
       status = integer(0, int64_t{1} << 40, &o.fail_after_steps);
+    } else if (key == "script") {
+      o.script_path = std::string(value);
+      status = LoadScript(o.script_path, &o);
     } else {
       status = BadSpecPair(pair,
                            "unknown key; known: vocab, context, prefill_us_per_token, "
                            "decode_step_us, decode_us_per_seq, kv_bytes_per_token, "
-                           "fail_after_steps");
+                           "fail_after_steps, script");
     }
     if (!status.ok()) return status;
   }
@@ -117,7 +151,8 @@ std::string SimulationSpecString(const SimulationOptions& o) {
                       ",decode_step_us=", ShortestDouble(o.decode_step_us),
                       ",decode_us_per_seq=", ShortestDouble(o.decode_us_per_seq),
                       ",kv_bytes_per_token=", o.kv_bytes_per_token,
-                      ",fail_after_steps=", o.fail_after_steps);
+                      ",fail_after_steps=", o.fail_after_steps,
+                      o.script_path.empty() ? "" : ",script=", o.script_path);
 }
 
 LocalEngine::~LocalEngine() {

@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "absl/status/statusor.h"
@@ -51,6 +52,12 @@ struct SimulationOptions {
   // > 0: the runner breaks for good after this many steps (tests of a
   // worker whose device fails; runner::SimulatedRunnerOptions).
   int64_t fail_after_steps = 0;
+  // TEST ONLY (script=<path>): a JSON file {"replies": [[ids...], ...],
+  // "switch_token": id}; the runner then emits the chosen reply's tokens,
+  // then EOS, instead of its hash tokens (runner::SimulatedRunnerOptions).
+  std::string script_path;
+  std::vector<std::vector<int32_t>> script;
+  int32_t script_switch_token = -1;
 };
 
 // Parses a spec such as
@@ -60,7 +67,8 @@ struct SimulationOptions {
 // defaults. Spaces around keys and values are ignored. INVALID_ARGUMENT
 // naming the pair for an unknown or repeated key, a malformed number or a
 // value out of range (costs: finite, in [0, 1e9] us; context in [1, 2^30];
-// kv_bytes_per_token >= 1; fail_after_steps >= 0).
+// kv_bytes_per_token >= 1; fail_after_steps >= 0; script: a readable
+// file of the shape above, ids in the vocabulary).
 absl::StatusOr<SimulationOptions> ParseSimulationSpec(std::string_view spec);
 
 // The canonical spec of `options` (every key, in declaration order); it
