@@ -55,6 +55,20 @@ sampling::SamplingParams ToParams(const tessera::v1::SamplingParams& p) {
   return s;
 }
 
+DraftProposal ToProposal(spec::SeqKey seq, const spec::Draft& d) {
+  DraftProposal p;
+  p.set_seq(seq);
+  p.set_base_len(d.base_len);
+  for (spec::TokenId t : d.tokens) p.add_tokens(t);
+  for (int32_t parent : d.parents) p.add_parents(parent);
+  for (const spec::DraftDistribution& q : d.q) {
+    tessera::v1::DraftDistribution* out = p.add_q();
+    for (spec::TokenId t : q.tokens) out->add_token_ids(t);
+    for (float prob : q.probs) out->add_probs(prob);
+  }
+  return p;
+}
+
 }  // namespace
 
 void ApplyControl(const DraftControl& c, spec::DraftSession* session) {
@@ -108,19 +122,12 @@ grpc::Status DrafterService::Speculate(
   });
 
   spec::DraftSession session(&source, options_.max_draft_tokens);
-  int64_t proposals = 0;
-  auto write = [&](spec::SeqKey seq, const spec::Draft& d) {
-    DraftProposal p;
-    p.set_seq(seq);
-    p.set_base_len(d.base_len);
-    for (spec::TokenId t : d.tokens) p.add_tokens(t);
-    for (int32_t parent : d.parents) p.add_parents(parent);
-    for (const spec::DraftDistribution& q : d.q) {
-      tessera::v1::DraftDistribution* out = p.add_q();
-      for (spec::TokenId t : q.tokens) out->add_token_ids(t);
-      for (float prob : q.probs) out->add_probs(prob);
+  auto send = [&](const spec::DraftSession::Proposals& proposals) {
+    if (options_.inject_delay > absl::ZeroDuration()) absl::SleepFor(options_.inject_delay);
+    for (const auto& [seq, d] : proposals) {
+      if (!stream->Write(ToProposal(seq, d))) return false;
     }
-    return stream->Write(p);
+    return true;
   };
   grpc::Status result = grpc::Status::OK;
   bool half_closed = false;  // the worker closed its side: the reader is done
@@ -140,26 +147,14 @@ grpc::Status DrafterService::Speculate(
       break;
     }
     for (const DraftControl& c : controls) ApplyControl(c, &session);
-    std::vector<std::pair<spec::SeqKey, spec::Draft>> sent = session.TakeProposals();
-    if (sent.empty()) continue;
-    if (options_.inject_delay > absl::ZeroDuration()) absl::SleepFor(options_.inject_delay);
-    bool write_failed = false;
-    for (const auto& [seq, d] : sent) {
-      if (!write(seq, d)) {
-        write_failed = true;
-        break;
-      }
-      ++proposals;
-    }
-    if (write_failed) break;
-    session.RunAhead(sent);
+    if (!session.Round(send)) break;
   }
   // A reader still blocked in Read (we end first) is unblocked by a cancel;
   // after the worker's half-close the stream ends with `result` (OK).
   if (!half_closed) context->TryCancel();
   reader.join();
   LogInfo("speculation stream ended", {{"source", source.name()},
-                                       {"proposals", proposals},
+                                       {"proposals", session.proposals_sent()},
                                        {"run_ahead_hits", session.run_ahead_hits()}});
   return result;
 }

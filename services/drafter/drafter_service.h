@@ -6,8 +6,10 @@
 // shared through the factory) and its own spec::DraftSession (the open
 // sequences, the proposals due, run-ahead; worker/spec/draft_session.h). A
 // reader thread queues the worker's Open/Commit/Close messages; the handler
-// thread applies everything queued (ApplyControl), then proposes for every
-// sequence that changed, in one batched Propose, and writes the proposals.
+// thread converts and applies everything queued (ApplyControl), then lets
+// the session run a round (DraftSession::Round: one batched Propose for
+// every sequence that changed, the proposals written, the run-ahead), and
+// only converts the proposals for the wire.
 // Commits that pile up while a proposal is computed are folded into one
 // Update, so no proposal is computed for a prefix the worker has already
 // passed.

@@ -59,8 +59,17 @@ void DraftSession::Close(SeqKey seq) {
   Drop(seq);
 }
 
-std::vector<std::pair<SeqKey, Draft>> DraftSession::TakeProposals() {
-  std::vector<std::pair<SeqKey, Draft>> out;
+bool DraftSession::Round(const SendFn& send) {
+  const Proposals proposals = TakeProposals();
+  if (proposals.empty()) return true;
+  if (!send(proposals)) return false;
+  proposals_sent_ += static_cast<int64_t>(proposals.size());
+  RunAhead(proposals);
+  return true;
+}
+
+DraftSession::Proposals DraftSession::TakeProposals() {
+  Proposals out;
   for (auto& [seq, d] : ready_) {
     if (!d.tokens.empty()) out.emplace_back(seq, std::move(d));
   }
@@ -80,7 +89,7 @@ std::vector<std::pair<SeqKey, Draft>> DraftSession::TakeProposals() {
   return out;
 }
 
-void DraftSession::RunAhead(const std::vector<std::pair<SeqKey, Draft>>& sent) {
+void DraftSession::RunAhead(const Proposals& sent) {
   if (!source_.runs_ahead() || sent.empty()) return;
   // Draft the next proposal now: one guessed bonus token, then k more.
   std::vector<DraftQuery> next;

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -40,14 +41,24 @@ class DraftSession {
               int max_draft_tokens);
   void Close(SeqKey seq);
 
+  using Proposals = std::vector<std::pair<SeqKey, Draft>>;
+  // Sends proposals to the worker; false when the stream broke.
+  using SendFn = std::function<bool(const Proposals&)>;
+
+  // One round, after the worker's messages so far were applied: this
+  // round's proposals (TakeProposals) go out through `send` at once, then
+  // the session runs ahead of them (RunAhead). False when `send` failed.
+  bool Round(const SendFn& send);
+
   // This round's proposals, non-empty ones only: those run ahead for
   // matching commits, then fresh ones for each sequence opened or committed
   // since the last round.
-  std::vector<std::pair<SeqKey, Draft>> TakeProposals();
+  Proposals TakeProposals();
   // After `sent` went out: drafts the next proposal of each (sources that
   // run ahead).
-  void RunAhead(const std::vector<std::pair<SeqKey, Draft>>& sent);
+  void RunAhead(const Proposals& sent);
 
+  int64_t proposals_sent() const { return proposals_sent_; }
   int64_t run_ahead_hits() const { return run_ahead_hits_; }
 
  private:
@@ -65,6 +76,7 @@ class DraftSession {
   absl::flat_hash_map<SeqKey, Ahead> ahead_;
   absl::flat_hash_map<SeqKey, Draft> ready_;  // to send this round
   std::vector<SeqKey> changed_;
+  int64_t proposals_sent_ = 0;
   int64_t run_ahead_hits_ = 0;
 };
 
