@@ -153,21 +153,25 @@ void BlockToolParser::Drain(bool final, ParsedDelta* out) {
       case State::kOutside:
       case State::kSection: {
         const bool outside = state_ == State::kOutside;
-        absl::string_view open =
-            outside && has_section ? absl::string_view(format_.section_begin)
-                                   : call_begin;
-        absl::string_view other =
-            outside ? call_begin : absl::string_view(format_.section_end);
-        TagMatch m = (outside && !has_section)
-                         ? FindFirstTag(rest, {call_begin})
-                         : FindFirstTag(rest, {open, other});
+        // The tags that can come next, and what each one means.
+        enum class Kind { kSectionBegin, kSectionEnd, kCallBegin };
+        absl::string_view tags[2];
+        Kind kinds[2];
+        size_t n = 0;
+        auto expect = [&](absl::string_view tag, Kind kind) {
+          tags[n] = tag;
+          kinds[n++] = kind;
+        };
+        if (outside && has_section) {
+          expect(format_.section_begin, Kind::kSectionBegin);
+        }
+        expect(call_begin, Kind::kCallBegin);
+        if (!outside) expect(format_.section_end, Kind::kSectionEnd);
+        const absl::Span<const absl::string_view> expected(tags, n);
+
+        TagMatch m = FindFirstTag(rest, expected);
         if (m.pos == std::string::npos) {
-          size_t keep = 0;
-          if (!final) {
-            keep = (outside && !has_section)
-                       ? PartialTagSuffix(rest, {call_begin})
-                       : PartialTagSuffix(rest, {open, other});
-          }
+          size_t keep = final ? 0 : PartialTagSuffix(rest, expected);
           absl::string_view text = rest.substr(0, rest.size() - keep);
           if (outside) {
             emitter_.Content(text, out);
@@ -179,33 +183,33 @@ void BlockToolParser::Drain(bool final, ParsedDelta* out) {
           return;
         }
         absl::string_view before = rest.substr(0, m.pos);
-        absl::string_view tag = (outside && !has_section) ? call_begin
-                                : m.tag == 0              ? open
-                                                          : other;
         if (outside) {
           emitter_.Content(before, out);
         } else {
           SectionContent(before, out);  // stray text between calls
         }
-        done += m.pos + tag.size();
-        if (tag == call_begin) {
-          call_in_section_ = !outside;
-          state_ = State::kCall;
-          scan_from_ = 0;
-          buf_.erase(0, done);
-          done = 0;
-        } else if (outside) {  // section_begin
-          state_ = State::kSection;
-          section_tag_pending_ = true;
-          section_had_call_ = false;
-          section_space_.clear();
-          section_space_committed_ = false;
-        } else {  // section_end
-          if (!section_had_call_) {
-            SectionContent(format_.section_end, out);
-          }
-          section_space_.clear();
-          state_ = State::kOutside;
+        done += m.pos + tags[m.tag].size();
+        switch (kinds[m.tag]) {
+          case Kind::kCallBegin:
+            call_in_section_ = !outside;
+            state_ = State::kCall;
+            scan_from_ = 0;
+            buf_.erase(0, done);
+            done = 0;
+            break;
+          case Kind::kSectionBegin:
+            state_ = State::kSection;
+            section_tag_pending_ = true;
+            section_had_call_ = false;
+            section_space_.clear();
+            section_space_committed_ = false;
+            break;
+          case Kind::kSectionEnd:
+            // A section in which nothing parsed keeps its tags as content.
+            if (!section_had_call_) SectionContent(format_.section_end, out);
+            section_space_.clear();
+            state_ = State::kOutside;
+            break;
         }
         break;
       }

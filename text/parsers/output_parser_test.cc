@@ -824,3 +824,33 @@ TEST(EdgeCaseTest, AccumulateMergesFragmentsByIndex) {
 
 }  // namespace
 }  // namespace tessera::text
+
+namespace tessera::text {
+namespace {
+
+TEST(TagScanTest, FindsEarliestAndLongestTag) {
+  TagMatch m = FindFirstTag("ab<x><xy>", {"<xy>", "<x>"});
+  EXPECT_EQ(m.pos, 2u);
+  EXPECT_EQ(m.tag, 1u);
+  m = FindFirstTag("<ab", {"<a", "<ab"});
+  EXPECT_EQ(m.pos, 0u);
+  EXPECT_EQ(m.tag, 1u);
+  EXPECT_EQ(FindFirstTag("none", {"<a>"}).pos, std::string::npos);
+  EXPECT_EQ(FindFirstTag("<a><a>", {"<a>"}, 1).pos, 3u);
+}
+
+TEST(TagScanTest, PartialSuffixIsTheLongestTagPrefix) {
+  EXPECT_EQ(PartialTagSuffix("text<tool_", {"<tool_call>"}), 6u);
+  EXPECT_EQ(PartialTagSuffix("text<tool_call>", {"<tool_call>"}), 0u);
+  EXPECT_EQ(PartialTagSuffix("a<", {"<x>", "</y>"}), 1u);
+  EXPECT_EQ(PartialTagSuffix("a</", {"<x>", "</y>"}), 2u);
+  EXPECT_EQ(PartialTagSuffix("<x", {"<x>"}), 2u);
+  EXPECT_EQ(PartialTagSuffix("", {"<x>"}), 0u);
+  EXPECT_EQ(PartialTagSuffix("xyz", {"<x>"}), 0u);
+  // A multi-byte tag cut inside one of its UTF-8 sequences.
+  std::string cut = kCallBegin.substr(0, 2);
+  EXPECT_EQ(PartialTagSuffix("好" + cut, {kCallBegin}), 2u);
+}
+
+}  // namespace
+}  // namespace tessera::text

@@ -7,7 +7,7 @@
 namespace tessera::text {
 
 TagMatch FindFirstTag(absl::string_view text,
-                      std::initializer_list<absl::string_view> tags,
+                      absl::Span<const absl::string_view> tags,
                       size_t from) {
   TagMatch best;
   size_t best_len = 0;
@@ -26,7 +26,7 @@ TagMatch FindFirstTag(absl::string_view text,
 }
 
 size_t PartialTagSuffix(absl::string_view text,
-                        std::initializer_list<absl::string_view> tags) {
+                        absl::Span<const absl::string_view> tags) {
   size_t longest = 0;
   for (absl::string_view tag : tags) {
     // Candidate suffixes are shorter than the tag; try the longest first.

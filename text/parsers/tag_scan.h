@@ -6,10 +6,10 @@
 #pragma once
 
 #include <cstddef>
-#include <initializer_list>
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace tessera::text {
 
@@ -21,14 +21,14 @@ struct TagMatch {
 // Earliest complete occurrence at or after `from` of any of `tags`; at equal
 // positions the longer tag wins. REQUIRES: tags non-empty.
 TagMatch FindFirstTag(absl::string_view text,
-                      std::initializer_list<absl::string_view> tags,
+                      absl::Span<const absl::string_view> tags,
                       size_t from = 0);
 
 // Length of the longest suffix of `text` that is a proper prefix of one of
 // `tags` (0 when none): the bytes to hold back until the next delta tells
 // whether a tag starts there.
 size_t PartialTagSuffix(absl::string_view text,
-                        std::initializer_list<absl::string_view> tags);
+                        absl::Span<const absl::string_view> tags);
 
 // True for the JSON whitespace bytes: space, tab, CR, LF.
 inline bool IsSpace(char c) {
