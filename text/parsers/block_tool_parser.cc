@@ -10,15 +10,24 @@ namespace tessera::text {
 namespace {
 
 constexpr absl::string_view kDsCallsBegin =
-    "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>";
+    "<\xef\xbd\x9ctool\xe2\x96\x81"
+    "calls\xe2\x96\x81"
+    "begin\xef\xbd\x9c>";
 constexpr absl::string_view kDsCallsEnd =
-    "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>";
+    "<\xef\xbd\x9ctool\xe2\x96\x81"
+    "calls\xe2\x96\x81"
+    "end\xef\xbd\x9c>";
 constexpr absl::string_view kDsCallBegin =
-    "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>";
+    "<\xef\xbd\x9ctool\xe2\x96\x81"
+    "call\xe2\x96\x81"
+    "begin\xef\xbd\x9c>";
 constexpr absl::string_view kDsCallEnd =
-    "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>";
+    "<\xef\xbd\x9ctool\xe2\x96\x81"
+    "call\xe2\x96\x81"
+    "end\xef\xbd\x9c>";
 constexpr absl::string_view kDsSep =
-    "<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>";
+    "<\xef\xbd\x9ctool\xe2\x96\x81"
+    "sep\xef\xbd\x9c>";
 
 // Strips a Markdown code fence (```json … ```) around a JSON body.
 absl::string_view StripFence(absl::string_view s) {
@@ -56,8 +65,7 @@ std::optional<ParsedToolCall> ParseDeepSeekBody(absl::string_view body) {
     size_t newline = tail.find('\n');
     if (newline != absl::string_view::npos) {
       absl::string_view name = TrimSpace(tail.substr(0, newline));
-      std::optional<std::string> args =
-          CompactJsonObject(StripFence(tail.substr(newline + 1)));
+      std::optional<std::string> args = CompactJsonObject(StripFence(tail.substr(newline + 1)));
       if (ValidName(name) && args) {
         return ParsedToolCall{std::string(name), std::move(*args)};
       }
@@ -87,11 +95,8 @@ BlockFormat DeepSeekV3BlockFormat() {
   return f;
 }
 
-BlockToolParser::BlockToolParser(BlockFormat format, uint64_t id_seed,
-                                 size_t max_block_bytes)
-    : format_(std::move(format)),
-      max_block_bytes_(max_block_bytes),
-      emitter_(id_seed) {}
+BlockToolParser::BlockToolParser(BlockFormat format, uint64_t id_seed, size_t max_block_bytes)
+    : format_(std::move(format)), max_block_bytes_(max_block_bytes), emitter_(id_seed) {}
 
 ParsedDelta BlockToolParser::Feed(absl::string_view text) {
   ParsedDelta out;
@@ -112,8 +117,7 @@ ParsedDelta BlockToolParser::Finish() {
   return out;
 }
 
-void BlockToolParser::SectionContent(absl::string_view text,
-                                     ParsedDelta* out) {
+void BlockToolParser::SectionContent(absl::string_view text, ParsedDelta* out) {
   if (text.empty()) return;
   bool all_space = TrimSpace(text).empty();
   if (all_space && !section_space_committed_) {
@@ -219,9 +223,7 @@ void BlockToolParser::Drain(bool final, ParsedDelta* out) {
         if (pos == std::string::npos) {
           bool overflow = buf_.size() > max_block_bytes_ + call_end.size();
           if (!final && !overflow) {
-            scan_from_ = buf_.size() >= call_end.size()
-                             ? buf_.size() - call_end.size() + 1
-                             : 0;
+            scan_from_ = buf_.size() >= call_end.size() ? buf_.size() - call_end.size() + 1 : 0;
             return;
           }
           // Never closed (or too long to keep): it is content.
@@ -235,8 +237,7 @@ void BlockToolParser::Drain(bool final, ParsedDelta* out) {
         std::optional<ParsedToolCall> call;
         if (body.size() <= max_block_bytes_) call = format_.parse_body(body);
         if (call) {
-          emitter_.Call(std::move(call->name), std::move(call->arguments),
-                        out);
+          emitter_.Call(std::move(call->name), std::move(call->arguments), out);
           if (call_in_section_) {
             section_had_call_ = true;
             section_space_.clear();

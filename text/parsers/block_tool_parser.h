@@ -34,8 +34,7 @@ struct BlockFormat {
   std::string call_begin;
   std::string call_end;
   // The text between call_begin and call_end -> a call, or nullopt.
-  std::function<std::optional<ParsedToolCall>(absl::string_view body)>
-      parse_body;
+  std::function<std::optional<ParsedToolCall>(absl::string_view body)> parse_body;
 };
 
 BlockFormat Qwen3BlockFormat();
@@ -49,8 +48,7 @@ std::optional<ParsedToolCall> ParseDeepSeekBody(absl::string_view body);
 
 class BlockToolParser : public OutputParser {
  public:
-  BlockToolParser(BlockFormat format, uint64_t id_seed,
-                  size_t max_block_bytes);
+  BlockToolParser(BlockFormat format, uint64_t id_seed, size_t max_block_bytes);
 
   ParsedDelta Feed(absl::string_view text) override;
   ParsedDelta Finish() override;
@@ -71,10 +69,10 @@ class BlockToolParser : public OutputParser {
   bool call_in_section_ = false;
   bool section_tag_pending_ = false;  // section opened, its tag not yet sent
   bool section_had_call_ = false;
-  std::string section_space_;  // whitespace in a section, not yet decided
+  std::string section_space_;             // whitespace in a section, not yet decided
   bool section_space_committed_ = false;  // long run: sent as it comes
-  std::string buf_;       // kCall: the body so far; else: held-back bytes
-  size_t scan_from_ = 0;  // kCall: where the search for call_end resumes
+  std::string buf_;                       // kCall: the body so far; else: held-back bytes
+  size_t scan_from_ = 0;                  // kCall: where the search for call_end resumes
 };
 
 }  // namespace tessera::text

@@ -19,8 +19,7 @@ constexpr size_t kMaxLead = 4096;
 Llama3JsonParser::Llama3JsonParser(uint64_t id_seed, size_t max_block_bytes)
     : max_block_bytes_(max_block_bytes), emitter_(id_seed) {}
 
-Llama3JsonParser::Lead Llama3JsonParser::ClassifyLead(
-    size_t* object_pos) const {
+Llama3JsonParser::Lead Llama3JsonParser::ClassifyLead(size_t* object_pos) const {
   const bool allow_semicolon = state_ == State::kBetween;
   absl::string_view s = lead_;
   size_t i = 0;
@@ -34,8 +33,7 @@ Llama3JsonParser::Lead Llama3JsonParser::ClassifyLead(
   if (s[i] != '{') {
     absl::string_view rest = s.substr(i);
     if (rest.size() < kPythonTag.size()) {
-      return absl::StartsWith(kPythonTag, rest) ? Lead::kNeedMore
-                                                : Lead::kNotACall;
+      return absl::StartsWith(kPythonTag, rest) ? Lead::kNeedMore : Lead::kNotACall;
     }
     if (!absl::StartsWith(rest, kPythonTag)) return Lead::kNotACall;
     i += kPythonTag.size();
@@ -49,8 +47,7 @@ Llama3JsonParser::Lead Llama3JsonParser::ClassifyLead(
 
 size_t Llama3JsonParser::SeparatorLength(size_t limit) const {
   size_t n = 0;
-  while (state_ == State::kBetween && n < limit &&
-         (IsSpace(lead_[n]) || lead_[n] == ';')) {
+  while (state_ == State::kBetween && n < limit && (IsSpace(lead_[n]) || lead_[n] == ';')) {
     ++n;
   }
   return n;
@@ -61,8 +58,7 @@ void Llama3JsonParser::ToContent(absl::string_view text, ParsedDelta* out) {
   emitter_.Content(text, out);
 }
 
-size_t Llama3JsonParser::ScanObject(absl::string_view text,
-                                    ParsedDelta* out) {
+size_t Llama3JsonParser::ScanObject(absl::string_view text, ParsedDelta* out) {
   size_t i = 0;
   bool closed = false;
   bool too_deep = false;
@@ -163,9 +159,7 @@ ParsedDelta Llama3JsonParser::Finish() {
       emitter_.Content(lead_, &out);
       break;
     case State::kBetween: {
-      emitter_.Content(
-          absl::string_view(lead_).substr(SeparatorLength(lead_.size())),
-          &out);
+      emitter_.Content(absl::string_view(lead_).substr(SeparatorLength(lead_.size())), &out);
       break;
     }
     case State::kObject:

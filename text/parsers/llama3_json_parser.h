@@ -47,9 +47,9 @@ class Llama3JsonParser : public OutputParser {
   const size_t max_block_bytes_;
   ToolCallEmitter emitter_;
   State state_ = State::kStart;
-  std::string lead_;    // kStart/kBetween: whitespace, ';', python tag
+  std::string lead_;      // kStart/kBetween: whitespace, ';', python tag
   std::string raw_lead_;  // the lead of the current object, for fallback
-  std::string object_;  // kObject: the object so far
+  std::string object_;    // kObject: the object so far
   int depth_ = 0;
   bool in_string_ = false;
   bool escape_ = false;

@@ -26,16 +26,13 @@ class PassThroughParser : public OutputParser {
 // Reasoning first; the tool parser sees only the content stream.
 class ComposedParser : public OutputParser {
  public:
-  ComposedParser(std::unique_ptr<OutputParser> reasoning,
-                 std::unique_ptr<OutputParser> tools)
+  ComposedParser(std::unique_ptr<OutputParser> reasoning, std::unique_ptr<OutputParser> tools)
       : reasoning_(std::move(reasoning)), tools_(std::move(tools)) {}
 
   ParsedDelta Feed(absl::string_view text) override {
     return Chain(reasoning_->Feed(text), /*final=*/false);
   }
-  ParsedDelta Finish() override {
-    return Chain(reasoning_->Finish(), /*final=*/true);
-  }
+  ParsedDelta Finish() override { return Chain(reasoning_->Finish(), /*final=*/true); }
 
  private:
   ParsedDelta Chain(ParsedDelta first, bool final) {
@@ -57,9 +54,13 @@ class ComposedParser : public OutputParser {
 };
 
 constexpr absl::string_view kDsCallBegin =
-    "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>";
+    "<\xef\xbd\x9ctool\xe2\x96\x81"
+    "call\xe2\x96\x81"
+    "begin\xef\xbd\x9c>";
 constexpr absl::string_view kDsCallsBegin =
-    "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>";
+    "<\xef\xbd\x9ctool\xe2\x96\x81"
+    "calls\xe2\x96\x81"
+    "begin\xef\xbd\x9c>";
 
 }  // namespace
 
@@ -81,40 +82,34 @@ void Accumulate(const ParsedDelta& delta, ParsedMessage* message) {
 
 const std::vector<std::string>& KnownToolFormats() {
   static const std::vector<std::string>* formats =
-      new std::vector<std::string>{"none", "qwen3", "llama3_json",
-                                   "deepseek_v3"};
+      new std::vector<std::string>{"none", "qwen3", "llama3_json", "deepseek_v3"};
   return *formats;
 }
 
-absl::StatusOr<std::unique_ptr<OutputParser>> MakeOutputParser(
-    const OutputParserOptions& options) {
+absl::StatusOr<std::unique_ptr<OutputParser>> MakeOutputParser(const OutputParserOptions& options) {
   std::unique_ptr<OutputParser> tools;
   const std::string& format = options.tool_format;
   if (format == "none") {
     tools = std::make_unique<PassThroughParser>();
   } else if (format == "qwen3") {
-    tools = std::make_unique<BlockToolParser>(
-        Qwen3BlockFormat(), options.id_seed, options.max_block_bytes);
+    tools = std::make_unique<BlockToolParser>(Qwen3BlockFormat(), options.id_seed,
+                                              options.max_block_bytes);
   } else if (format == "llama3_json") {
-    tools = std::make_unique<Llama3JsonParser>(options.id_seed,
-                                               options.max_block_bytes);
+    tools = std::make_unique<Llama3JsonParser>(options.id_seed, options.max_block_bytes);
   } else if (format == "deepseek_v3") {
-    tools = std::make_unique<BlockToolParser>(
-        DeepSeekV3BlockFormat(), options.id_seed, options.max_block_bytes);
+    tools = std::make_unique<BlockToolParser>(DeepSeekV3BlockFormat(), options.id_seed,
+                                              options.max_block_bytes);
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown tool-call format \"", format,
-                     "\"; known formats: ",
-                     absl::StrJoin(KnownToolFormats(), ", ")));
+                     "\"; known formats: ", absl::StrJoin(KnownToolFormats(), ", ")));
   }
   if (!options.reasoning && !options.starts_in_reasoning) return tools;
   return std::unique_ptr<OutputParser>(std::make_unique<ComposedParser>(
-      std::make_unique<ReasoningParser>(options.starts_in_reasoning),
-      std::move(tools)));
+      std::make_unique<ReasoningParser>(options.starts_in_reasoning), std::move(tools)));
 }
 
-std::string DefaultToolFormat(absl::string_view model_type,
-                              absl::string_view chat_template) {
+std::string DefaultToolFormat(absl::string_view model_type, absl::string_view chat_template) {
   if (!chat_template.empty()) {
     if (absl::StrContains(chat_template, kDsCallBegin) ||
         absl::StrContains(chat_template, kDsCallsBegin)) {
@@ -129,8 +124,8 @@ std::string DefaultToolFormat(absl::string_view model_type,
     return "none";
   }
   if (model_type == "deepseek_v3") return "deepseek_v3";
-  if (model_type == "qwen2" || model_type == "qwen2_moe" ||
-      model_type == "qwen3" || model_type == "qwen3_moe") {
+  if (model_type == "qwen2" || model_type == "qwen2_moe" || model_type == "qwen3" ||
+      model_type == "qwen3_moe") {
     return "qwen3";
   }
   return "none";

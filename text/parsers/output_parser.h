@@ -50,9 +50,7 @@ struct ParsedDelta {
   std::string content;
   std::string reasoning;
   std::vector<ToolCallDelta> tool_calls;
-  bool empty() const {
-    return content.empty() && reasoning.empty() && tool_calls.empty();
-  }
+  bool empty() const { return content.empty() && reasoning.empty() && tool_calls.empty(); }
 };
 
 // A whole message assembled from deltas (for non-streaming responses).
@@ -103,8 +101,7 @@ struct OutputParserOptions {
 const std::vector<std::string>& KnownToolFormats();
 
 // Unknown tool_format -> INVALID_ARGUMENT naming the known ones.
-absl::StatusOr<std::unique_ptr<OutputParser>> MakeOutputParser(
-    const OutputParserOptions& options);
+absl::StatusOr<std::unique_ptr<OutputParser>> MakeOutputParser(const OutputParserOptions& options);
 
 // The tool-call format a model's files imply. Rule, first match wins:
 //  1. the chat template (if non-empty) mentions `<｜tool▁call▁begin｜>` or
@@ -117,8 +114,7 @@ absl::StatusOr<std::unique_ptr<OutputParser>> MakeOutputParser(
 //  5. with no template, config.json's model_type: "deepseek_v3" ->
 //     "deepseek_v3"; "qwen2", "qwen2_moe", "qwen3", "qwen3_moe" -> "qwen3";
 //     anything else (including "llama": Llama 2 has no tool calls) -> "none".
-std::string DefaultToolFormat(absl::string_view model_type,
-                              absl::string_view chat_template);
+std::string DefaultToolFormat(absl::string_view model_type, absl::string_view chat_template);
 
 // True when a rendered prompt ends (ignoring trailing whitespace) with
 // `<think>`: the template opened reasoning, so the parser should be made

@@ -24,17 +24,60 @@ using testing::RunWhole;
 
 const std::vector<std::string>& Fragments() {
   static const std::vector<std::string>* f = new std::vector<std::string>{
-      "<think>", "</think>", "<thi", "</th", "<", "</", ">", "<tool_call>",
-      "</tool_call>", "<tool_", "</tool_c", "<|python_tag|>", "<|pyt",
-      "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
-      "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>",
-      "<｜tool▁", "function", "\n```json\n", "\n```", "{", "}", "[", "]",
-      "\"", "\\", "\\\"", ":", ",", ";", " ", "\n", "\n\n", "\t",
+      "<think>",
+      "</think>",
+      "<thi",
+      "</th",
+      "<",
+      "</",
+      ">",
+      "<tool_call>",
+      "</tool_call>",
+      "<tool_",
+      "</tool_c",
+      "<|python_tag|>",
+      "<|pyt",
+      "<｜tool▁calls▁begin｜>",
+      "<｜tool▁calls▁end｜>",
+      "<｜tool▁call▁begin｜>",
+      "<｜tool▁call▁end｜>",
+      "<｜tool▁sep｜>",
+      "<｜tool▁",
+      "function",
+      "\n```json\n",
+      "\n```",
+      "{",
+      "}",
+      "[",
+      "]",
+      "\"",
+      "\\",
+      "\\\"",
+      ":",
+      ",",
+      ";",
+      " ",
+      "\n",
+      "\n\n",
+      "\t",
       "{\"name\": \"f\", \"arguments\": {\"a\": 1}}",
       "{\"name\": \"g\", \"parameters\": {\"s\": \"}{\\\"\"}}",
-      "{\"name\": \"h\"}", "{\"a\": [1, {\"b\": null}]}", "{}", "get_weather",
-      "東京", "😀", "ñ", "∑", "\xff", "hello", "The answer is 42.",
-      "\"name\"", "\"arguments\"", "true", "1e5", "-0.5",
+      "{\"name\": \"h\"}",
+      "{\"a\": [1, {\"b\": null}]}",
+      "{}",
+      "get_weather",
+      "東京",
+      "😀",
+      "ñ",
+      "∑",
+      "\xff",
+      "hello",
+      "The answer is 42.",
+      "\"name\"",
+      "\"arguments\"",
+      "true",
+      "1e5",
+      "-0.5",
   };
   return *f;
 }
@@ -54,22 +97,21 @@ std::string RandomCallText(const std::string& format, std::mt19937_64* rng) {
     std::advance(it, (*rng)() % options.size());
     return *it;
   };
-  std::string args = pick({"{}", "{\"a\": 1}", "{\"q\": \"x}y\"}",
-                           "{\"l\": [1, 2, {\"k\": \"東京\"}]}", "{bad"});
+  std::string args =
+      pick({"{}", "{\"a\": 1}", "{\"q\": \"x}y\"}", "{\"l\": [1, 2, {\"k\": \"東京\"}]}", "{bad"});
   std::string name = pick({"f", "get_weather", "a_b"});
   std::string out = pick({"", "Sure. ", "\n", "<think>hm</think>"});
   int calls = 1 + static_cast<int>((*rng)() % 3);
   for (int i = 0; i < calls; ++i) {
     if (format == "qwen3") {
-      out += "<tool_call>\n{\"name\": \"" + name + "\", \"arguments\": " +
-             args + "}\n</tool_call>" + pick({"", "\n", " x "});
+      out += "<tool_call>\n{\"name\": \"" + name + "\", \"arguments\": " + args +
+             "}\n</tool_call>" + pick({"", "\n", " x "});
     } else if (format == "llama3_json") {
-      out += pick({"", "<|python_tag|>"}) + "{\"name\": \"" + name +
-             "\", \"parameters\": " + args + "}" + pick({"", "; ", "\n", "x"});
+      out += pick({"", "<|python_tag|>"}) + "{\"name\": \"" + name + "\", \"parameters\": " + args +
+             "}" + pick({"", "; ", "\n", "x"});
     } else {
       out += pick({"", "<｜tool▁calls▁begin｜>"}) + "<｜tool▁call▁begin｜>" +
-             pick({"function<｜tool▁sep｜>" + name + "\n```json\n" + args +
-                       "\n```",
+             pick({"function<｜tool▁sep｜>" + name + "\n```json\n" + args + "\n```",
                    name + "<｜tool▁sep｜>" + args}) +
              "<｜tool▁call▁end｜>" + pick({"", "\n", "<｜tool▁calls▁end｜>"});
     }
@@ -78,19 +120,16 @@ std::string RandomCallText(const std::string& format, std::mt19937_64* rng) {
   return out;
 }
 
-void CheckProperties(const OutputParserOptions& options,
-                     const std::string& text, std::mt19937_64* rng) {
+void CheckProperties(const OutputParserOptions& options, const std::string& text,
+                     std::mt19937_64* rng) {
   ParsedMessage whole = RunWhole(options, text);
   ParsedMessage bytes = RunBytes(options, text);
-  ASSERT_TRUE(bytes == whole) << "format=" << options.tool_format
-                              << " text=[" << text << "]\nbytes "
-                              << Describe(bytes) << "\nwhole "
-                              << Describe(whole);
+  ASSERT_TRUE(bytes == whole) << "format=" << options.tool_format << " text=[" << text
+                              << "]\nbytes " << Describe(bytes) << "\nwhole " << Describe(whole);
   for (int i = 0; i < 3; ++i) {
     ParsedMessage r = RunCuts(options, text, RandomCuts(text.size(), rng));
-    ASSERT_TRUE(r == whole) << "format=" << options.tool_format << " text=["
-                            << text << "]\nsplit " << Describe(r)
-                            << "\nwhole " << Describe(whole);
+    ASSERT_TRUE(r == whole) << "format=" << options.tool_format << " text=[" << text << "]\nsplit "
+                            << Describe(r) << "\nwhole " << Describe(whole);
   }
   for (const ToolCall& call : whole.tool_calls) {
     EXPECT_FALSE(call.name.empty());
@@ -99,8 +138,7 @@ void CheckProperties(const OutputParserOptions& options,
     EXPECT_TRUE(!args.is_discarded() && args.is_object()) << call.arguments;
     // Compact: serializing again gives the same bytes.
     if (!args.is_discarded()) {
-      EXPECT_EQ(args.dump(-1, ' ', false,
-                          nlohmann::json::error_handler_t::replace),
+      EXPECT_EQ(args.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
                 call.arguments);
     }
   }

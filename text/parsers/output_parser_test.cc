@@ -44,20 +44,17 @@ OutputParserOptions Opts(std::string format, bool reasoning = false,
 
 // Feeds `text` whole, byte by byte, cut at every single position, at every
 // pair of positions (short texts) and at random cuts; all must agree.
-ParsedMessage ExpectSplitInvariant(const OutputParserOptions& options,
-                                   const std::string& text) {
+ParsedMessage ExpectSplitInvariant(const OutputParserOptions& options, const std::string& text) {
   ParsedMessage whole = RunWhole(options, text);
   ParsedMessage bytes = RunBytes(options, text);
-  EXPECT_TRUE(bytes == whole) << "bytes: " << Describe(bytes)
-                              << "\nwhole: " << Describe(whole);
+  EXPECT_TRUE(bytes == whole) << "bytes: " << Describe(bytes) << "\nwhole: " << Describe(whole);
   for (size_t i = 1; i < text.size(); ++i) {
     ParsedMessage one = RunCuts(options, text, {i});
     EXPECT_TRUE(one == whole) << "cut " << i << ": " << Describe(one);
     if (text.size() <= 200) {
       for (size_t j = i + 1; j < text.size(); ++j) {
         ParsedMessage two = RunCuts(options, text, {i, j});
-        EXPECT_TRUE(two == whole) << "cuts " << i << "," << j << ": "
-                                  << Describe(two);
+        EXPECT_TRUE(two == whole) << "cuts " << i << "," << j << ": " << Describe(two);
       }
     }
   }
@@ -113,22 +110,20 @@ TEST(NoneFormatTest, PassesEverythingThrough) {
 // -------------------------------------------------------------- reasoning
 
 TEST(ReasoningTest, SplitsThinkBlock) {
-  ParsedMessage m = ExpectSplitInvariant(
-      Opts("none", true), "<think>\nLet me think.\n</think>\n\nThe answer.");
+  ParsedMessage m =
+      ExpectSplitInvariant(Opts("none", true), "<think>\nLet me think.\n</think>\n\nThe answer.");
   EXPECT_EQ(m.reasoning, "\nLet me think.\n");
   EXPECT_EQ(m.content, "\n\nThe answer.");
 }
 
 TEST(ReasoningTest, StartsInReasoningWithoutOpeningTag) {
-  ParsedMessage m = ExpectSplitInvariant(Opts("none", false, true),
-                                         "I reason.</think>Answer");
+  ParsedMessage m = ExpectSplitInvariant(Opts("none", false, true), "I reason.</think>Answer");
   EXPECT_EQ(m.reasoning, "I reason.");
   EXPECT_EQ(m.content, "Answer");
 }
 
 TEST(ReasoningTest, StartsInReasoningNeverClosedStaysReasoning) {
-  ParsedMessage m =
-      ExpectSplitInvariant(Opts("none", false, true), "cut off while thi");
+  ParsedMessage m = ExpectSplitInvariant(Opts("none", false, true), "cut off while thi");
   EXPECT_EQ(m.reasoning, "cut off while thi");
   EXPECT_TRUE(m.content.empty());
 }
@@ -141,8 +136,7 @@ TEST(ReasoningTest, NoTagsIsAllContent) {
 
 TEST(ReasoningTest, OnlyOneLeadingBlock) {
   // Later tags are content: an answer may quote them.
-  ParsedMessage m = ExpectSplitInvariant(
-      Opts("none", true), "<think>a</think>b<think>c</think>d");
+  ParsedMessage m = ExpectSplitInvariant(Opts("none", true), "<think>a</think>b<think>c</think>d");
   EXPECT_EQ(m.reasoning, "a");
   EXPECT_EQ(m.content, "b<think>c</think>d");
   // <think> opens reasoning only as the first non-whitespace.
@@ -155,8 +149,7 @@ TEST(ReasoningTest, OnlyOneLeadingBlock) {
 }
 
 TEST(ReasoningTest, StartsInReasoningDropsARepeatedOpenTag) {
-  ParsedMessage m = ExpectSplitInvariant(Opts("none", false, true),
-                                         "<think>\nwhy</think>ok");
+  ParsedMessage m = ExpectSplitInvariant(Opts("none", false, true), "<think>\nwhy</think>ok");
   EXPECT_EQ(m.reasoning, "\nwhy");
   EXPECT_EQ(m.content, "ok");
   m = ExpectSplitInvariant(Opts("none", false, true), "\nwhy</think>ok");
@@ -164,8 +157,8 @@ TEST(ReasoningTest, StartsInReasoningDropsARepeatedOpenTag) {
 }
 
 TEST(ReasoningTest, UnicodeAroundTags) {
-  ParsedMessage m = ExpectSplitInvariant(
-      Opts("none", true), "<think>推理：∑ñ😀</think>答案🎉<think>");
+  ParsedMessage m =
+      ExpectSplitInvariant(Opts("none", true), "<think>推理：∑ñ😀</think>答案🎉<think>");
   EXPECT_EQ(m.reasoning, "推理：∑ñ😀");
   EXPECT_EQ(m.content, "答案🎉<think>");
   m = ExpectSplitInvariant(Opts("none", false, true), "前言😀</think>答案");
@@ -214,10 +207,10 @@ TEST(ReasoningTest, LongLeadingWhitespaceStopsWaitingForTheTag) {
 }
 
 TEST(ReasoningTest, TagsInToolArgumentsAfterReasoningSurvive) {
-  ParsedMessage m = ExpectSplitInvariant(
-      Opts("qwen3", true),
-      "<think>plan</think><tool_call>{\"name\":\"f\",\"arguments\":"
-      "{\"html\":\"<think>x</think>\"}}</tool_call>");
+  ParsedMessage m =
+      ExpectSplitInvariant(Opts("qwen3", true),
+                           "<think>plan</think><tool_call>{\"name\":\"f\",\"arguments\":"
+                           "{\"html\":\"<think>x</think>\"}}</tool_call>");
   EXPECT_EQ(m.reasoning, "plan");
   ExpectCalls(m, {Call("f", R"({"html":"<think>x</think>"})")});
 }
@@ -233,10 +226,9 @@ TEST(ReasoningTest, PromptOpensReasoning) {
 // ------------------------------------------------------------------ qwen3
 
 TEST(Qwen3Test, OneCall) {
-  ParsedMessage m = ExpectSplitInvariant(
-      Opts("qwen3"),
-      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
-      "{\"city\": \"Paris\", \"days\": 3}}\n</tool_call>");
+  ParsedMessage m = ExpectSplitInvariant(Opts("qwen3"),
+                                         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                                         "{\"city\": \"Paris\", \"days\": 3}}\n</tool_call>");
   EXPECT_EQ(m.content, "");
   ExpectCalls(m, {Call("get_weather", R"({"city":"Paris","days":3})")});
 }
@@ -255,18 +247,18 @@ TEST(Qwen3Test, ContentBeforeAndAfterAndSeveralCalls) {
 }
 
 TEST(Qwen3Test, ArgumentsAsJsonStringOrMissing) {
-  ParsedMessage m = ExpectSplitInvariant(
-      Opts("qwen3"),
-      "<tool_call>{\"name\":\"f\",\"arguments\":\"{\\\"a\\\": 1}\"}"
-      "</tool_call><tool_call>{\"name\":\"g\"}</tool_call>");
+  ParsedMessage m =
+      ExpectSplitInvariant(Opts("qwen3"),
+                           "<tool_call>{\"name\":\"f\",\"arguments\":\"{\\\"a\\\": 1}\"}"
+                           "</tool_call><tool_call>{\"name\":\"g\"}</tool_call>");
   ExpectCalls(m, {Call("f", R"({"a":1})"), Call("g", "{}")});
 }
 
 TEST(Qwen3Test, UnicodeArgumentsAndBracesInStrings) {
-  ParsedMessage m = ExpectSplitInvariant(
-      Opts("qwen3"),
-      "天气？<tool_call>{\"name\":\"w\",\"arguments\":{\"city\":\"東京\","
-      "\"q\":\"}{\\\"\"}}</tool_call>🌤");
+  ParsedMessage m =
+      ExpectSplitInvariant(Opts("qwen3"),
+                           "天气？<tool_call>{\"name\":\"w\",\"arguments\":{\"city\":\"東京\","
+                           "\"q\":\"}{\\\"\"}}</tool_call>🌤");
   EXPECT_EQ(m.content, "天气？🌤");
   ExpectCalls(m, {Call("w", R"({"city":"東京","q":"}{\""})")});
 }
@@ -291,9 +283,9 @@ TEST(Qwen3Test, MalformedStaysContentVerbatim) {
 
 TEST(Qwen3Test, MalformedBetweenGoodCalls) {
   std::string bad = "<tool_call>{oops}</tool_call>";
-  ParsedMessage m = ExpectSplitInvariant(
-      Opts("qwen3"), "<tool_call>{\"name\":\"a\"}</tool_call>\n" + bad +
-                         "\n<tool_call>{\"name\":\"b\"}</tool_call>");
+  ParsedMessage m =
+      ExpectSplitInvariant(Opts("qwen3"), "<tool_call>{\"name\":\"a\"}</tool_call>\n" + bad +
+                                              "\n<tool_call>{\"name\":\"b\"}</tool_call>");
   EXPECT_EQ(m.content, bad);
   ExpectCalls(m, {Call("a", "{}"), Call("b", "{}")});
   EXPECT_EQ(m.tool_calls[1].id.size(), 29u);
@@ -362,8 +354,7 @@ TEST(Qwen3Test, CallIsEmittedInTheDeltaThatClosesIt) {
 
 TEST(Qwen3Test, DeepNestingIsContentNotACrash) {
   std::string deep = std::string(100000, '[') + std::string(100000, ']');
-  std::string text = "<tool_call>{\"name\":\"f\",\"arguments\":{\"a\":" +
-                     deep + "}}</tool_call>";
+  std::string text = "<tool_call>{\"name\":\"f\",\"arguments\":{\"a\":" + deep + "}}</tool_call>";
   ParsedMessage m = RunWhole(Opts("qwen3"), text);
   EXPECT_EQ(m.content, text);
   EXPECT_TRUE(m.tool_calls.empty());
@@ -379,28 +370,25 @@ TEST(Qwen3Test, InvalidUtf8InsideJsonIsContent) {
 
 TEST(Llama3JsonTest, PlainObject) {
   ParsedMessage m = ExpectSplitInvariant(
-      Opts("llama3_json"),
-      "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}");
+      Opts("llama3_json"), "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}");
   EXPECT_EQ(m.content, "");
   ExpectCalls(m, {Call("get_weather", R"({"city":"Paris"})")});
 }
 
 TEST(Llama3JsonTest, PythonTagArgumentsKeyAndSeveral) {
-  ParsedMessage m = ExpectSplitInvariant(
-      Opts("llama3_json"),
-      " \n<|python_tag|>{\"name\": \"a\", \"arguments\": {\"x\": 1}}; "
-      "{\"name\": \"b\", \"parameters\": {}};\n"
-      "<|python_tag|>{\"name\": \"c\", \"parameters\": {\"s\": \"}{;\"}}\n");
+  ParsedMessage m =
+      ExpectSplitInvariant(Opts("llama3_json"),
+                           " \n<|python_tag|>{\"name\": \"a\", \"arguments\": {\"x\": 1}}; "
+                           "{\"name\": \"b\", \"parameters\": {}};\n"
+                           "<|python_tag|>{\"name\": \"c\", \"parameters\": {\"s\": \"}{;\"}}\n");
   EXPECT_EQ(m.content, "");
-  ExpectCalls(m, {Call("a", R"({"x":1})"), Call("b", "{}"),
-                  Call("c", R"({"s":"}{;"})")});
+  ExpectCalls(m, {Call("a", R"({"x":1})"), Call("b", "{}"), Call("c", R"({"s":"}{;"})")});
 }
 
 TEST(Llama3JsonTest, OrdinaryTextIsContent) {
-  for (std::string text :
-       {std::string("Hello {\"name\": \"a\", \"parameters\": {}}"),
-        std::string("  The capital is Paris."), std::string("<|pytho"),
-        std::string("<b>bold</b>"), std::string(""), std::string(" \n ")}) {
+  for (std::string text : {std::string("Hello {\"name\": \"a\", \"parameters\": {}}"),
+                           std::string("  The capital is Paris."), std::string("<|pytho"),
+                           std::string("<b>bold</b>"), std::string(""), std::string(" \n ")}) {
     ParsedMessage m = ExpectSplitInvariant(Opts("llama3_json"), text);
     EXPECT_EQ(m.content, text);
     EXPECT_TRUE(m.tool_calls.empty());
@@ -424,30 +412,28 @@ TEST(Llama3JsonTest, WrongShapeOrMalformedIsContentVerbatim) {
 }
 
 TEST(Llama3JsonTest, TextAfterACallIsContent) {
-  ParsedMessage m = ExpectSplitInvariant(
-      Opts("llama3_json"),
-      "{\"name\": \"a\", \"parameters\": {}}\nI called it. {\"name\": \"b\", "
-      "\"parameters\": {}}");
+  ParsedMessage m =
+      ExpectSplitInvariant(Opts("llama3_json"),
+                           "{\"name\": \"a\", \"parameters\": {}}\nI called it. {\"name\": \"b\", "
+                           "\"parameters\": {}}");
   ExpectCalls(m, {Call("a", "{}")});
   EXPECT_EQ(m.content, "I called it. {\"name\": \"b\", \"parameters\": {}}");
-  m = ExpectSplitInvariant(Opts("llama3_json"),
-                           "{\"name\": \"a\", \"parameters\": {}}; hello");
+  m = ExpectSplitInvariant(Opts("llama3_json"), "{\"name\": \"a\", \"parameters\": {}}; hello");
   ExpectCalls(m, {Call("a", "{}")});
   EXPECT_EQ(m.content, "hello");
 }
 
 TEST(Llama3JsonTest, BadSecondObjectKeepsFirstCall) {
   ParsedMessage m = ExpectSplitInvariant(
-      Opts("llama3_json"),
-      "{\"name\": \"a\", \"parameters\": {}}; {\"oops\": 1}; tail");
+      Opts("llama3_json"), "{\"name\": \"a\", \"parameters\": {}}; {\"oops\": 1}; tail");
   ExpectCalls(m, {Call("a", "{}")});
   EXPECT_EQ(m.content, "{\"oops\": 1}; tail");
 }
 
 TEST(Llama3JsonTest, ReasoningFirst) {
-  ParsedMessage m = ExpectSplitInvariant(
-      Opts("llama3_json", true),
-      "<think>use a tool</think>\n{\"name\": \"a\", \"parameters\": {}}");
+  ParsedMessage m =
+      ExpectSplitInvariant(Opts("llama3_json", true),
+                           "<think>use a tool</think>\n{\"name\": \"a\", \"parameters\": {}}");
   EXPECT_EQ(m.reasoning, "use a tool");
   ExpectCalls(m, {Call("a", "{}")});
 }
@@ -465,49 +451,43 @@ TEST(Llama3JsonTest, DecidesContentWithoutWaiting) {
 // ------------------------------------------------------------ deepseek_v3
 
 std::string DsV3Call(const std::string& name, const std::string& args) {
-  return kCallBegin + "function" + kSep + name + "\n```json\n" + args +
-         "\n```" + kCallEnd;
+  return kCallBegin + "function" + kSep + name + "\n```json\n" + args + "\n```" + kCallEnd;
 }
 
 TEST(DeepSeekV3Test, TemplateFormatOneCall) {
   ParsedMessage m = ExpectSplitInvariant(
       Opts("deepseek_v3"),
-      kCallsBegin + DsV3Call("get_weather", "{\"city\": \"Paris\"}") +
-          kCallsEnd);
+      kCallsBegin + DsV3Call("get_weather", "{\"city\": \"Paris\"}") + kCallsEnd);
   EXPECT_EQ(m.content, "");
   ExpectCalls(m, {Call("get_weather", R"({"city":"Paris"})")});
 }
 
 TEST(DeepSeekV3Test, SeveralCallsWithContentBefore) {
   ParsedMessage m = ExpectSplitInvariant(
-      Opts("deepseek_v3"),
-      "好的。\n" + kCallsBegin + DsV3Call("a", "{\"x\": 1}") + "\n" +
-          DsV3Call("b", "{}") + kCallsEnd + "<｜end▁of▁sentence｜>");
+      Opts("deepseek_v3"), "好的。\n" + kCallsBegin + DsV3Call("a", "{\"x\": 1}") + "\n" +
+                               DsV3Call("b", "{}") + kCallsEnd + "<｜end▁of▁sentence｜>");
   EXPECT_EQ(m.content, "好的。<｜end▁of▁sentence｜>");
   ExpectCalls(m, {Call("a", R"({"x":1})"), Call("b", "{}")});
 }
 
 TEST(DeepSeekV3Test, V31WithoutTypeAndFence) {
   ParsedMessage m = ExpectSplitInvariant(
-      Opts("deepseek_v3"),
-      kCallsBegin + kCallBegin + "get_weather" + kSep +
-          "{\"city\": \"Paris\"}" + kCallEnd + kCallBegin + "noop" + kSep +
-          "{}" + kCallEnd + kCallsEnd);
-  ExpectCalls(m, {Call("get_weather", R"({"city":"Paris"})"),
-                  Call("noop", "{}")});
+      Opts("deepseek_v3"), kCallsBegin + kCallBegin + "get_weather" + kSep +
+                               "{\"city\": \"Paris\"}" + kCallEnd + kCallBegin + "noop" + kSep +
+                               "{}" + kCallEnd + kCallsEnd);
+  ExpectCalls(m, {Call("get_weather", R"({"city":"Paris"})"), Call("noop", "{}")});
 }
 
 TEST(DeepSeekV3Test, V3WithoutFenceAndCallWithoutSection) {
   ParsedMessage m = ExpectSplitInvariant(
-      Opts("deepseek_v3"),
-      kCallBegin + "function" + kSep + "f\n{\"a\": [true]}" + kCallEnd);
+      Opts("deepseek_v3"), kCallBegin + "function" + kSep + "f\n{\"a\": [true]}" + kCallEnd);
   ExpectCalls(m, {Call("f", R"({"a":[true]})")});
 }
 
 TEST(DeepSeekV3Test, MalformedAndUnterminatedStayContent) {
   for (std::string text : {
-           kCallsBegin + kCallBegin + "function" + kSep + "f\n```json\n{bad" +
-               "\n```" + kCallEnd + kCallsEnd,
+           kCallsBegin + kCallBegin + "function" + kSep + "f\n```json\n{bad" + "\n```" + kCallEnd +
+               kCallsEnd,
            kCallsBegin + kCallBegin + "no separator {}" + kCallEnd + kCallsEnd,
            kCallsBegin + kCallBegin + "function" + kSep + "f\n```json\n{",
            kCallsBegin + "junk" + kCallsEnd,
@@ -524,8 +504,7 @@ TEST(DeepSeekV3Test, MalformedAndUnterminatedStayContent) {
 TEST(DeepSeekV3Test, R1StyleReasoningThenCalls) {
   ParsedMessage m = ExpectSplitInvariant(
       Opts("deepseek_v3", false, true),
-      "需要天气。</think>\n\n" + kCallsBegin + DsV3Call("w", "{\"c\": \"北京\"}") +
-          kCallsEnd);
+      "需要天气。</think>\n\n" + kCallsBegin + DsV3Call("w", "{\"c\": \"北京\"}") + kCallsEnd);
   EXPECT_EQ(m.reasoning, "需要天气。");
   EXPECT_EQ(m.content, "");
   ExpectCalls(m, {Call("w", R"({"c":"北京"})")});
@@ -547,11 +526,8 @@ TEST(DeepSeekV3Test, BodyParser) {
 // --------------------------------------------------------- default format
 
 TEST(DefaultToolFormatTest, FromTemplateThenModelType) {
-  EXPECT_EQ(DefaultToolFormat("qwen3",
-                              "{{- '<tool_call>\\n{\"name\": \"' }}"),
-            "qwen3");
-  EXPECT_EQ(DefaultToolFormat("deepseek_v3",
-                              "{{'<｜Assistant｜><｜tool▁calls▁begin｜>'}}"),
+  EXPECT_EQ(DefaultToolFormat("qwen3", "{{- '<tool_call>\\n{\"name\": \"' }}"), "qwen3");
+  EXPECT_EQ(DefaultToolFormat("deepseek_v3", "{{'<｜Assistant｜><｜tool▁calls▁begin｜>'}}"),
             "deepseek_v3");
   EXPECT_EQ(DefaultToolFormat("llama",
                               "{%- if tools %}<|start_header_id|>ipython"
@@ -576,8 +552,7 @@ TEST(DefaultToolFormatTest, FromTemplateThenModelType) {
 
 // A block that never closes is buffered only up to max_block_bytes, then
 // released as content, and the rest streams through; time stays linear.
-void ExpectBoundedNeverClosing(const std::string& format,
-                               const std::string& opener) {
+void ExpectBoundedNeverClosing(const std::string& format, const std::string& opener) {
   OutputParserOptions o = Opts(format);  // default cap: 1 MiB
   auto parser = MakeOutputParser(o);
   ASSERT_TRUE(parser.ok());
@@ -595,9 +570,7 @@ void ExpectBoundedNeverClosing(const std::string& format,
     max_held = std::max(max_held, held);
   }
   Accumulate((*parser)->Finish(), &m);
-  double seconds = std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - start)
-                       .count();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(m.content.size(), fed);
   EXPECT_TRUE(m.tool_calls.empty());
   EXPECT_LE(max_held, o.max_block_bytes + 2 * chunk.size() + opener.size());
@@ -631,8 +604,8 @@ TEST(HugeInputTest, WholeBlockOverCapInOneFeedIsContent) {
   OutputParserOptions o = Opts("qwen3");
   o.max_block_bytes = 64;
   std::string args(100, 'a');
-  std::string text = "<tool_call>{\"name\":\"f\",\"arguments\":{\"a\":\"" +
-                     args + "\"}}</tool_call>";
+  std::string text =
+      "<tool_call>{\"name\":\"f\",\"arguments\":{\"a\":\"" + args + "\"}}</tool_call>";
   ParsedMessage m = ExpectSplitInvariant(o, text);
   EXPECT_EQ(m.content, text);
   EXPECT_TRUE(m.tool_calls.empty());
@@ -643,8 +616,7 @@ TEST(HugeInputTest, WholeBlockOverCapInOneFeedIsContent) {
 TEST(WhitespaceRuleTest, ShortRunsTouchingACallAreDroppedLongOnesKept) {
   const std::string call = "<tool_call>{\"name\":\"f\"}</tool_call>";
   std::string short_run(10, '\n');
-  ParsedMessage m =
-      ExpectSplitInvariant(Opts("qwen3"), "a" + short_run + call + "  b ");
+  ParsedMessage m = ExpectSplitInvariant(Opts("qwen3"), "a" + short_run + call + "  b ");
   EXPECT_EQ(m.content, "ab ");
   std::string long_run(ToolCallEmitter::kMaxHeldWhitespace + 1, ' ');
   m = RunWhole(Opts("qwen3"), "a" + long_run + call);
@@ -652,8 +624,7 @@ TEST(WhitespaceRuleTest, ShortRunsTouchingACallAreDroppedLongOnesKept) {
   std::mt19937_64 rng(3);
   for (int round = 0; round < 20; ++round) {
     std::string text = "a" + long_run + call;
-    ParsedMessage r =
-        RunCuts(Opts("qwen3"), text, RandomCuts(text.size(), &rng));
+    ParsedMessage r = RunCuts(Opts("qwen3"), text, RandomCuts(text.size(), &rng));
     EXPECT_EQ(r.content, m.content);
   }
 }
@@ -680,8 +651,8 @@ TEST(EdgeCaseTest, EmptyFeedsAndFinishWithoutFeed) {
 TEST(EdgeCaseTest, ManyCallsGetConsecutiveIndexesAndDistinctIds) {
   std::string text;
   for (int i = 0; i < 500; ++i) {
-    text += absl::StrCat("<tool_call>{\"name\":\"f", i,
-                         "\",\"arguments\":{\"i\":", i, "}}</tool_call>\n");
+    text += absl::StrCat("<tool_call>{\"name\":\"f", i, "\",\"arguments\":{\"i\":", i,
+                         "}}</tool_call>\n");
   }
   auto parser = MakeOutputParser(Opts("qwen3"));
   ASSERT_TRUE(parser.ok());
@@ -710,21 +681,21 @@ TEST(EdgeCaseTest, ManyCallsGetConsecutiveIndexesAndDistinctIds) {
 }
 
 TEST(EdgeCaseTest, Qwen3LenientBodies) {
-  ParsedMessage m = ExpectSplitInvariant(
-      Opts("qwen3"),
-      "<tool_call>\n```json\n{\"name\": \"f\", \"arguments\": {}}\n```\n"
-      "</tool_call><tool_call>{\"name\": \"g\", \"arguments\": \"\"}"
-      "</tool_call><tool_call>{\"name\": \"h\", \"arguments\": null, "
-      "\"id\": 3}</tool_call>");
+  ParsedMessage m =
+      ExpectSplitInvariant(Opts("qwen3"),
+                           "<tool_call>\n```json\n{\"name\": \"f\", \"arguments\": {}}\n```\n"
+                           "</tool_call><tool_call>{\"name\": \"g\", \"arguments\": \"\"}"
+                           "</tool_call><tool_call>{\"name\": \"h\", \"arguments\": null, "
+                           "\"id\": 3}</tool_call>");
   ExpectCalls(m, {Call("f", "{}"), Call("g", "{}"), Call("h", "{}")});
 }
 
 TEST(EdgeCaseTest, JsonEscapesAndNumbersAreNormalized) {
-  ParsedMessage m = ExpectSplitInvariant(
-      Opts("qwen3"),
-      "<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": \"\\u00e9\\n\\\"\","
-      " \"n\": -1.5e2, \"big\": 18446744073709551615, \"b\": false, "
-      "\"z\": null, \"e\": {}, \"l\": []}}</tool_call>");
+  ParsedMessage m =
+      ExpectSplitInvariant(Opts("qwen3"),
+                           "<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": \"\\u00e9\\n\\\"\","
+                           " \"n\": -1.5e2, \"big\": 18446744073709551615, \"b\": false, "
+                           "\"z\": null, \"e\": {}, \"l\": []}}</tool_call>");
   ASSERT_EQ(m.tool_calls.size(), 1u);
   EXPECT_EQ(m.tool_calls[0].arguments,
             "{\"b\":false,\"big\":18446744073709551615,\"e\":{},\"l\":[],"
@@ -743,17 +714,16 @@ TEST(EdgeCaseTest, EndTagInsideAStringClosesTheBlockEarly) {
 }
 
 TEST(EdgeCaseTest, Llama3AdjacentObjectsAndTagThenSpace) {
-  ParsedMessage m = ExpectSplitInvariant(
-      Opts("llama3_json"),
-      "<|python_tag|> \n{\"name\":\"a\",\"parameters\":{}}"
-      "{\"name\":\"b\",\"parameters\":{\"x\":\"\\\\\"}}");
+  ParsedMessage m = ExpectSplitInvariant(Opts("llama3_json"),
+                                         "<|python_tag|> \n{\"name\":\"a\",\"parameters\":{}}"
+                                         "{\"name\":\"b\",\"parameters\":{\"x\":\"\\\\\"}}");
   ExpectCalls(m, {Call("a", "{}"), Call("b", R"({"x":"\\"})")});
   EXPECT_EQ(m.content, "");
 }
 
 TEST(EdgeCaseTest, Llama3TrailingSeparatorsAndBareTagAfterCall) {
-  ParsedMessage m = ExpectSplitInvariant(
-      Opts("llama3_json"), "{\"name\":\"a\",\"parameters\":{}} ;\n; ");
+  ParsedMessage m =
+      ExpectSplitInvariant(Opts("llama3_json"), "{\"name\":\"a\",\"parameters\":{}} ;\n; ");
   ExpectCalls(m, {Call("a", "{}")});
   EXPECT_EQ(m.content, "");
   m = ExpectSplitInvariant(Opts("llama3_json"),
@@ -763,8 +733,8 @@ TEST(EdgeCaseTest, Llama3TrailingSeparatorsAndBareTagAfterCall) {
 }
 
 TEST(EdgeCaseTest, Llama3DeepNestingIsContent) {
-  std::string text = "{\"name\":\"f\",\"parameters\":" +
-                     std::string(1000, '[') + std::string(1000, ']') + "}";
+  std::string text =
+      "{\"name\":\"f\",\"parameters\":" + std::string(1000, '[') + std::string(1000, ']') + "}";
   ParsedMessage m = RunWhole(Opts("llama3_json"), text);
   EXPECT_EQ(m.content, text);
   EXPECT_EQ(RunBytes(Opts("llama3_json"), text), m);
@@ -772,19 +742,16 @@ TEST(EdgeCaseTest, Llama3DeepNestingIsContent) {
 
 TEST(EdgeCaseTest, DeepSeekNamesAndStrayTextInSection) {
   ParsedMessage m = ExpectSplitInvariant(
-      Opts("deepseek_v3"),
-      kCallsBegin + "\n" + DsV3Call("pkg.get_weather", "{}") +
-          " stray " + DsV3Call("b", "{\"k\": \"```\"}") + "\n" + kCallsEnd +
-          "after");
-  ExpectCalls(m, {Call("pkg.get_weather", "{}"),
-                  Call("b", R"({"k":"```"})")});
+      Opts("deepseek_v3"), kCallsBegin + "\n" + DsV3Call("pkg.get_weather", "{}") + " stray " +
+                               DsV3Call("b", "{\"k\": \"```\"}") + "\n" + kCallsEnd + "after");
+  ExpectCalls(m, {Call("pkg.get_weather", "{}"), Call("b", R"({"k":"```"})")});
   EXPECT_EQ(m.content, "strayafter");
 }
 
 TEST(EdgeCaseTest, DeepSeekTagsInsideReasoningAreReasoning) {
   std::string inner = kCallsBegin + DsV3Call("x", "{}") + kCallsEnd;
-  ParsedMessage m = ExpectSplitInvariant(Opts("deepseek_v3", false, true),
-                                         "I could " + inner + "</think>ok");
+  ParsedMessage m =
+      ExpectSplitInvariant(Opts("deepseek_v3", false, true), "I could " + inner + "</think>ok");
   EXPECT_EQ(m.reasoning, "I could " + inner);
   EXPECT_EQ(m.content, "ok");
   EXPECT_TRUE(m.tool_calls.empty());

@@ -17,8 +17,7 @@
 namespace tessera::text::testing {
 
 inline std::string Describe(const ParsedMessage& m) {
-  std::string s = "content=[" + m.content + "] reasoning=[" + m.reasoning +
-                  "] calls=";
+  std::string s = "content=[" + m.content + "] reasoning=[" + m.reasoning + "] calls=";
   for (const ToolCall& c : m.tool_calls) {
     s += "{" + c.id + " " + c.name + " " + c.arguments + "}";
   }
@@ -27,8 +26,7 @@ inline std::string Describe(const ParsedMessage& m) {
 
 // Feeds `text` cut at the sorted positions `cuts` and finishes. Checks the
 // OpenAI delta shape on the way: each call's first delta has id and name.
-inline ParsedMessage RunCuts(const OutputParserOptions& options,
-                             absl::string_view text,
+inline ParsedMessage RunCuts(const OutputParserOptions& options, absl::string_view text,
                              const std::vector<size_t>& cuts) {
   auto parser = MakeOutputParser(options);
   EXPECT_TRUE(parser.ok()) << parser.status();
@@ -55,13 +53,11 @@ inline ParsedMessage RunCuts(const OutputParserOptions& options,
   return message;
 }
 
-inline ParsedMessage RunWhole(const OutputParserOptions& options,
-                              absl::string_view text) {
+inline ParsedMessage RunWhole(const OutputParserOptions& options, absl::string_view text) {
   return RunCuts(options, text, {});
 }
 
-inline ParsedMessage RunBytes(const OutputParserOptions& options,
-                              absl::string_view text) {
+inline ParsedMessage RunBytes(const OutputParserOptions& options, absl::string_view text) {
   std::vector<size_t> cuts;
   for (size_t i = 1; i < text.size(); ++i) cuts.push_back(i);
   return RunCuts(options, text, cuts);

@@ -37,8 +37,7 @@ void ReasoningParser::Drain(bool final, ParsedDelta* out) {
     while (lead < rest.size() && IsSpace(rest[lead])) ++lead;
     absl::string_view head = rest.substr(lead);
     const bool may_open = lead <= kMaxLeadingSpace;
-    if (may_open && !final && head.size() < kOpen.size() &&
-        absl::StartsWith(kOpen, head)) {
+    if (may_open && !final && head.size() < kOpen.size() && absl::StartsWith(kOpen, head)) {
       return;  // could still become "<think>": keep holding
     }
     if (may_open && absl::StartsWith(head, kOpen)) {

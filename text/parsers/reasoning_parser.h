@@ -24,8 +24,7 @@ namespace tessera::text {
 
 class ReasoningParser : public OutputParser {
  public:
-  explicit ReasoningParser(bool starts_in_reasoning)
-      : starts_in_reasoning_(starts_in_reasoning) {}
+  explicit ReasoningParser(bool starts_in_reasoning) : starts_in_reasoning_(starts_in_reasoning) {}
 
   ParsedDelta Feed(absl::string_view text) override;
   ParsedDelta Finish() override;

@@ -6,8 +6,7 @@
 
 namespace tessera::text {
 
-TagMatch FindFirstTag(absl::string_view text,
-                      absl::Span<const absl::string_view> tags,
+TagMatch FindFirstTag(absl::string_view text, absl::Span<const absl::string_view> tags,
                       size_t from) {
   TagMatch best;
   size_t best_len = 0;
@@ -25,8 +24,7 @@ TagMatch FindFirstTag(absl::string_view text,
   return best;
 }
 
-size_t PartialTagSuffix(absl::string_view text,
-                        absl::Span<const absl::string_view> tags) {
+size_t PartialTagSuffix(absl::string_view text, absl::Span<const absl::string_view> tags) {
   size_t longest = 0;
   for (absl::string_view tag : tags) {
     // Candidate suffixes are shorter than the tag; try the longest first.

@@ -20,20 +20,16 @@ struct TagMatch {
 
 // Earliest complete occurrence at or after `from` of any of `tags`; at equal
 // positions the longer tag wins. REQUIRES: tags non-empty.
-TagMatch FindFirstTag(absl::string_view text,
-                      absl::Span<const absl::string_view> tags,
+TagMatch FindFirstTag(absl::string_view text, absl::Span<const absl::string_view> tags,
                       size_t from = 0);
 
 // Length of the longest suffix of `text` that is a proper prefix of one of
 // `tags` (0 when none): the bytes to hold back until the next delta tells
 // whether a tag starts there.
-size_t PartialTagSuffix(absl::string_view text,
-                        absl::Span<const absl::string_view> tags);
+size_t PartialTagSuffix(absl::string_view text, absl::Span<const absl::string_view> tags);
 
 // True for the JSON whitespace bytes: space, tab, CR, LF.
-inline bool IsSpace(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
+inline bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 absl::string_view TrimSpace(absl::string_view s);
 
 }  // namespace tessera::text

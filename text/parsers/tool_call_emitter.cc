@@ -64,8 +64,7 @@ void ToolCallEmitter::Content(absl::string_view text, ParsedDelta* out) {
   }
 }
 
-void ToolCallEmitter::Call(std::string name, std::string arguments,
-                           ParsedDelta* out) {
+void ToolCallEmitter::Call(std::string name, std::string arguments, ParsedDelta* out) {
   held_space_.clear();
   space_committed_ = false;
   drop_leading_space_ = true;

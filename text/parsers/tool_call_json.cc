@@ -20,8 +20,7 @@ std::optional<json> ParseObject(absl::string_view text) {
 }
 
 std::string Compact(const json& value) {
-  return value.dump(-1, ' ', /*ensure_ascii=*/false,
-                    json::error_handler_t::replace);
+  return value.dump(-1, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
 }
 
 }  // namespace
@@ -56,8 +55,7 @@ std::optional<std::string> CompactJsonObject(absl::string_view text) {
   return Compact(*value);
 }
 
-std::optional<ParsedToolCall> ParseToolCallObject(absl::string_view text,
-                                                  bool require_arguments) {
+std::optional<ParsedToolCall> ParseToolCallObject(absl::string_view text, bool require_arguments) {
   std::optional<json> value = ParseObject(text);
   if (!value) return std::nullopt;
   auto name = value->find("name");
@@ -74,12 +72,10 @@ std::optional<ParsedToolCall> ParseToolCallObject(absl::string_view text,
     call.arguments = Compact(*args);
   } else if (args->is_null()) {
     call.arguments = "{}";
-  } else if (args->is_string() &&
-             TrimSpace(args->get_ref<const std::string&>()).empty()) {
+  } else if (args->is_string() && TrimSpace(args->get_ref<const std::string&>()).empty()) {
     call.arguments = "{}";
   } else if (args->is_string()) {
-    std::optional<std::string> inner =
-        CompactJsonObject(args->get_ref<const std::string&>());
+    std::optional<std::string> inner = CompactJsonObject(args->get_ref<const std::string&>());
     if (!inner) return std::nullopt;
     call.arguments = std::move(*inner);
   } else {

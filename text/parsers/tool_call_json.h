@@ -26,8 +26,7 @@ struct ParsedToolCall {
 // "parameters": an object, a string holding a JSON object, or null or an
 // empty string (-> {}).
 // Without either key: {} unless `require_arguments`. Other keys are ignored.
-std::optional<ParsedToolCall> ParseToolCallObject(absl::string_view text,
-                                                  bool require_arguments);
+std::optional<ParsedToolCall> ParseToolCallObject(absl::string_view text, bool require_arguments);
 
 // `text` (surrounding whitespace allowed) must be one JSON object; returns
 // its compact serialization.
