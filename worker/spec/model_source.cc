@@ -97,142 +97,18 @@ class ModelSource final : public DraftSource {
 
   std::vector<Draft> Propose(absl::Span<const DraftQuery> queries) override {
     std::vector<Draft> out(queries.size());
+    std::vector<Plan> plans(queries.size());
     std::vector<int> active;  // query indices still drafting
-    // Trees: chain nodes per query, and the sibling leaves found so far
-    // (depth, token, q) with the room left for more.
-    std::vector<int> chain_len(queries.size(), 0), sibling_room(queries.size(), 0);
-    struct Sibling {
-      int depth;
-      TokenId token;
-      DraftDistribution q;
-    };
-    std::vector<std::vector<Sibling>> siblings(queries.size());
     for (size_t i = 0; i < queries.size(); ++i) {
       auto it = seqs_.find(queries[i].seq);
       if (it == seqs_.end()) continue;
       out[i].base_len = static_cast<int64_t>(it->second.tokens.size());
-      chain_len[i] = queries[i].max_tokens;
-      if (o_.tree.enabled() && chain_len[i] > 1) {
-        // A leaf sibling is accepted less often than a chain node a few
-        // positions deep: siblings take at most a third of the nodes.
-        sibling_room[i] = std::min((o_.tree.max_branching - 1) * std::max(0, o_.tree.branch_depth),
-                                   chain_len[i] / 3);
-        chain_len[i] -= sibling_room[i];
-      }
+      plans[i] = PlanOf(queries[i]);
       if (queries[i].max_tokens > 0) active.push_back(static_cast<int>(i));
     }
-    const int64_t vocab = runner_->config().vocab_size;
-    std::vector<float> logits;
-    while (!active.empty()) {
-      runner::ForwardBatch batch;
-      std::vector<int> in_batch;
-      size_t stride = 0;
-      // Reserve slots first (the stride must be known before AddSequence).
-      for (int qi : active) {
-        State& s = seqs_[queries[qi].seq];
-        if (static_cast<int>(s.tokens.size()) >= o_.max_model_len) continue;
-        if (s.computed >= static_cast<int>(s.tokens.size()))
-          RollBack(queries[qi].seq, s, s.tokens.size() - 1);
-        const int n = static_cast<int>(s.tokens.size()) - s.computed;
-        if (!Reserve(queries[qi].seq, s, n)) continue;
-        in_batch.push_back(qi);
-        stride = std::max(stride, kv_->BlockTable(queries[qi].seq).size());
-      }
-      if (in_batch.empty()) break;
-      batch.block_table_stride = static_cast<int64_t>(stride);
-      for (int qi : in_batch) {
-        State& s = seqs_[queries[qi].seq];
-        const absl::Span<const int32_t> table = kv_->BlockTable(queries[qi].seq);
-        std::vector<int32_t> tbl(table.begin(), table.end());
-        std::vector<int32_t> toks(s.tokens.begin() + s.computed, s.tokens.end());
-        batch.AddSequence(toks, s.computed, tbl, runner_->block_size(), /*want_logits=*/true);
-      }
-      // Greedy drafts on a runner that samples on its device: only the
-      // argmax of each row comes back (the same token as the host's greedy
-      // draw: ties go to the lowest id in both).
-      bool on_device = runner_->SupportsDeviceSampling();
-      for (int qi : in_batch) on_device &= seqs_[queries[qi].seq].params.greedy();
-      std::vector<int32_t> device_tokens;
-      const absl::Status st =
-          on_device
-              ? runner_->ForwardSample(
-                    batch, std::vector<runner::DeviceSamplingRow>(in_batch.size(), greedy_row_),
-                    &device_tokens)
-              : runner_->Forward(batch, &logits);
-      if (!st.ok()) {
-        LogWarning("draft model step failed", {{"error", std::string(st.message())}});
-        for (int qi : in_batch) {
-          State& s = seqs_[queries[qi].seq];
-          RollBack(queries[qi].seq, s, 0);
-        }
-        break;
-      }
-      std::vector<int> next;
-      for (size_t r = 0; r < in_batch.size(); ++r) {
-        const int qi = in_batch[r];
-        State& s = seqs_[queries[qi].seq];
-        s.computed = static_cast<int>(s.tokens.size());
-        if (on_device) {
-          if (device_tokens[r] < 0) continue;  // non-finite row: no draft
-          out[qi].tokens.push_back(device_tokens[r]);
-          s.tokens.push_back(device_tokens[r]);  // run ahead: as if accepted
-          if (static_cast<int>(out[qi].tokens.size()) < chain_len[qi]) next.push_back(qi);
-          continue;
-        }
-        absl::Span<const float> row(logits.data() + r * vocab, vocab);
-        auto dist = sampling::ComputeSamplingDistribution(row, s.params, empty_counts_);
-        if (!dist.ok()) continue;
-        const int64_t position = static_cast<int64_t>(s.tokens.size());
-        size_t chosen = dist->tokens.size() - 1;
-        if (dist->tokens.size() > 1) {
-          const double u = sampling::UniformFromSeed(s.params.seed ^ kDraftSeedMix,
-                                                     static_cast<uint64_t>(position),
-                                                     sampling::RandomStream::kSample);
-          double c = 0;
-          for (size_t j = 0; j < dist->tokens.size(); ++j) {
-            c += dist->probs[j];
-            if (u < c) {
-              chosen = j;
-              break;
-            }
-          }
-        }
-        const TokenId token = dist->tokens[chosen];
-        Draft& d = out[qi];
-        DraftDistribution q;
-        if (!s.params.greedy()) {
-          q.tokens = dist->tokens;
-          q.probs.assign(dist->probs.begin(), dist->probs.end());
-        }
-        const int depth = static_cast<int>(d.tokens.size()) + 1;
-        if (sibling_room[qi] > 0 && depth <= o_.tree.branch_depth) {
-          const int n = std::min(o_.tree.max_branching - 1, sibling_room[qi]);
-          for (TokenId alt : RunnersUp(row, *dist, token, n, s.params.greedy())) {
-            siblings[qi].push_back({depth, alt, q});
-            --sibling_room[qi];
-          }
-        }
-        d.tokens.push_back(token);
-        if (!s.params.greedy()) d.q.push_back(std::move(q));
-        s.tokens.push_back(token);  // run ahead: as if accepted
-        if (static_cast<int>(d.tokens.size()) < chain_len[qi]) next.push_back(qi);
-      }
-      active = std::move(next);
-    }
-    // Sibling leaves after the chain: one at depth d hangs off chain node
-    // d - 2 (the last committed token for d = 1).
-    for (size_t i = 0; i < queries.size(); ++i) {
-      if (siblings[i].empty()) continue;
-      Draft& d = out[i];
-      const int chain = static_cast<int>(d.tokens.size());
-      for (int j = 0; j < chain; ++j) d.parents.push_back(j - 1);
-      for (Sibling& x : siblings[i]) {
-        if (x.depth > chain) continue;
-        d.tokens.push_back(x.token);
-        d.parents.push_back(x.depth - 2);
-        if (!d.q.empty()) d.q.push_back(std::move(x.q));
-      }
-    }
+    // Each round is one batched forward pass and adds a token to each draft.
+    while (!active.empty()) active = DraftRound(queries, active, plans, out);
+    for (size_t i = 0; i < queries.size(); ++i) AttachSiblings(plans[i], &out[i]);
     return out;
   }
 
@@ -245,6 +121,156 @@ class ModelSource final : public DraftSource {
     int computed = 0;  // tokens whose KV is in the cache
     sampling::SamplingParams params;
   };
+  // A sibling leaf found while drafting a tree: its depth, token and q.
+  struct Sibling {
+    int depth;
+    TokenId token;
+    DraftDistribution q;
+  };
+  // One query's shape: the chain's length, and (trees) the sibling leaves
+  // found so far with the room left for more.
+  struct Plan {
+    int chain_len = 0;
+    int sibling_room = 0;
+    std::vector<Sibling> siblings;
+  };
+
+  Plan PlanOf(const DraftQuery& query) const {
+    Plan p;
+    p.chain_len = query.max_tokens;
+    if (o_.tree.enabled() && p.chain_len > 1) {
+      // A leaf sibling is accepted less often than a chain node a few
+      // positions deep: siblings take at most a third of the nodes.
+      p.sibling_room = std::min((o_.tree.max_branching - 1) * std::max(0, o_.tree.branch_depth),
+                                p.chain_len / 3);
+      p.chain_len -= p.sibling_room;
+    }
+    return p;
+  }
+
+  // One forward pass over the queries in `active` (indices into queries):
+  // the first catches a sequence's KV up with its new tokens, later ones add
+  // the last draft token. Returns the queries that want more tokens (none
+  // when the step failed: every sequence in it then starts its KV again).
+  std::vector<int> DraftRound(absl::Span<const DraftQuery> queries, const std::vector<int>& active,
+                              std::vector<Plan>& plans, std::vector<Draft>& out) {
+    runner::ForwardBatch batch;
+    std::vector<int> in_batch;
+    size_t stride = 0;
+    // Reserve slots first (the stride must be known before AddSequence).
+    for (int qi : active) {
+      State& s = seqs_[queries[qi].seq];
+      if (static_cast<int>(s.tokens.size()) >= o_.max_model_len) continue;
+      if (s.computed >= static_cast<int>(s.tokens.size()))
+        RollBack(queries[qi].seq, s, s.tokens.size() - 1);
+      const int n = static_cast<int>(s.tokens.size()) - s.computed;
+      if (!Reserve(queries[qi].seq, s, n)) continue;
+      in_batch.push_back(qi);
+      stride = std::max(stride, kv_->BlockTable(queries[qi].seq).size());
+    }
+    if (in_batch.empty()) return {};
+    batch.block_table_stride = static_cast<int64_t>(stride);
+    for (int qi : in_batch) {
+      State& s = seqs_[queries[qi].seq];
+      const absl::Span<const int32_t> table = kv_->BlockTable(queries[qi].seq);
+      std::vector<int32_t> tbl(table.begin(), table.end());
+      std::vector<int32_t> toks(s.tokens.begin() + s.computed, s.tokens.end());
+      batch.AddSequence(toks, s.computed, tbl, runner_->block_size(), /*want_logits=*/true);
+    }
+    // Greedy drafts on a runner that samples on its device: only the
+    // argmax of each row comes back (the same token as the host's greedy
+    // draw: ties go to the lowest id in both).
+    bool on_device = runner_->SupportsDeviceSampling();
+    for (int qi : in_batch) on_device &= seqs_[queries[qi].seq].params.greedy();
+    std::vector<int32_t> device_tokens;
+    const absl::Status st =
+        on_device ? runner_->ForwardSample(
+                        batch, std::vector<runner::DeviceSamplingRow>(in_batch.size(), greedy_row_),
+                        &device_tokens)
+                  : runner_->Forward(batch, &logits_);
+    if (!st.ok()) {
+      LogWarning("draft model step failed", {{"error", std::string(st.message())}});
+      for (int qi : in_batch) RollBack(queries[qi].seq, seqs_[queries[qi].seq], 0);
+      return {};
+    }
+    const int64_t vocab = runner_->config().vocab_size;
+    std::vector<int> next;
+    for (size_t r = 0; r < in_batch.size(); ++r) {
+      const int qi = in_batch[r];
+      State& s = seqs_[queries[qi].seq];
+      s.computed = static_cast<int>(s.tokens.size());
+      const bool drafted = on_device
+                               ? TakeToken(device_tokens[r], s, &out[qi])
+                               : DrawToken(absl::MakeConstSpan(logits_).subspan(r * vocab, vocab),
+                                           s, &plans[qi], &out[qi]);
+      if (drafted && static_cast<int>(out[qi].tokens.size()) < plans[qi].chain_len) {
+        next.push_back(qi);
+      }
+    }
+    return next;
+  }
+
+  // The device's greedy token for `s` (-1: a non-finite row, no draft).
+  static bool TakeToken(int32_t token, State& s, Draft* d) {
+    if (token < 0) return false;
+    d->tokens.push_back(token);
+    s.tokens.push_back(token);  // run ahead: as if accepted
+    return true;
+  }
+
+  // Draws the next draft token of `s` from its logits row (greedy: the
+  // argmax), with its q, and notes sibling leaves while there is room.
+  bool DrawToken(absl::Span<const float> row, State& s, Plan* plan, Draft* d) {
+    auto dist = sampling::ComputeSamplingDistribution(row, s.params, empty_counts_);
+    if (!dist.ok()) return false;
+    const int64_t position = static_cast<int64_t>(s.tokens.size());
+    size_t chosen = dist->tokens.size() - 1;
+    if (dist->tokens.size() > 1) {
+      const double u =
+          sampling::UniformFromSeed(s.params.seed ^ kDraftSeedMix, static_cast<uint64_t>(position),
+                                    sampling::RandomStream::kSample);
+      double c = 0;
+      for (size_t j = 0; j < dist->tokens.size(); ++j) {
+        c += dist->probs[j];
+        if (u < c) {
+          chosen = j;
+          break;
+        }
+      }
+    }
+    const TokenId token = dist->tokens[chosen];
+    DraftDistribution q;
+    if (!s.params.greedy()) {
+      q.tokens = dist->tokens;
+      q.probs.assign(dist->probs.begin(), dist->probs.end());
+    }
+    const int depth = static_cast<int>(d->tokens.size()) + 1;
+    if (plan->sibling_room > 0 && depth <= o_.tree.branch_depth) {
+      const int n = std::min(o_.tree.max_branching - 1, plan->sibling_room);
+      for (TokenId alt : RunnersUp(row, *dist, token, n, s.params.greedy())) {
+        plan->siblings.push_back({depth, alt, q});
+        --plan->sibling_room;
+      }
+    }
+    d->tokens.push_back(token);
+    if (!s.params.greedy()) d->q.push_back(std::move(q));
+    s.tokens.push_back(token);  // run ahead: as if accepted
+    return true;
+  }
+
+  // Sibling leaves after the chain: one at depth d hangs off chain node
+  // d - 2 (the last committed token for d = 1).
+  static void AttachSiblings(Plan& plan, Draft* d) {
+    if (plan.siblings.empty()) return;
+    const int chain = static_cast<int>(d->tokens.size());
+    for (int j = 0; j < chain; ++j) d->parents.push_back(j - 1);
+    for (Sibling& x : plan.siblings) {
+      if (x.depth > chain) continue;
+      d->tokens.push_back(x.token);
+      d->parents.push_back(x.depth - 2);
+      if (!d->q.empty()) d->q.push_back(std::move(x.q));
+    }
+  }
 
   // Up to n tokens other than `chosen`, most likely first: by raw logit for
   // a greedy draft (ties to the lower id), else by probability in `dist`.
@@ -294,6 +320,7 @@ class ModelSource final : public DraftSource {
   ModelSourceOptions o_;
   absl::flat_hash_map<SeqKey, State> seqs_;
   sampling::TokenCounts empty_counts_;
+  std::vector<float> logits_;  // the last round's, reused
 };
 
 absl::StatusOr<std::unique_ptr<DraftSource>> Make(std::unique_ptr<runner::ModelRunner> runner,
