@@ -289,9 +289,7 @@ bool Engine::Step() {
     OnModelFailed(*batch, run);
     return true;
   }
-  const std::vector<SampledTokens> sampled = model.on_device
-                                                 ? TakeDeviceTokens(*batch, model.device_tokens)
-                                                 : SampleOnHost(*batch, model.logits);
+  const std::vector<SampledTokens> sampled = Sample(*batch, model);
   absl::StatusOr<std::vector<SequenceOutput>> outputs = scheduler_->OnStepDone(sampled);
   if (!outputs.ok()) {
     FailAll(outputs.status());
@@ -404,22 +402,23 @@ void Engine::OnModelFailed(const ScheduledBatch& batch, const absl::Status& erro
   EndFailedStep();
 }
 
-std::vector<SampledTokens> Engine::SampleOnHost(const ScheduledBatch& batch,
-                                                absl::Span<const float> logits) {
+std::vector<SampledTokens> Engine::Sample(const ScheduledBatch& batch, const ModelOutput& model) {
   const int64_t vocab = runner_->config().vocab_size;
+  const absl::Span<const float> logits = model.logits;
   std::vector<SampledTokens> sampled;
-  int64_t row = 0;
+  size_t end = 0;  // rows taken so far
   for (const ScheduledSequence& s : batch.sequences) {
     if (!s.needs_logits) continue;
-    const int64_t num_rows = 1 + s.num_draft_tokens;
-    const absl::Span<const float> rows = logits.subspan(row * vocab, num_rows * vocab);
-    row += num_rows;
+    const size_t first = end;
+    end += 1 + s.num_draft_tokens;
     Request* req = Find(s.id);
     if (req == nullptr) continue;  // aborted during the step
     absl::StatusOr<SampledTokens> taken =
-        s.num_draft_tokens == 0 ? SampleToken(s, *req, rows) : VerifyOnHost(s, *req, rows);
+        model.on_device
+            ? TakeDeviceTokens(s, *req, model.device_tokens, first, end)
+            : SampleOnHost(s, *req, logits.subspan(first * vocab, (end - first) * vocab));
     if (!taken.ok()) {
-      FailSampling(s.id, taken.status());  // non-finite logits: this request only
+      FailSampling(s.id, taken.status());  // e.g. non-finite logits: this request only
       continue;
     }
     sampled.push_back(*std::move(taken));
@@ -427,40 +426,30 @@ std::vector<SampledTokens> Engine::SampleOnHost(const ScheduledBatch& batch,
   return sampled;
 }
 
-std::vector<SampledTokens> Engine::TakeDeviceTokens(const ScheduledBatch& batch,
-                                                    absl::Span<const int32_t> tokens) {
-  const int64_t vocab = runner_->config().vocab_size;
-  std::vector<SampledTokens> sampled;
-  size_t row = 0;
-  for (const ScheduledSequence& s : batch.sequences) {
-    if (!s.needs_logits) continue;
-    const size_t first = row;
-    row += 1 + s.num_draft_tokens;
-    Request* req = Find(s.id);
-    if (req == nullptr) continue;  // aborted during the step
-    if (row > tokens.size()) {
-      FailSampling(s.id, absl::InternalError(absl::StrCat("the runner drew ", tokens.size(),
-                                                          " tokens for at least ", row, " rows")));
-      continue;
-    }
-    const absl::Span<const int32_t> drawn = tokens.subspan(first, row - first);
-    if (absl::Status checked = CheckDrawnTokens(drawn, vocab); !checked.ok()) {
-      FailSampling(s.id, checked);
-      continue;
-    }
-    if (s.num_draft_tokens > 0) {
-      const absl::Span<const TokenId> draft =
-          absl::MakeConstSpan(speculation_.StepDraft(s.id).tokens).first(s.num_draft_tokens);
-      absl::StatusOr<SampledTokens> taken =
-          TakeVerified(s, *req, spec::VerifyChainArgmax(draft, drawn, &req->counts), {});
-      if (taken.ok()) sampled.push_back(*std::move(taken));
-      continue;
-    }
-    req->counts.AddOutput(drawn[0]);
-    req->reports.push_back(ReportOf(*req, drawn[0], {}));
-    sampled.push_back(SampledTokens{s.id, {drawn[0]}, {}});
+absl::StatusOr<SampledTokens> Engine::SampleOnHost(const ScheduledSequence& s, Request& req,
+                                                   absl::Span<const float> rows) {
+  return s.num_draft_tokens == 0 ? SampleToken(s, req, rows) : VerifyOnHost(s, req, rows);
+}
+
+absl::StatusOr<SampledTokens> Engine::TakeDeviceTokens(const ScheduledSequence& s, Request& req,
+                                                       absl::Span<const int32_t> tokens,
+                                                       size_t first, size_t end) {
+  if (end > tokens.size()) {
+    return absl::InternalError(
+        absl::StrCat("the runner drew ", tokens.size(), " tokens for at least ", end, " rows"));
   }
-  return sampled;
+  const absl::Span<const int32_t> drawn = tokens.subspan(first, end - first);
+  if (absl::Status checked = CheckDrawnTokens(drawn, runner_->config().vocab_size); !checked.ok()) {
+    return checked;
+  }
+  if (s.num_draft_tokens > 0) {
+    const absl::Span<const TokenId> draft =
+        absl::MakeConstSpan(speculation_.StepDraft(s.id).tokens).first(s.num_draft_tokens);
+    return TakeVerified(s, req, spec::VerifyChainArgmax(draft, drawn, &req.counts), {});
+  }
+  req.counts.AddOutput(drawn[0]);
+  req.reports.push_back(ReportOf(req, drawn[0], {}));
+  return SampledTokens{s.id, {drawn[0]}, {}};
 }
 
 absl::StatusOr<SampledTokens> Engine::SampleToken(const ScheduledSequence& s, Request& req,

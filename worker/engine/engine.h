@@ -5,7 +5,9 @@
 // fed by a thread-safe inbox (new requests, cancellations) from the gRPC
 // threads. Each request gets a RequestStream its caller reads tokens from.
 // Batching, KV blocks and preemption are the Scheduler's business
-// (scheduler.h); the forward pass is the ModelRunner's (worker/runner).
+// (scheduler.h); the forward pass is the ModelRunner's (worker/runner);
+// drafts and their bookkeeping are Speculation's (speculation.h), the
+// verification rules spec's (worker/spec/verifier.h).
 //
 // Observability: load snapshots and prefix-cache events for the router
 // (Load(), the event log), and an EngineObserver the service layer turns
@@ -221,11 +223,15 @@ class Engine {
   void OnModelFailed(const ScheduledBatch& batch, const absl::Status& error);
 
   // Sampling: each sequence that needed logits gets its next token, or its
-  // verified drafts. A sequence that cannot be sampled fails alone.
-  std::vector<SampledTokens> SampleOnHost(const ScheduledBatch& batch,
-                                          absl::Span<const float> logits);
-  std::vector<SampledTokens> TakeDeviceTokens(const ScheduledBatch& batch,
-                                              absl::Span<const int32_t> tokens);
+  // verified drafts, from its rows of the model's output. A sequence that
+  // cannot be sampled fails alone.
+  std::vector<SampledTokens> Sample(const ScheduledBatch& batch, const ModelOutput& model);
+  absl::StatusOr<SampledTokens> SampleOnHost(const ScheduledSequence& s, Request& req,
+                                             absl::Span<const float> rows);
+  // Rows [first, end) of the tokens the device drew (DeviceSamplingRows).
+  absl::StatusOr<SampledTokens> TakeDeviceTokens(const ScheduledSequence& s, Request& req,
+                                                 absl::Span<const int32_t> tokens, size_t first,
+                                                 size_t end);
   // One token from one row (no drafts), on the host.
   absl::StatusOr<SampledTokens> SampleToken(const ScheduledSequence& s, Request& req,
                                             absl::Span<const float> row);

@@ -27,6 +27,8 @@
 namespace tessera::engine {
 
 using SequenceId = uint64_t;
+// Token ids are base's (base/block_hash.h); engine::TokenId names them too.
+using ::tessera::TokenId;
 
 // What the engine core needs of a request's sampling parameters. The
 // sampler's own parameters (temperature, top-p, seeds, penalties, ...) live

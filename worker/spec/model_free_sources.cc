@@ -43,6 +43,11 @@ class TokenTable {
     auto it = seqs_.find(seq);
     return it == seqs_.end() ? nullptr : &it->second;
   }
+  // DraftSource::Length: -1 for an unknown sequence.
+  int64_t Length(SeqKey seq) const {
+    const std::vector<TokenId>* t = Find(seq);
+    return t ? static_cast<int64_t>(t->size()) : -1;
+  }
   std::vector<TokenId> Take(SeqKey seq) {
     auto it = seqs_.find(seq);
     if (it == seqs_.end()) return {};
@@ -72,10 +77,7 @@ class NgramSource final : public DraftSource {
     return table_.Update(seq, base_len, tokens).status();
   }
   void Close(SeqKey seq) override { table_.Take(seq); }
-  int64_t Length(SeqKey seq) const override {
-    const auto* t = table_.Find(seq);
-    return t ? static_cast<int64_t>(t->size()) : -1;
-  }
+  int64_t Length(SeqKey seq) const override { return table_.Length(seq); }
 
   std::vector<Draft> Propose(absl::Span<const DraftQuery> queries) override {
     std::vector<Draft> out(queries.size());
@@ -311,10 +313,7 @@ class SuffixSource final : public DraftSource {
     history_.Extend(kSeparator);
   }
 
-  int64_t Length(SeqKey seq) const override {
-    const auto* t = table_.Find(seq);
-    return t ? static_cast<int64_t>(t->size()) : -1;
-  }
+  int64_t Length(SeqKey seq) const override { return table_.Length(seq); }
 
   std::vector<Draft> Propose(absl::Span<const DraftQuery> queries) override {
     std::vector<Draft> out(queries.size());
