@@ -22,7 +22,7 @@ namespace tessera::text::jinja {
 // Caps on what a single builtin may build (strings, lists).
 struct BuiltinLimits {
   int64_t max_string_bytes = 8 << 20;
-  int64_t max_list_items = 1 << 20;
+  int64_t max_list_items = 100'000;
 };
 
 // `operand | name` (called == false) or `operand | name(args, kwargs)`.

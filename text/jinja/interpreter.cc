@@ -745,12 +745,11 @@ class Interpreter {
       iterable_node = iterable_node->a.get();
     }
     JINJA_ASSIGN_OR_RETURN(Value iterable, Eval(*iterable_node, scope));
-    ValueList source;
-    if (iterable.is_list()) {
-      source = iterable.list();
-    } else if (iterable.is_mapping()) {
-      for (const auto& [k, v] : iterable.map().entries()) source.push_back(Value::String(k));
-    } else {
+    if (iterable.is_mapping()) {
+      ValueList keys;
+      for (const auto& [k, v] : iterable.map().entries()) keys.push_back(Value::String(k));
+      iterable = Value::Array(std::move(keys));
+    } else if (!iterable.is_list()) {
       return Error(*iterable_node, absl::StrCat("Expected iterable or object type in for loop: got ",
                                                 iterable.TypeName()));
     }
@@ -770,8 +769,9 @@ class Interpreter {
       for (size_t j = 0; j < target.list.size(); ++j) s.Set(target.list[j]->text, item.list()[j]);
       return absl::OkStatus();
     };
-    ValueList items;
-    for (const Value& item : source) {
+    // The items to iterate: all of them, or those passing the `if` test.
+    ValueList filtered;
+    for (const Value& item : iterable.list()) {
       JINJA_RETURN_IF_ERROR(Step(n));
       if (target.kind == NodeKind::kTuple && item.kind() != Value::Kind::kArray) {
         return Error(target, absl::StrCat("Cannot unpack non-iterable type: ", item.TypeName()));
@@ -780,10 +780,10 @@ class Interpreter {
         Scope loop_scope(&scope);
         JINJA_RETURN_IF_ERROR(bind(loop_scope, item));
         JINJA_ASSIGN_OR_RETURN(Value ok, Eval(*test, loop_scope));
-        if (!ok.Truthy()) continue;
+        if (ok.Truthy()) filtered.push_back(item);
       }
-      items.push_back(item);
     }
+    const ValueList& items = test != nullptr ? filtered : iterable.list();
     std::string out;
     bool no_iteration = true;
     const double len = items.size();

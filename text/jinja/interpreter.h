@@ -31,8 +31,8 @@ namespace tessera::text::jinja {
 
 struct RenderLimits {
   int64_t max_output_bytes = 8 << 20;  // also caps any single string value
-  int64_t max_steps = 20'000'000;      // evaluated nodes plus loop iterations
-  int64_t max_list_items = 1 << 20;    // lists built by range(), +, split ...
+  int64_t max_steps = 2'000'000;       // evaluated nodes plus loop iterations (~1 s)
+  int64_t max_list_items = 100'000;    // lists built by range(), +, split ...
   int max_call_depth = 64;             // nested macro calls
   int max_eval_depth = 1000;           // nested evaluation (expressions within calls)
   int max_input_depth = 64;            // nesting of the JSON variables

@@ -45,7 +45,8 @@ class Parser {
    public:
     explicit Guard(Parser* p) : p_(p) { ++p_->nesting_; }
     ~Guard() { --p_->nesting_; }
-    bool too_deep() const { return p_->nesting_ > kMaxNesting; }
+    // Each level of nesting passes a few guarded functions.
+    bool too_deep() const { return p_->nesting_ > 4 * kMaxNesting; }
 
    private:
     Parser* p_;
