@@ -13,6 +13,7 @@
 //    tree attention (the engine keeps the first-child chain); the sampling
 //    walk's joint distribution at temperature > 0 with tree drafts;
 //  - adaptive draft length.
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <random>
@@ -116,6 +117,46 @@ class ChainOnlyRunner final : public runner::ModelRunner {
     if (!batch.tree_parents.empty()) return absl::InvalidArgumentError("no tree attention here");
     return inner_->Forward(batch, logits);
   }
+
+ private:
+  std::unique_ptr<runner::ModelRunner> inner_;
+};
+
+// A runner that "samples on its device" (as the CUDA runner does): it
+// returns only each row's argmax (ties to the lowest id, as the sampler's
+// greedy draw), so greedy drafts are verified from argmaxes alone.
+class ArgmaxDeviceRunner final : public runner::ModelRunner {
+ public:
+  explicit ArgmaxDeviceRunner(std::unique_ptr<runner::ModelRunner> inner)
+      : inner_(std::move(inner)) {}
+  const model::ModelConfig& config() const override { return inner_->config(); }
+  int block_size() const override { return inner_->block_size(); }
+  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  bool SupportsTreeAttention() const override { return inner_->SupportsTreeAttention(); }
+  absl::Status CopyKvSlots(absl::Span<const int64_t> from, absl::Span<const int64_t> to) override {
+    return inner_->CopyKvSlots(from, to);
+  }
+  absl::Status Forward(const runner::ForwardBatch& batch, std::vector<float>* logits) override {
+    ++host_steps;
+    return inner_->Forward(batch, logits);
+  }
+  bool SupportsDeviceSampling() const override { return true; }
+  absl::Status ForwardSample(const runner::ForwardBatch& batch,
+                             absl::Span<const runner::DeviceSamplingRow> rows,
+                             std::vector<int32_t>* tokens) override {
+    std::vector<float> logits;
+    if (absl::Status s = inner_->Forward(batch, &logits); !s.ok()) return s;
+    const int64_t vocab = config().vocab_size;
+    tokens->clear();
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const float* row = logits.data() + r * vocab;
+      tokens->push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+    }
+    ++device_steps;
+    return absl::OkStatus();
+  }
+  int host_steps = 0;
+  int device_steps = 0;
 
  private:
   std::unique_ptr<runner::ModelRunner> inner_;
@@ -317,6 +358,40 @@ TEST_F(SpecEngineTest, GreedyOutputsAreIdenticalForEverySourceAndBatchCompositio
       }
     }
   }
+}
+
+// Greedy drafts verified from the device's argmaxes (the engine's device
+// sampling path) give plain decoding's tokens, and accept drafts.
+TEST_F(SpecEngineTest, GreedyDraftsVerifiedOnTheDeviceGiveThePlainTokens) {
+  const std::vector<EngineRequest> requests = GreedyRequests();
+  auto plain = MakeEngine(Source::kNone, 512, 256);
+  const std::vector<Result> expected = RunAll(*plain, requests, false);
+  plain.reset();
+  runner::CpuRunnerOptions ro;
+  ro.block_size = 8;
+  ro.num_kv_blocks = 512;
+  auto cpu = runner::CpuModelRunner::Create(target_, ro);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto device = std::make_unique<ArgmaxDeviceRunner>(std::move(*cpu));
+  ArgmaxDeviceRunner* runner = device.get();
+  EngineOptions eo;
+  eo.scheduler.max_num_batched_tokens = 256;
+  eo.scheduler.max_num_seqs = 32;
+  eo.scheduler.max_model_len = 1024;
+  eo.scheduler.watermark = 0;
+  eo.eos_token_ids = {2};
+  eo.draft_provider = MakeProvider(Source::kDraftModel, false);
+  eo.speculation.num_speculative_tokens = 4;
+  auto engine = Engine::Create(std::move(device), eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  (*engine)->Start();
+  const std::vector<Result> got = RunAll(**engine, requests, false);
+  (*engine)->Stop();
+  const auto [drafted, accepted] = ExpectSameAsPlain(got, expected, "device argmax");
+  EXPECT_GT(drafted, 0);
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(runner->device_steps, 0);
+  EXPECT_EQ(runner->host_steps, 0) << "greedy chains never need the host's logits";
 }
 
 TEST_F(SpecEngineTest, GreedyOutputsAreIdenticalWithTokenTrees) {
