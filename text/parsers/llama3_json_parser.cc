@@ -19,30 +19,26 @@ constexpr size_t kMaxLead = 4096;
 Llama3JsonParser::Llama3JsonParser(uint64_t id_seed, size_t max_block_bytes)
     : max_block_bytes_(max_block_bytes), emitter_(id_seed) {}
 
-Llama3JsonParser::Lead Llama3JsonParser::ClassifyLead(size_t* object_pos) const {
-  const bool allow_semicolon = state_ == State::kBetween;
-  absl::string_view s = lead_;
-  size_t i = 0;
-  auto skip = [&](bool semicolons) {
-    while (i < s.size() && (IsSpace(s[i]) || (semicolons && s[i] == ';'))) {
-      ++i;
-    }
-  };
-  skip(allow_semicolon);
-  if (i == s.size()) return Lead::kNeedMore;
-  if (s[i] != '{') {
-    absl::string_view rest = s.substr(i);
-    if (rest.size() < kPythonTag.size()) {
-      return absl::StartsWith(kPythonTag, rest) ? Lead::kNeedMore : Lead::kNotACall;
-    }
-    if (!absl::StartsWith(rest, kPythonTag)) return Lead::kNotACall;
-    i += kPythonTag.size();
-    skip(false);
-    if (i == s.size()) return Lead::kNeedMore;
-    if (s[i] != '{') return Lead::kNotACall;
+Llama3JsonParser::Lead Llama3JsonParser::StepLead(char c) {
+  lead_.push_back(c);
+  if (lead_.size() > kMaxLead) return Lead::kNotACall;
+  switch (lead_step_) {
+    case LeadStep::kSeparators:
+      if (IsSpace(c) || (c == ';' && state_ == State::kBetween)) return Lead::kNeedMore;
+      if (c == '{') return Lead::kObject;
+      if (c != kPythonTag[0]) return Lead::kNotACall;
+      lead_step_ = LeadStep::kTag;
+      tag_matched_ = 1;
+      return Lead::kNeedMore;
+    case LeadStep::kTag:
+      if (c != kPythonTag[tag_matched_]) return Lead::kNotACall;
+      if (++tag_matched_ == kPythonTag.size()) lead_step_ = LeadStep::kAfterTag;
+      return Lead::kNeedMore;
+    case LeadStep::kAfterTag:
+      if (IsSpace(c)) return Lead::kNeedMore;
+      return c == '{' ? Lead::kObject : Lead::kNotACall;
   }
-  *object_pos = i;
-  return Lead::kObject;
+  return Lead::kNotACall;
 }
 
 size_t Llama3JsonParser::SeparatorLength(size_t limit) const {
@@ -51,6 +47,12 @@ size_t Llama3JsonParser::SeparatorLength(size_t limit) const {
     ++n;
   }
   return n;
+}
+
+void Llama3JsonParser::ResetLead() {
+  lead_.clear();
+  lead_step_ = LeadStep::kSeparators;
+  tag_matched_ = 0;
 }
 
 void Llama3JsonParser::ToContent(absl::string_view text, ParsedDelta* out) {
@@ -97,6 +99,7 @@ size_t Llama3JsonParser::ScanObject(absl::string_view text, ParsedDelta* out) {
     if (call) {
       emitter_.Call(std::move(call->name), std::move(call->arguments), out);
       state_ = State::kBetween;
+      ResetLead();
     } else {
       ToContent(raw_lead_ + object_, out);
     }
@@ -119,23 +122,19 @@ ParsedDelta Llama3JsonParser::Feed(absl::string_view text) {
         return out;
       case State::kStart:
       case State::kBetween: {
-        // One byte at a time: the lead is short, and deciding per byte
-        // makes the outcome independent of how deltas are split.
-        lead_.push_back(text.front());
+        // One byte at a time through a small state machine: the outcome
+        // cannot depend on how deltas are split, and each byte costs O(1).
+        Lead lead = StepLead(text.front());
         text.remove_prefix(1);
-        size_t pos = 0;
-        Lead lead = ClassifyLead(&pos);
-        if (lead == Lead::kNeedMore && lead_.size() > kMaxLead) {
-          lead = Lead::kNotACall;
-        }
         if (lead == Lead::kNotACall) {
           std::string held = lead_.substr(SeparatorLength(lead_.size()));
-          lead_.clear();
+          ResetLead();
           ToContent(held, &out);
         } else if (lead == Lead::kObject) {
+          size_t pos = lead_.size() - 1;  // the '{'
           size_t from = SeparatorLength(pos);
           raw_lead_ = lead_.substr(from, pos - from);
-          lead_.clear();
+          ResetLead();
           object_.assign(1, '{');
           depth_ = 1;
           in_string_ = false;

@@ -34,9 +34,12 @@ class Llama3JsonParser : public OutputParser {
  private:
   enum class State { kStart, kBetween, kObject, kContent };
   enum class Lead { kNeedMore, kObject, kNotACall };
+  enum class LeadStep { kSeparators, kTag, kAfterTag };
 
-  // Classifies the separator text in lead_: where an object starts, or not.
-  Lead ClassifyLead(size_t* object_pos) const;
+  // Appends one byte to lead_ (whitespace, ';' after a call, the python
+  // tag, whitespace) and says whether an object starts with it.
+  Lead StepLead(char c);
+  void ResetLead();
   // Scans object bytes; returns how many of `text` it consumed.
   size_t ScanObject(absl::string_view text, ParsedDelta* out);
   // After a call: how many leading bytes of lead_ (up to `limit`) are the
@@ -49,7 +52,9 @@ class Llama3JsonParser : public OutputParser {
   State state_ = State::kStart;
   std::string lead_;      // kStart/kBetween: whitespace, ';', python tag
   std::string raw_lead_;  // the lead of the current object, for fallback
-  std::string object_;    // kObject: the object so far
+  LeadStep lead_step_ = LeadStep::kSeparators;
+  size_t tag_matched_ = 0;  // bytes of the python tag matched so far
+  std::string object_;      // kObject: the object so far
   int depth_ = 0;
   bool in_string_ = false;
   bool escape_ = false;

@@ -821,3 +821,24 @@ TEST(TagScanTest, PartialSuffixIsTheLongestTagPrefix) {
 
 }  // namespace
 }  // namespace tessera::text
+
+namespace tessera::text {
+namespace {
+
+TEST(HugeInputTest, LlamaLongSeparatorsBetweenManyCallsStayLinear) {
+  std::string text;
+  const std::string gap = ";" + std::string(4000, ' ') + "<|python_tag|>" + std::string(80, '\n');
+  for (int i = 0; i < 500; ++i) {
+    if (i > 0) text += gap;
+    text += "{\"name\":\"f\",\"parameters\":{}}";
+  }
+  auto start = std::chrono::steady_clock::now();
+  ParsedMessage m = RunBytes(Opts("llama3_json"), text);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(m.tool_calls.size(), 500u);
+  EXPECT_EQ(m.content, "");
+  EXPECT_LT(seconds, 5.0);
+}
+
+}  // namespace
+}  // namespace tessera::text
