@@ -151,8 +151,7 @@ absl::StatusOr<std::unique_ptr<ChatRenderer>> ChatRenderer::Load(const std::stri
                                                                  const ChatOptions& options) {
   auto t = text::ChatTemplate::FromModelDir(dir);
   if (!t.ok()) return t.status();
-  return Make(std::make_unique<text::ChatTemplate>(std::move(*t)), TemplateSource(dir),
-              ModelType(dir), options);
+  return Make(std::move(*t), TemplateSource(dir), ModelType(dir), options);
 }
 
 absl::StatusOr<std::unique_ptr<ChatRenderer>> ChatRenderer::FromSource(
@@ -160,7 +159,7 @@ absl::StatusOr<std::unique_ptr<ChatRenderer>> ChatRenderer::FromSource(
     const std::string& model_type, const ChatOptions& options) {
   auto t = text::ChatTemplate::FromSource(source, bos, eos);
   if (!t.ok()) return t.status();
-  return Make(std::make_unique<text::ChatTemplate>(std::move(*t)), source, model_type, options);
+  return Make(std::move(*t), source, model_type, options);
 }
 
 absl::StatusOr<RenderedChat> ChatRenderer::Render(const tessera::v1::ChatRequest& req) const {
@@ -176,7 +175,7 @@ absl::StatusOr<RenderedChat> ChatRenderer::Render(const tessera::v1::ChatRequest
   auto messages = MessagesJson(req);
   if (!messages.ok()) return messages.status();
   input.messages = std::move(*messages);
-  if (tools_on) {
+  if (tools_on) {  // else null: templates test `tools is defined` / `if tools`
     auto tools = ToolsJson(req);
     if (!tools.ok()) return tools.status();
     input.tools = std::move(*tools);

@@ -34,6 +34,7 @@ Service StartService(const std::string& binary, std::vector<std::string> args) {
   if (ports.ok()) {
     s.grpc_port = (*ports)["grpc_port"];
     s.metrics_port = (*ports)["metrics_port"];
+    if (ports->count("http_port")) s.http_port = (*ports)["http_port"];
   }
   return s;
 }

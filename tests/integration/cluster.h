@@ -35,6 +35,7 @@ struct Service {
   std::unique_ptr<TestProcess> process;
   int grpc_port = 0;
   int metrics_port = 0;
+  int http_port = 0;  // the router's --http_listen port, when it has one
   std::string dir;  // its temporary directory (port file, log)
 };
 

@@ -51,7 +51,7 @@ absl::Status LoadScript(const std::string& path, SimulationOptions* o) {
   };
   if (!j->is_object() || !j->contains("replies") || !(*j)["replies"].is_array() ||
       (*j)["replies"].empty()) {
-    return bad("expected {\"replies\": [[token ids], ...], \"switch_token\": id}");
+    return bad("expected {\"replies\": [[token ids], ...], \"switch_tokens\": [ids]}");
   }
   for (const nlohmann::json& reply : (*j)["replies"]) {
     if (!reply.is_array()) return bad("each reply must be a list of token ids");
@@ -63,9 +63,12 @@ absl::Status LoadScript(const std::string& path, SimulationOptions* o) {
       ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
     }
   }
-  if (j->contains("switch_token")) {
-    if (!(*j)["switch_token"].is_number_integer()) return bad("switch_token must be an id");
-    o->script_switch_token = (*j)["switch_token"].get<int32_t>();
+  if (j->contains("switch_tokens")) {
+    if (!(*j)["switch_tokens"].is_array()) return bad("switch_tokens must be a list of ids");
+    for (const nlohmann::json& t : (*j)["switch_tokens"]) {
+      if (!t.is_number_integer()) return bad("switch_tokens must be a list of ids");
+      o->script_switch_tokens.push_back(t.get<int32_t>());
+    }
   }
   return absl::OkStatus();
 }
@@ -79,7 +82,7 @@ runner::SimulatedRunnerOptions ToRunnerOptions(const SimulationOptions& s) {
   r.decode_us_per_seq = s.decode_us_per_seq;
   r.fail_after_steps = s.fail_after_steps;
   r.script = s.script;
-  r.script_switch_token = s.script_switch_token;
+  r.script_switch_tokens = s.script_switch_tokens;
   return r;
 }
 

@@ -53,11 +53,11 @@ struct SimulationOptions {
   // worker whose device fails; runner::SimulatedRunnerOptions).
   int64_t fail_after_steps = 0;
   // TEST ONLY (script=<path>): a JSON file {"replies": [[ids...], ...],
-  // "switch_token": id}; the runner then emits the chosen reply's tokens,
+  // "switch_tokens": [ids]}; the runner then emits the chosen reply's tokens,
   // then EOS, instead of its hash tokens (runner::SimulatedRunnerOptions).
   std::string script_path;
   std::vector<std::vector<int32_t>> script;
-  int32_t script_switch_token = -1;
+  std::vector<int32_t> script_switch_tokens;
 };
 
 // Parses a spec such as

@@ -1,5 +1,6 @@
 #include "worker/runner/simulated_model_runner.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -53,6 +54,13 @@ absl::StatusOr<std::unique_ptr<SimulatedModelRunner>> SimulatedModelRunner::Crea
   if (auto s = CheckCost(options.prefill_us_per_token, "prefill_us_per_token"); !s.ok()) return s;
   if (auto s = CheckCost(options.decode_step_us, "decode_step_us"); !s.ok()) return s;
   if (auto s = CheckCost(options.decode_us_per_seq, "decode_us_per_seq"); !s.ok()) return s;
+  for (const auto& reply : options.script) {
+    for (int32_t t : reply) {
+      if (t < 0 || t >= options.vocab_size) {
+        return absl::InvalidArgumentError("script token ids must be in [0, vocab_size)");
+      }
+    }
+  }
   if (options.fail_after_steps < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("fail_after_steps must be >= 0, got ", options.fail_after_steps));
@@ -87,6 +95,28 @@ uint64_t SimulatedModelRunner::PrefixState(uint64_t previous, int32_t token, int
 int32_t SimulatedModelRunner::TokenAfter(uint64_t state, int64_t vocab_size) {
   const uint64_t range = static_cast<uint64_t>(vocab_size - kFirstGeneratedId);
   return static_cast<int32_t>(Mix(state) % range) + kFirstGeneratedId;
+}
+
+uint64_t SimulatedModelRunner::ScriptState(uint64_t previous, int32_t token) const {
+  uint64_t count = previous >> 32;
+  uint64_t k = previous & 0xFFFFFFFFu;
+  for (int32_t s : options_.script_switch_tokens) {
+    if (token == s) return (count + 1) << 32;
+  }
+  const auto& reply = options_.script[std::min<uint64_t>(count, options_.script.size() - 1)];
+  if (k < reply.size() && reply[k] == token) {
+    ++k;
+  } else {
+    k = !reply.empty() && reply[0] == token ? 1 : 0;
+  }
+  return (count << 32) | k;
+}
+
+int32_t SimulatedModelRunner::ScriptTokenAfter(uint64_t state) const {
+  const uint64_t count = state >> 32;
+  const uint64_t k = state & 0xFFFFFFFFu;
+  const auto& reply = options_.script[std::min<uint64_t>(count, options_.script.size() - 1)];
+  return k < reply.size() ? reply[k] : config_.eos_token_ids[0];
 }
 
 std::vector<int32_t> SimulatedModelRunner::Continuation(const std::vector<int32_t>& prompt, int n,
@@ -144,17 +174,19 @@ absl::Status SimulatedModelRunner::Forward(const ForwardBatch& batch, std::vecto
   // The "KV cache": each token's prefix state goes to its slot, from the
   // state at the slot of the position before it (through the block table).
   const int bs = options_.block_size;
+  const bool scripted = !options_.script.empty();
   for (int s = 0; s < batch.num_seqs(); ++s) {
     for (int t = batch.query_start_loc[s]; t < batch.query_start_loc[s + 1]; ++t) {
       const int32_t pos = batch.positions[t];
-      uint64_t previous = kSeedState;
+      uint64_t previous = scripted ? 0 : kSeedState;
       if (pos > 0) {
         const int32_t block =
             batch.block_tables[static_cast<size_t>(s) * batch.block_table_stride + (pos - 1) / bs];
         auto it = states_.find(int64_t{block} * bs + (pos - 1) % bs);
         previous = it == states_.end() ? kUnwrittenState : it->second;
       }
-      states_[batch.slot_mapping[t]] = PrefixState(previous, batch.token_ids[t], pos);
+      states_[batch.slot_mapping[t]] = scripted ? ScriptState(previous, batch.token_ids[t])
+                                                : PrefixState(previous, batch.token_ids[t], pos);
     }
   }
   const int64_t vocab = config_.vocab_size;
@@ -162,7 +194,8 @@ absl::Status SimulatedModelRunner::Forward(const ForwardBatch& batch, std::vecto
   logits->assign(rows * static_cast<size_t>(vocab), 0.0f);
   for (size_t r = 0; r < rows; ++r) {
     const int32_t t = batch.logits_indices[r];
-    const int32_t next = TokenAfter(states_[batch.slot_mapping[t]], vocab);
+    const uint64_t state = states_[batch.slot_mapping[t]];
+    const int32_t next = scripted ? ScriptTokenAfter(state) : TokenAfter(state, vocab);
     (*logits)[r * vocab + next] = kWinningLogit;
   }
   const absl::Duration remaining = start + StepCost(batch, options_) - absl::Now();

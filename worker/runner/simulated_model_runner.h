@@ -77,6 +77,15 @@ struct SimulatedRunnerOptions {
   // says why), as a tensor-parallel group whose ranks fell out of step
   // does. 0 = never. >= 0.
   int64_t fail_after_steps = 0;
+  // TEST ONLY, for clients that need given output (tool calls, reasoning):
+  // when non-empty, the token after a prefix is the next token of a
+  // scripted reply instead of a hash. Reply r = min(number of
+  // script_switch_tokens ids in the prefix, size - 1); the runner tracks how
+  // many of the prefix's last tokens match that reply's start (k) and emits
+  // reply[k], or EOS (2) once the reply is through. A prompt that does not
+  // end in the reply's first tokens thus gets the whole reply.
+  std::vector<std::vector<int32_t>> script;
+  std::vector<int32_t> script_switch_tokens;
 };
 
 class SimulatedModelRunner final : public ModelRunner {
@@ -103,6 +112,9 @@ class SimulatedModelRunner final : public ModelRunner {
   static constexpr uint64_t kSeedState = 0x5EEDC0FFEE123457ULL;
   // The state after `token` at `position`, following `previous`.
   static uint64_t PrefixState(uint64_t previous, int32_t token, int32_t position);
+  // The scripted mode's state after `token` (replies seen << 32 | matched).
+  uint64_t ScriptState(uint64_t previous, int32_t token) const;
+  int32_t ScriptTokenAfter(uint64_t state) const;
   // The token generated after a prefix with this state, in
   // [kFirstGeneratedId, vocab_size). REQUIRES: vocab_size >= kMinVocabSize.
   static int32_t TokenAfter(uint64_t state, int64_t vocab_size);
