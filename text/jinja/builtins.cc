@@ -762,7 +762,7 @@ absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& v, const Val
   if (name == "mapping") return v.is_mapping();
   if (name == "sequence") return v.is_list() || v.is_mapping() || v.is_string();
   if (name == "lower" || name == "upper") {
-    if (!v.is_string()) return Err(absl::StrCat("test '", name, "' needs a string"));
+    if (!v.is_string()) return false;
     JINJA_ASSIGN_OR_RETURN(std::string mapped, name == "lower" ? JsToLower(v.str()) : JsToUpper(v.str()));
     return mapped == v.str();
   }

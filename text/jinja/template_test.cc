@@ -53,11 +53,15 @@ TEST(TemplateTest, RecordedCases) {
     if (c.contains("error")) {
       ++errors;
       EXPECT_FALSE(got.ok()) << "the reference raised \"" << c["error"].get<std::string>()
-                             << "\" but we rendered \"" << *got << "\"";
+                             << "\" but we rendered \"" << *got << "\"\ntemplate: " << c["template"];
       continue;
     }
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(*got, c["output"].get<std::string>());
+    if (!got.ok()) {
+      ADD_FAILURE() << "we failed (" << got.status() << ") where the reference rendered \""
+                    << c["output"].get<std::string>() << "\"\ntemplate: " << c["template"];
+      continue;
+    }
+    EXPECT_EQ(*got, c["output"].get<std::string>()) << "template: " << c["template"];
   }
   EXPECT_GT(errors, 10);
 }
