@@ -478,6 +478,27 @@ absl::StatusOr<Value> SelectAttr(bool select, const Value& operand, const ValueL
   return Value::Array(std::move(out));
 }
 
+// Jinja's round(method='common'): half away from zero.
+double RoundCommon(double d, int precision) {
+  const double scale = std::pow(10.0, precision);
+  return std::round(d * scale) / scale;
+}
+
+// select/reject: items passing a test (named by the first argument, with an
+// optional second), or truthy items when no test is named.
+absl::StatusOr<Value> SelectItems(bool select, const Value& operand, const ValueList& args) {
+  if (!args.empty() && !args[0].is_string()) return Err("the test of select/reject must be a name");
+  ValueList out;
+  for (const Value& item : operand.list()) {
+    bool result = item.Truthy();
+    if (!args.empty()) {
+      JINJA_ASSIGN_OR_RETURN(result, ApplyTest(args[0].str(), item, args.size() > 1 ? &args[1] : nullptr));
+    }
+    if (result == select) out.push_back(item);
+  }
+  return Value::Array(std::move(out));
+}
+
 absl::StatusOr<Value> NamedFilter(absl::string_view name, const Value& operand,
                                   const BuiltinLimits& limits) {
   const std::string n(name);
@@ -486,7 +507,8 @@ absl::StatusOr<Value> NamedFilter(absl::string_view name, const Value& operand,
     if (n == "list") return operand;
     if (n == "first") return items.empty() ? Value() : items.front();
     if (n == "last") return items.empty() ? Value() : items.back();
-    if (n == "length") return Value::Int(static_cast<double>(items.size()));
+    if (n == "length" || n == "count") return Value::Int(static_cast<double>(items.size()));
+    if (n == "select" || n == "reject") return SelectItems(n == "select", operand, {});
     if (n == "reverse") return Value::Array(ValueList(items.rbegin(), items.rend()));
     if (n == "sort") return SortList(operand, false, false, Value::Null());
     if (n == "join") {
@@ -521,7 +543,7 @@ absl::StatusOr<Value> NamedFilter(absl::string_view name, const Value& operand,
   }
   if (operand.is_string()) {
     const std::string& s = operand.str();
-    if (n == "length") return Value::Int(static_cast<double>(Utf16Length(s)));
+    if (n == "length" || n == "count") return Value::Int(static_cast<double>(Utf16Length(s)));
     if (n == "upper" || n == "lower" || n == "title" || n == "capitalize") {
       ValueList none;
       Value method = StringMember(operand, n, limits);
@@ -542,6 +564,7 @@ absl::StatusOr<Value> NamedFilter(absl::string_view name, const Value& operand,
   }
   if (operand.is_number()) {
     const double d = operand.number();
+    if (n == "round") return Value::Float(RoundCommon(d, 0));
     if (n == "abs") return operand.is_int() ? Value::Int(std::fabs(d)) : Value::Float(std::fabs(d));
     if (n == "int") return Value::Int(std::floor(d));
     if (n == "float") return Value::Float(d);
@@ -553,7 +576,7 @@ absl::StatusOr<Value> NamedFilter(absl::string_view name, const Value& operand,
   }
   if (operand.is_mapping()) {
     if (n == "items") return ItemsOf(operand);
-    if (n == "length") return Value::Int(static_cast<double>(operand.map().size()));
+    if (n == "length" || n == "count") return Value::Int(static_cast<double>(operand.map().size()));
     Value method = MappingMember(operand, n);
     if (method.is_function()) {
       ValueList none;
@@ -643,6 +666,7 @@ absl::StatusOr<Value> CalledFilter(absl::string_view name, const Value& operand,
     if (n == "selectattr" || n == "rejectattr") {
       return SelectAttr(n == "selectattr", operand, args, literal_args);
     }
+    if (n == "select" || n == "reject") return SelectItems(n == "select", operand, args);
     if (n == "map") {
       const Value* attr = kw("attribute");
       if (attr == nullptr) {
@@ -659,6 +683,28 @@ absl::StatusOr<Value> CalledFilter(absl::string_view name, const Value& operand,
       return Value::Array(std::move(out));
     }
     return Err(absl::StrCat("Unknown ArrayValue filter: ", n));
+  }
+  if (n == "round" && operand.is_number()) {
+    const Value precision = !args.empty() ? args[0] : (kw("precision") ? *kw("precision") : Value::Int(0));
+    const Value method = args.size() > 1 ? args[1] : (kw("method") ? *kw("method") : Value::String("common"));
+    if (!precision.is_int() || precision.number() < 0 || precision.number() > 15) {
+      return Err("round precision must be an integer from 0 to 15");
+    }
+    if (!method.is_string()) return Err("round method must be a string");
+    const double scale = std::pow(10.0, precision.number());
+    const double x = operand.number() * scale;
+    double r;
+    if (method.str() == "common") {
+      r = RoundCommon(operand.number(), static_cast<int>(precision.number()));
+      return Value::Float(r);
+    } else if (method.str() == "ceil") {
+      r = std::ceil(x) / scale;
+    } else if (method.str() == "floor") {
+      r = std::floor(x) / scale;
+    } else {
+      return Err("round method must be 'common', 'ceil' or 'floor'");
+    }
+    return Value::Float(r);
   }
   if (operand.is_string()) {
     if (n == "indent") {

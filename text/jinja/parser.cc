@@ -18,6 +18,8 @@ constexpr const char* kFilters[] = {
     "trim",  "indent",   "int",        "float",      "abs",   "items",   "bool",    "get",
     "keys",  "values",   "dictsort",   "default",    "selectattr",       "rejectattr",
     "map",   "replace",
+    // Beyond the reference (which lacks them): Jinja's own semantics.
+    "select", "reject", "count", "round",
 };
 constexpr const char* kTests[] = {
     "boolean", "callable", "odd",     "even",     "false",    "true",    "none",

@@ -112,6 +112,23 @@ TEST(TemplateTest, RefusesWhatItWouldRenderWrongly) {
   EXPECT_FALSE(Render("{{ 'ß' | upper }}").ok());
 }
 
+TEST(TemplateTest, FiltersBeyondTheReference) {
+  // Official Llama 3.x templates use reject('equalto', ...); the reference
+  // lacks select/reject/count/round, which follow Jinja here.
+  nlohmann::json vars = {{"tools", {"brave_search", "code_interpreter", "wolfram"}},
+                         {"xs", {0, 1, 2, 3}}};
+  EXPECT_EQ(*Render("{{ tools | reject('equalto', 'code_interpreter') | join(', ') }}", vars),
+            "brave_search, wolfram");
+  EXPECT_EQ(*Render("{{ xs | select('odd') | list }} {{ xs | select | list }} {{ xs | reject | list }}",
+                    vars),
+            "[1, 3] [1, 2, 3] [0]");
+  EXPECT_EQ(*Render("{{ xs | count }} {{ 'abc' | count }}", vars), "4 3");
+  EXPECT_EQ(*Render("{{ 2.5 | round }} {{ 3.14159 | round(2) }} {{ 2.1 | round(0, 'ceil') }} "
+                    "{{ -2.5 | round }} {{ 7 | round(1, 'floor') }}"),
+            "3.0 3.14 3.0 -3.0 7.0");
+  EXPECT_FALSE(Render("{{ xs | select('no_such_test') | list }}", vars).ok());
+}
+
 TEST(TemplateTest, StrftimeNowUsesTheGivenClock) {
   setenv("TZ", "UTC", 1);
   auto t = Template::Parse("{{ strftime_now('%d %b %Y, %B %H:%M %% %A') }}");
