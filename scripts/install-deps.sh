@@ -18,6 +18,7 @@ packages=(
   curl ca-certificates openssl
   nodejs npm
   python3 python3-seccomp util-linux bubblewrap
+  python3-grpcio python3-protobuf
   yamllint kubernetes-client
 )
 
