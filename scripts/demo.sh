@@ -105,7 +105,7 @@ fi
 grep 'Tessera CUDA' "$BUILD_DIR/demo-configure.log" | sed 's/^-- /demo: /' || true
 build_start=$(date +%s)
 echo "demo: building tessera, tessera-worker, tessera-router, tessera-drafter with $(nproc)" \
-  "jobs (a first build on 2 cores takes a while; later runs rebuild only what changed)"
+  "jobs (a first CPU-only build took 6 minutes on 2 cores; later runs rebuild only what changed)"
 # Ninja's own progress: one updating line on a terminal, a line per step
 # in a log. [done/total percent elapsed].
 NINJA_STATUS="[%f/%t %p %es] " cmake --build "$BUILD_DIR" -j "$(nproc)" --target tessera \
