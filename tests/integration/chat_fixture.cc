@@ -275,6 +275,16 @@ bool HttpStream::ReadUntil(const std::string& needle, absl::Duration timeout) {
   return true;
 }
 
+bool HttpStream::ReadSome(absl::Duration timeout) {
+  struct pollfd p = {fd_, POLLIN, 0};
+  if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) <= 0) return false;
+  char buf[8192];
+  const ssize_t n = read(fd_, buf, sizeof(buf));
+  if (n <= 0) return false;
+  received_.append(buf, static_cast<size_t>(n));
+  return true;
+}
+
 void HttpStream::Close() {
   if (fd_ >= 0) close(fd_);
   fd_ = -1;

@@ -75,6 +75,9 @@ class HttpStream {
   absl::Status Open(int port, const std::string& path, const std::string& body);
   // Reads until `needle` appears in what arrived (true), EOF or `timeout`.
   bool ReadUntil(const std::string& needle, absl::Duration timeout);
+  // Reads what arrives next (waiting up to `timeout`); false at EOF,
+  // error or timeout.
+  bool ReadSome(absl::Duration timeout);
   const std::string& received() const { return received_; }
   void Close();
 
