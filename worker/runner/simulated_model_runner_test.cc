@@ -354,6 +354,31 @@ TEST(SimulatedEngineTest, PrefixCacheHitsSkipPrefillCost) {
 
 // ---- The engine builder's simulation option ----
 
+TEST(SimulatedEngineTest, ScriptedRepliesFollowTheSwitchTokensThenEos) {
+  // Test-only scripted mode: reply = number of switch tokens in the prefix,
+  // emitted whole after any prompt, then EOS; chunked prefill included.
+  SimulatedRunnerOptions ro = Costs(0, 0, 0);
+  ro.script = {{10, 11, 12}, {20, 21}};
+  ro.script_switch_tokens = {7};
+  auto engine = MakeEngine(ro, /*max_batched_tokens=*/16);
+  engine->Start();
+  auto run = [&](std::vector<TokenId> prompt) {
+    EngineRequest r = Greedy(std::move(prompt), 10);
+    r.ignore_eos = false;
+    auto s = engine->Submit(r);
+    EXPECT_TRUE(s.ok()) << s.status();
+    StreamEvent last;
+    return Collect(**s, &last);
+  };
+  EXPECT_THAT(run(Iota(40, 30)), ::testing::ElementsAre(10, 11, 12, 2));
+  std::vector<TokenId> with_switch = Iota(30, 30);
+  with_switch[5] = 7;
+  EXPECT_THAT(run(with_switch), ::testing::ElementsAre(20, 21, 2));
+  // A prompt that ends in the reply's start continues it.
+  EXPECT_THAT(run({5, 6, 10, 11}), ::testing::ElementsAre(12, 2));
+  engine->Stop();
+}
+
 TEST(SimulationSpecTest, ParsesEveryKeyAndKeepsDefaults) {
   auto o = engine::ParseSimulationSpec(
       "vocab=2048, context=8192,prefill_us_per_token=12.5,decode_step_us=1500,"
