@@ -325,11 +325,15 @@ class Pipeline final : public StreamPipeline {
     const int64_t wanted = req.sampling.has_max_tokens() ? req.sampling.max_tokens() : 1;
     if (context > 0 && static_cast<int64_t>(prompt_.size()) + std::max<int64_t>(1, wanted) > context) {
       StreamError error;
+      const int64_t room = context - static_cast<int64_t>(prompt_.size());
       error.status = grpc::Status(
           grpc::StatusCode::INVALID_ARGUMENT,
-          absl::StrCat("the model's context holds ", context, " tokens, but the prompt has ",
-                       prompt_.size(), " and ", std::max<int64_t>(1, wanted),
-                       " more were asked for; shorten the prompt or lower max_tokens"));
+          room < 1 ? absl::StrCat("the prompt (", prompt_.size(),
+                                  " tokens) fills the model's context of ", context,
+                                  " tokens: no room for output")
+                   : absl::StrCat("max_tokens is ", wanted, " but the context (", context,
+                                  " tokens) leaves room for ", room, " tokens after this prompt (",
+                                  prompt_.size(), " tokens)"));
       error.code = "context_length_exceeded";
       return FailWith("invalid", std::move(error));
     }
