@@ -40,7 +40,7 @@ constexpr size_t kInlineTokenizeBytes = 64 << 10;
 constexpr size_t kTrimAfterBytes = 1 << 20;
 
 // The worker side of one attempt: a server-streaming call on the callback
-// API. It only forwards its reactions to the GenerateCall that owns it.
+// API. It only forwards its reactions to the pipeline that owns it.
 class WorkerCall final : public grpc::ClientReadReactor<WorkerGenerateResponse> {
  public:
   using ReadDone = std::function<void(bool ok)>;
@@ -85,7 +85,7 @@ class WorkerCall final : public grpc::ClientReadReactor<WorkerGenerateResponse> 
   WorkerGenerateResponse response_;
   ReadDone on_read_;
   Done on_done_;
-  bool held_ = true;  // touched only by the owning GenerateCall's events
+  bool held_ = true;  // touched only by the owning pipeline's events
 };
 
 router::Priority ToPriority(tessera::v1::Priority p) {
