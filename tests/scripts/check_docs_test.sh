@@ -3,7 +3,7 @@
 # reference is reported with its file and line, and everything it must let
 # pass passes. Usage: check_docs_test.sh SOURCE_DIR
 set -uo pipefail
-src=${1:?usage: check_docs_test.sh SOURCE_DIR}
+src=$(cd "${1:?usage: check_docs_test.sh SOURCE_DIR}" && pwd)
 tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
 cd "$tree"

@@ -5,7 +5,7 @@
 # TESSERA_CUDA_ARCHS=native in cmake/TesseraCuda.cmake, through cmake -P.
 # Nothing is built or installed. Usage: demo_plan_test.sh SOURCE_DIR
 set -uo pipefail
-src=${1:?usage: demo_plan_test.sh SOURCE_DIR}
+src=$(cd "${1:?usage: demo_plan_test.sh SOURCE_DIR}" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/bin"
