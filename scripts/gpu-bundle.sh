@@ -43,7 +43,7 @@ bins=(
   kernels/cuda/cuda_p2p_all_reduce_test
   kernels/cuda/paged_attention_test
   kernels/cuda/prefill_attention_sm90_test
-  worker/runner/cuda_model_runner_test
+  worker/runner/cuda/cuda_model_runner_test
   tests/bench/cuda_ops_bench
   tests/bench/gemm_search_bench
   tests/bench/paged_attention_bench

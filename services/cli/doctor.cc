@@ -21,7 +21,7 @@
 #include "services/common/version.h"
 #if TESSERA_HAVE_CUDA
 #include "kernels/cuda/nccl_group.h"
-#include "worker/runner/cuda_preflight.h"
+#include "worker/runner/cuda/cuda_preflight.h"
 #endif
 
 ABSL_FLAG(std::string, device, "",

@@ -19,14 +19,9 @@
 //                              share of a step's wall time the GPU waits
 //                              for the host (staging, launches, the copy of
 //                              the token ids back, the next batch)
-// --model=qwen3_8b takes Qwen3-8B's shapes instead (per-head q/k norms);
-// --rope_in_attention=1,0 runs every batch size with RoPE (and q/k norms)
-// inside decode attention and then with the Rope kernel before it
-// (CudaModelRunner::SetRopeInAttention), each row saying which.
+// --model=qwen3_8b takes Qwen3-8B's shapes instead (per-head q/k norms).
 // Usage: gpu_decode_bench [--batch_sizes=1,8,64] [--prompt_len=128]
-//        [--decode_steps=128] [--hbm_tbps=4.27] [--gemv=true|false]
-//        [--gemv_max_weight_elems=N]
-//        [--out=result.json]
+//        [--decode_steps=128] [--hbm_tbps=4.27] [--out=result.json]
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -43,8 +38,9 @@
 #include "nlohmann/json.hpp"
 #include "tests/bench/llama3_8b_config.h"
 #include "tests/bench/qwen3_8b_config.h"
+#include "tests/bench/random_cuda_weights.h"
 #include "worker/model/config.h"
-#include "worker/runner/cuda_model_runner.h"
+#include "worker/runner/cuda/cuda_model_runner.h"
 
 ABSL_FLAG(std::vector<std::string>, batch_sizes, std::vector<std::string>({"1", "8", "64"}),
           "decode batch sizes");
@@ -52,16 +48,8 @@ ABSL_FLAG(int, prompt_len, 128, "prompt tokens per sequence");
 ABSL_FLAG(int, decode_steps, 128, "decode steps timed per batch size");
 ABSL_FLAG(double, hbm_tbps, 4.27, "measured HBM bandwidth (TB/s), the roofline's ceiling");
 ABSL_FLAG(bool, cuda_graphs, true, "run decode steps as CUDA graphs");
-ABSL_FLAG(bool, gemv, true,
-          "GEMMs of m <= 8 rows through the GEMV kernel (false: cuBLASLt, for comparison)");
-ABSL_FLAG(int64_t, gemv_max_weight_elems, 0,
-          "largest weight (n x k) a GEMM of m <= 8 rows sends to the GEMV (0: the default, "
-          "2^25)");
 ABSL_FLAG(std::string, device, "cuda", "device selector (cuda or cuda:<PCI bus id>)");
 ABSL_FLAG(std::string, model, "llama3_8b", "model shapes: llama3_8b or qwen3_8b");
-ABSL_FLAG(std::vector<std::string>, rope_in_attention, std::vector<std::string>({"1"}),
-          "CudaModelRunner::SetRopeInAttention values (0/1) to run every batch size with, in "
-          "order");
 ABSL_FLAG(std::string, out, "", "write the JSON here too");
 ABSL_FLAG(int, long_prefill, 4096,
           "also time the prefill of one prompt this long (0 = skip): TFLOP/s counting the "
@@ -114,15 +102,10 @@ int Run() {
     return 1;
   }
   options.prefill_attention_backend = prefill->chosen;
-  auto runner = runner::CudaModelRunner::CreateWithRandomWeights(*config, *device, options, 1234);
+  auto runner =
+      runner::CudaModelRunner::Create(*config, bench::RandomCudaWeights(1234), *device, options);
   if (!runner.ok()) {
     std::fprintf(stderr, "runner: %s\n", runner.status().ToString().c_str());
-    return 1;
-  }
-  if (auto s = (*runner)->SetUseGemv(absl::GetFlag(FLAGS_gemv),
-                                     absl::GetFlag(FLAGS_gemv_max_weight_elems));
-      !s.ok()) {
-    std::fprintf(stderr, "SetUseGemv: %s\n", s.ToString().c_str());
     return 1;
   }
   const model::ModelConfig& c = (*runner)->config();
@@ -130,15 +113,7 @@ int Run() {
   const double kv_bytes_per_token = 2.0 * c.num_hidden_layers * c.kv_size() * 2;  // K+V, bf16
   nlohmann::json results = nlohmann::json::array();
   std::mt19937 rng(42);
-  std::vector<std::pair<int, bool>> rows;  // (batch, rope in attention) in run order
-  for (const std::string& v : absl::GetFlag(FLAGS_rope_in_attention)) {
-    for (int batch : batches) rows.push_back({batch, v != "0"});
-  }
-  for (const auto& [batch, rope_in_attention] : rows) {
-    if (auto s = (*runner)->SetRopeInAttention(rope_in_attention); !s.ok()) {
-      std::fprintf(stderr, "SetRopeInAttention: %s\n", s.ToString().c_str());
-      return 1;
-    }
+  for (int batch : batches) {
     // Prefill: every prompt in one step.
     runner::ForwardBatch prefill;
     prefill.block_table_stride = blocks_per_seq;
@@ -199,7 +174,6 @@ int Run() {
     const double roofline = batch * hbm / bytes_per_step;
     nlohmann::json r = {
         {"batch", batch},
-        {"rope_in_attention", rope_in_attention},
         {"prompt_len", prompt_len},
         {"decode_steps", steps},
         {"prefill_seconds", prefill_s},
@@ -271,8 +245,6 @@ int Run() {
       {"weight_bytes", (*runner)->weight_bytes()},
       {"hbm_bytes_per_second", hbm},
       {"cuda_graphs", options.cuda_graphs},
-      {"skinny_gemm", absl::GetFlag(FLAGS_gemv) ? "gemv" : "cublaslt"},
-      {"gemv_max_weight_elems", absl::GetFlag(FLAGS_gemv_max_weight_elems)},
       {"prefill_attention_backend", options.prefill_attention_backend},
       {"results", results},
   };

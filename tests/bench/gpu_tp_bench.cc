@@ -73,11 +73,12 @@
 #include "kernels/registry.h"
 #include "nlohmann/json.hpp"
 #include "tests/bench/kernel_trace.h"
+#include "tests/bench/random_cuda_weights.h"
 #include "tests/bench/llama3_8b_config.h"
 #include "worker/engine/preflight_process.h"
 #include "worker/model/config.h"
 #include "worker/parallel/cuda_tensor_parallel_runner.h"
-#include "worker/runner/cuda_preflight.h"
+#include "worker/runner/cuda/cuda_preflight.h"
 #include "worker/sampling/sampler.h"
 
 ABSL_FLAG(std::vector<std::string>, tp_sizes, std::vector<std::string>({"1", "2"}),
@@ -581,7 +582,8 @@ int Run() {
       for (const std::string& post : absl::GetFlag(FLAGS_post)) PreAction(post, d.ordinal);
     }
     if (absl::GetFlag(FLAGS_exit_before_runner)) continue;
-    auto runner = parallel::CudaTensorParallelRunner::Create(nullptr, shape, devices, o, 99);
+    auto runner = parallel::CudaTensorParallelRunner::Create(nullptr, shape, devices, o,
+                                                             bench::RandomCudaWeights(99));
     CHECK_OR_DIE(runner.status());
     std::mt19937 rng(5);
     for (int batch : batches) {

@@ -24,7 +24,7 @@
 #include "worker/runner/simulated_model_runner.h"
 #if TESSERA_HAVE_CUDA
 #include "worker/parallel/cuda_tensor_parallel_runner.h"
-#include "worker/runner/cuda_model_runner.h"
+#include "worker/runner/cuda/cuda_model_runner.h"
 #endif
 
 namespace tessera::engine {

@@ -22,7 +22,7 @@
 #include "kernels/cpu_backend.h"
 #include "kernels/cuda_devices.h"
 #if TESSERA_HAVE_CUDA
-#include "worker/runner/cuda_preflight.h"
+#include "worker/runner/cuda/cuda_preflight.h"
 #endif
 
 extern char** environ;

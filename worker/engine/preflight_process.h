@@ -1,7 +1,7 @@
 // The kernel preflight in a process of its own.
 //
 // A CUDA worker preflights every chosen kernel before its weights load
-// (worker/runner/cuda_preflight.h). Run in the worker's own process, the
+// (worker/runner/cuda/cuda_preflight.h). Run in the worker's own process, the
 // preflight (its clears of its buffers, some 40 small cudaMemset calls, are
 // enough; filling them by copies instead did not help) made every
 // CUDA-graph decode step of the runner slower on the H200: about

@@ -17,7 +17,7 @@ namespace tessera::parallel {
 absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunner::Create(
     const model::LoadedModel* model, const model::ModelConfig& config,
     const std::vector<kernels::DeviceDescription>& devices, runner::CudaRunnerOptions options,
-    uint64_t random_seed) {
+    const runner::CudaWeightsFactory& weights) {
   const int n = static_cast<int>(devices.size());
   if (auto s = CheckTensorParallel(config, n); !s.ok()) return s;
   std::vector<int> ordinals;
@@ -61,8 +61,7 @@ absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunn
     ro.p2p = tp->p2p_.get();
     if (ro.gemm_tuning == nullptr) ro.gemm_tuning = tuning;
     auto rank = model != nullptr ? runner::CudaModelRunner::Create(model, devices[r], ro)
-                                 : runner::CudaModelRunner::CreateWithRandomWeights(
-                                       config, devices[r], ro, random_seed + 7919 * r);
+                                 : runner::CudaModelRunner::Create(config, weights, devices[r], ro);
     if (!rank.ok()) {
       return absl::Status(rank.status().code(),
                           absl::StrCat(plan->ToString(), " on ", devices[r].Summary(), ": ",

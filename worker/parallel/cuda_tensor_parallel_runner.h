@@ -24,7 +24,7 @@
 #include "kernels/device.h"
 #include "worker/model/weights.h"
 #include "worker/parallel/lockstep.h"
-#include "worker/runner/cuda_model_runner.h"
+#include "worker/runner/cuda/cuda_model_runner.h"
 #include "worker/runner/model_runner.h"
 
 namespace tessera::kernels::cuda {
@@ -37,13 +37,14 @@ namespace tessera::parallel {
 class CudaTensorParallelRunner final : public runner::ModelRunner {
  public:
   // `devices`: one CUDA device per rank (rank r on devices[r]). With
-  // `model` null, random weights for `config` (benchmarks); else `model`
-  // must outlive the runner. `options.shard`/`nccl`/`p2p` are set per rank;
+  // `model` null, each rank's weights come from `weights` (given the
+  // rank's plan; benchmarks make random ones); else `model` must outlive
+  // the runner. `options.shard`/`nccl`/`p2p` are set per rank;
   // options.all_reduce_backend picks the collective ("nccl" or "p2p").
   static absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> Create(
       const model::LoadedModel* model, const model::ModelConfig& config,
       const std::vector<kernels::DeviceDescription>& devices, runner::CudaRunnerOptions options,
-      uint64_t random_seed = 0);
+      const runner::CudaWeightsFactory& weights = nullptr);
   ~CudaTensorParallelRunner() override;
 
   const model::ModelConfig& config() const override { return ranks_[0]->config(); }

@@ -7,7 +7,7 @@
 // out of step stop the group instead of giving wrong logits; and a rank
 // per GPU is enforced.
 //
-// Tolerance: as worker/runner/cuda_model_runner_test.cc — logits max error
+// Tolerance: as worker/runner/cuda/cuda_model_runner_test.cc — logits max error
 // <= 0.04 x max(1, max |reference|) against TP=1; greedy tokens compared up
 // to the first fixture step whose top-1/top-2 margin is below 0.25.
 #include <algorithm>

@@ -2,7 +2,7 @@
 
 #include "kernels/cuda_devices.h"
 #if TESSERA_HAVE_CUDA
-#include "worker/runner/cuda_model_runner.h"
+#include "worker/runner/cuda/cuda_model_runner.h"
 #endif
 
 #include <algorithm>

@@ -1,29 +1,10 @@
 // CudaModelRunner: the forward pass of Llama / Mistral / Qwen2 / Qwen3
 // decoders on one CUDA device (kernels/cuda), over a paged bf16 KV cache.
 //
-// Numerics: bf16 weights and sublayer activations, fp32 residual stream,
-// fp32 norm/softmax/accumulation, fp32 logits. Per layer (as the CPU
-// runner, kernels/README.md "A decoder layer, in calls"):
-//   xb = RMSNorm(residual) | FusedAddRmsNorm(delta, residual)      bf16
-//   qkv = xb · W_qkv^T (+b)       one GEMM over fused q/k/v (cuBLASLt, or
-//                                 the GEMV for steps of <= 8 tokens)
-//   rope(q, k) with Qwen3's per-head q/k RMSNorm fused; cache[slots] = k, v
-//          (models without q/k norms keep each q/k head's weight rows in
-//          RoPE order, kernels/cuda/gemv.h GemvRopeRow, so that the GEMV
-//          does both in its epilogue; longer steps run the Rope kernel on
-//          that order)
-//   attn = paged decode (split-K) when every sequence has one new token,
-//          else paged prefill (flash attention on tensor cores; a batch
-//          whose chunks branch as token trees takes the portable kernel
-//          with per-token ancestor masks)
-//   delta = attn · W_o^T; xb = FusedAddRmsNorm(delta, residual)
-//   delta = silu_mul(xb · W_gate_up^T) · W_down^T
-// (qkv, o_proj and gate/up through GemmContext::GemmChained: on one-token
-// steps, the staged GEMV where it applies, kernels/cuda/gemv.h
-// GemvStagedBf16, whose weight copies overlap the kernel before it; gate/up
-// rows in GemvGateUpRow order when the intermediate size is a multiple of
-// 4, so that the staged gate/up GEMV applies silu_mul in its epilogue)
-// then the final norm, the rows that want logits, and the LM head.
+// The forward pass is the modules of cuda_forward.h (embedding, attention
+// block, MLP block, LM head) over the weights of cuda_weights.h, the batch
+// staged by staged_batch.h and the paged KV cache of cuda_kv_cache.h; a
+// StepPlan decided once per step picks the fused paths.
 //
 // Decode steps (every sequence one token) run as CUDA graphs captured per
 // (batch-size bucket, context-length bucket): inputs are copied into
@@ -59,6 +40,8 @@
 #include "kernels/device.h"
 #include "worker/model/weights.h"
 #include "worker/parallel/shard_plan.h"
+#include "worker/runner/cuda/cuda_forward.h"
+#include "worker/runner/cuda/cuda_weights.h"
 #include "worker/runner/model_runner.h"
 
 namespace tessera::kernels::cuda {
@@ -132,12 +115,11 @@ class CudaModelRunner final : public ModelRunner {
       const model::LoadedModel* model, const kernels::DeviceDescription& device,
       CudaRunnerOptions options);
 
-  // A runner for `config` with random bf16 weights made on the device (for
-  // benchmarks: speed does not depend on weight values). Normal(0, 0.02)-like
-  // values, norms 1, no biases.
-  static absl::StatusOr<std::unique_ptr<CudaModelRunner>> CreateWithRandomWeights(
-      const model::ModelConfig& config, const kernels::DeviceDescription& device,
-      CudaRunnerOptions options, uint64_t seed);
+  // A runner for `config` whose weights `weights` makes for this rank's
+  // plan on `device` (e.g. random values in benchmarks).
+  static absl::StatusOr<std::unique_ptr<CudaModelRunner>> Create(
+      const model::ModelConfig& config, const CudaWeightsFactory& weights,
+      const kernels::DeviceDescription& device, CudaRunnerOptions options);
 
   ~CudaModelRunner() override;
 
@@ -209,16 +191,6 @@ class CudaModelRunner final : public ModelRunner {
   // time without the host's work. The replays rewrite the same KV slots
   // with the same values. FAILED_PRECONDITION when no step ran as a graph.
   absl::StatusOr<double> ReplayLastDecodeGraphMs(int replays, int64_t argmax_rows);
-  // Benchmarks: whether GEMMs of m <= 8 rows use the GEMV kernel (the
-  // default) or cuBLASLt (GemmContext::SetUseGemv), and up to which weight
-  // size (n * k elements; 0: GemmContext's default). Drops the captured
-  // decode graphs, which hold the earlier choice.
-  absl::Status SetUseGemv(bool use, int64_t max_weight_elems = 0);
-  // Benchmarks: whether decode steps the qkv GEMV does not rotate do RoPE,
-  // q/k norms and the K/V write inside decode attention (kcu::DecodeRope,
-  // the default) or in the Rope kernel before it. Drops the captured decode
-  // graphs.
-  absl::Status SetRopeInAttention(bool in_attention);
   // Waits until the work this runner queued on its GPU has ended.
   absl::Status Synchronize();
 
@@ -229,15 +201,13 @@ class CudaModelRunner final : public ModelRunner {
   absl::Status Init(const kernels::DeviceDescription& device);
   absl::Status AllocateCacheAndWorkspace();
   absl::Status ValidateBatch(const ForwardBatch& batch) const;
-  // Runs the model on the batch staged in the device buffers; logits rows
-  // land in the logits buffer.
-  // With `tree`, the prefill attention reads the staged ancestor masks.
-  absl::Status RunModel(int64_t num_tokens, int num_seqs, int64_t num_logits, bool decode,
-                        int max_seq_len, int max_query_len, bool tree = false);
-  // Stages the batch; *tree is set when a chunk branches (its ancestor
-  // masks are staged too).
-  absl::Status Stage(const ForwardBatch& batch, int64_t padded_tokens, int padded_seqs, int context,
-                     bool* tree);
+  // Which kernels a step of this shape runs.
+  StepPlan PlanStep(int64_t tokens, int seqs, int64_t logits_rows, bool decode, int max_seq_len,
+                    int max_query_len, bool tree) const;
+  // Runs the model on the staged batch; logits rows land in the logits
+  // buffer.
+  absl::Status RunModel(const StepPlan& plan);
+  // Stages the batch and runs it, eagerly or as a decode graph.
   absl::Status Execute(const ForwardBatch& batch, int64_t* num_logits);
   // Draws one token per row of the [r, vocab] device logits into *tokens
   // (the sampler's parameters and workspace are this runner's).

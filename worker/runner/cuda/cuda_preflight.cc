@@ -1,4 +1,4 @@
-#include "worker/runner/cuda_preflight.h"
+#include "worker/runner/cuda/cuda_preflight.h"
 
 #include <algorithm>
 #include <cmath>
