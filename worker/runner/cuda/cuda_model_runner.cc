@@ -203,11 +203,11 @@ absl::Status CudaModelRunner::AllocateCacheAndWorkspace() {
       {&a.act, T * I * sizeof(Bf16), "mlp activations"},
       {&a.rows, m.max_logits_rows * H * sizeof(Bf16), "logits rows"},
       {&a.logits, m.max_logits_rows * V * sizeof(float), "logits"},
-      {&a.attn_workspace, std::max<size_t>(attn_ws, 256), "attention workspace"},
       {&m.argmax, m.max_logits_rows * sizeof(int32_t), "argmax"},
       {&m.top_values, m.max_logits_rows * sizeof(float), "argmax values"},
       {&m.top_workspace, kcu::TopOneWorkspaceBytes(m.max_logits_rows), "argmax workspace"},
       {&m.sampling_params, m.max_logits_rows * sizeof(kcu::RowSamplingParams), "sampling params"},
+      {&a.attn_workspace, std::max<size_t>(attn_ws, 256), "attention workspace"},
   };
   for (const Want& want : wants) {
     absl::StatusOr<DeviceBuffer> b = AllocateDevice(want.bytes, want.what);
