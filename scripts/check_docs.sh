@@ -40,7 +40,12 @@ program_sources = (".cc", ".cu", ".py", ".sh")
 
 def exists(path):
     path = os.path.normpath(path)
-    return os.path.exists(path) or any(os.path.isfile(path + ext) for ext in program_sources)
+    if os.path.exists(path) or any(os.path.isfile(path + ext) for ext in program_sources):
+        return True
+    # Paths the build or the scripts create (git-ignored: caches, build
+    # trees) are named in docs without existing in a clean clone.
+    return any(subprocess.run(["git", "check-ignore", "-q", p]).returncode == 0
+               for p in (path, path + "/"))
 
 
 bad = []
