@@ -248,24 +248,32 @@ TEST(HardeningTest, ClientCancelsAreNeverMigrationsAndWorkersCountAborts) {
   EXPECT_EQ(MetricValue(port, "tessera_router_migrations_total"), 0);
   EXPECT_EQ(MetricValue(port, "tessera_router_retries_total"), 0);
   EXPECT_THAT(c.router.process->ReadLog(), ::testing::Not(HasSubstr("migrating")));
-  // Each cancelled stream was aborted on the worker that ran it.
-  const std::string abort_metric = "tessera_worker_requests_finished_total{reason=\"abort\"}";
-  auto aborts = [&] {
+  // Each stream ended once on the worker that ran it: a cancelled one as
+  // an abort, unless the worker had already written its last token when
+  // the cancel reached it (a race the client cannot see; then it counts as
+  // a length finish); every other one as a length finish, plus each
+  // worker's warm-up request.
+  auto finished = [&](const char* reason) {
     double sum = 0;
-    for (const Service& w : c.workers)
-      sum += std::max(0.0, MetricValue(w.metrics_port, abort_metric));
+    for (const Service& w : c.workers) {
+      sum += std::max(0.0, MetricValue(w.metrics_port,
+                                       absl::StrCat("tessera_worker_requests_finished_total{reason=\"",
+                                                    reason, "\"}")));
+    }
     return sum;
   };
+  const double all = ok + cancelled + /*warm-up requests*/ 2;
   until = absl::Now() + absl::Seconds(10);
-  while (aborts() < cancelled && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
-  EXPECT_EQ(aborts(), cancelled);
-  double lengths = 0;
-  for (const Service& w : c.workers) {
-    lengths += std::max(
-        0.0,
-        MetricValue(w.metrics_port, "tessera_worker_requests_finished_total{reason=\"length\"}"));
+  while (finished("abort") + finished("length") < all && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
   }
-  EXPECT_EQ(lengths, ok + /*each worker's warm-up request*/ 2);
+  const double aborts = finished("abort"), lengths = finished("length");
+  EXPECT_EQ(aborts + lengths, all);
+  EXPECT_GE(lengths, ok + 2);
+  EXPECT_LE(aborts, cancelled);
+  // Cancels after 8 of 40 tokens overtake the end almost always (297 of
+  // 300 on a loaded 2-core machine); most must reach the worker as aborts.
+  EXPECT_GE(aborts, 0.5 * cancelled);
 }
 
 // 5 and 6 (names). Tokenize checks the model name as Generate does, and a
