@@ -6,7 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "text/jinja/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tessera::text {
 namespace {
@@ -97,13 +97,13 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromModelDir(absl::s
   } else if (!absl::IsNotFound(config_text.status())) {
     return config_text.status();
   }
-  JINJA_ASSIGN_OR_RETURN(std::string bos, SpecialToken(config, "bos_token"));
-  JINJA_ASSIGN_OR_RETURN(std::string eos, SpecialToken(config, "eos_token"));
+  ASSIGN_OR_RETURN(std::string bos, SpecialToken(config, "bos_token"));
+  ASSIGN_OR_RETURN(std::string eos, SpecialToken(config, "eos_token"));
 
   const std::string jinja_path = absl::StrCat(base, "/chat_template.jinja");
   auto jinja_text = ReadBounded(jinja_path);
   if (jinja_text.ok()) {
-    JINJA_ASSIGN_OR_RETURN(auto t, ParseTemplate(*jinja_text, jinja_path));
+    ASSIGN_OR_RETURN(auto t, ParseTemplate(*jinja_text, jinja_path));
     return std::unique_ptr<ChatTemplate>(
         new ChatTemplate(std::move(t), nullptr, std::move(bos), std::move(eos)));
   }
@@ -116,7 +116,7 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromModelDir(absl::s
                                             "\"chat_template\" in tokenizer_config.json)"));
   }
   if (it->is_string()) {
-    JINJA_ASSIGN_OR_RETURN(auto t, ParseTemplate(it->get<std::string>(), config_path));
+    ASSIGN_OR_RETURN(auto t, ParseTemplate(it->get<std::string>(), config_path));
     return std::unique_ptr<ChatTemplate>(
         new ChatTemplate(std::move(t), nullptr, std::move(bos), std::move(eos)));
   }
@@ -136,7 +136,7 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromModelDir(absl::s
     }
     const std::string n = name->get<std::string>();
     if (n != "default" && n != "tool_use") continue;
-    JINJA_ASSIGN_OR_RETURN(auto t, ParseTemplate(source->get<std::string>(),
+    ASSIGN_OR_RETURN(auto t, ParseTemplate(source->get<std::string>(),
                                                  absl::StrCat(config_path, " (", n, ")")));
     (n == "default" ? default_template : tool_use) = std::move(t);
   }
@@ -151,20 +151,20 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromModelDir(absl::s
 absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromSource(absl::string_view source,
                                                                        std::string bos_token,
                                                                        std::string eos_token) {
-  JINJA_ASSIGN_OR_RETURN(auto t, ParseTemplate(source, "source"));
+  ASSIGN_OR_RETURN(auto t, ParseTemplate(source, "source"));
   return std::unique_ptr<ChatTemplate>(
       new ChatTemplate(std::move(t), nullptr, std::move(bos_token), std::move(eos_token)));
 }
 
 absl::StatusOr<std::string> ChatTemplate::Render(const ChatRenderInput& input) const {
-  JINJA_RETURN_IF_ERROR(ValidateInput(input));
+  RETURN_IF_ERROR(ValidateInput(input));
   const jinja::RenderOptions options;
   const int max_depth = options.limits.max_input_depth;
   jinja::ValueMap vars;
-  JINJA_ASSIGN_OR_RETURN(jinja::Value messages, jinja::ValueFromJson(input.messages, max_depth));
+  ASSIGN_OR_RETURN(jinja::Value messages, jinja::ValueFromJson(input.messages, max_depth));
   vars.Set("messages", std::move(messages));
   if (!input.tools.is_null()) {
-    JINJA_ASSIGN_OR_RETURN(jinja::Value tools, jinja::ValueFromJson(input.tools, max_depth));
+    ASSIGN_OR_RETURN(jinja::Value tools, jinja::ValueFromJson(input.tools, max_depth));
     vars.Set("tools", std::move(tools));
   }
   vars.Set("add_generation_prompt", jinja::Value::Bool(input.add_generation_prompt));
@@ -175,7 +175,7 @@ absl::StatusOr<std::string> ChatTemplate::Render(const ChatRenderInput& input) c
       return absl::InvalidArgumentError(absl::StrCat(
           "chat template kwarg '", it.key(), "' would replace a variable the template is given"));
     }
-    JINJA_ASSIGN_OR_RETURN(jinja::Value v, jinja::ValueFromJson(it.value(), max_depth));
+    ASSIGN_OR_RETURN(jinja::Value v, jinja::ValueFromJson(it.value(), max_depth));
     vars.Set(it.key(), std::move(v));
   }
   const jinja::Template& t =

@@ -14,7 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "text/jinja/js_string.h"
-#include "text/jinja/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tessera::text::jinja {
 namespace {
@@ -90,7 +90,7 @@ absl::StatusOr<std::string> Capitalize(absl::string_view s) {
   size_t pos = 0;
   const char32_t first = DecodeUtf8(s, &pos);
   if (first >= 0x10000) return std::string(s);  // charAt(0) is half a surrogate pair
-  JINJA_ASSIGN_OR_RETURN(std::string head, JsToUpper(s.substr(0, pos)));
+  ASSIGN_OR_RETURN(std::string head, JsToUpper(s.substr(0, pos)));
   return absl::StrCat(head, s.substr(pos));
 }
 
@@ -252,7 +252,7 @@ Value StringMember(const Value& object, absl::string_view name, const BuiltinLim
   if (name == "upper" || name == "lower") {
     const bool upper = name == "upper";
     fn = [s, upper](ValueList&) -> absl::StatusOr<Value> {
-      JINJA_ASSIGN_OR_RETURN(std::string r, upper ? JsToUpper(*s) : JsToLower(*s));
+      ASSIGN_OR_RETURN(std::string r, upper ? JsToUpper(*s) : JsToLower(*s));
       return Value::String(std::move(r));
     };
   } else if (name == "strip" || name == "lstrip" || name == "rstrip") {
@@ -268,7 +268,7 @@ Value StringMember(const Value& object, absl::string_view name, const BuiltinLim
     fn = [s](ValueList&) -> absl::StatusOr<Value> { return Value::String(TitleCase(*s)); };
   } else if (name == "capitalize") {
     fn = [s](ValueList&) -> absl::StatusOr<Value> {
-      JINJA_ASSIGN_OR_RETURN(std::string r, Capitalize(*s));
+      ASSIGN_OR_RETURN(std::string r, Capitalize(*s));
       return Value::String(std::move(r));
     };
   } else if (name == "startswith" || name == "endswith") {
@@ -330,7 +330,7 @@ absl::StatusOr<Value> DictSort(const Value& object, const ValueList& raw_args) {
     }
     return reverse.bool_value() ? *c > 0 : *c < 0;
   });
-  JINJA_RETURN_IF_ERROR(failure);
+  RETURN_IF_ERROR(failure);
   ValueList items;
   for (auto& [k, v] : pairs) items.push_back(Value::Array({k, v}));
   return Value::Array(std::move(items));
@@ -407,7 +407,7 @@ absl::StatusOr<Value> SortList(const Value& operand, bool reverse, bool case_sen
     }
     return reverse ? *c > 0 : *c < 0;
   });
-  JINJA_RETURN_IF_ERROR(failure);
+  RETURN_IF_ERROR(failure);
   return Value::Array(std::move(items));
 }
 
@@ -445,7 +445,7 @@ absl::StatusOr<Value> JsonFilter(const Value& operand, const ValueMap& kwargs,
     }
   }
   std::string out;
-  JINJA_RETURN_IF_ERROR(AppendJson(operand, options, /*undefined_as_null=*/true, &out));
+  RETURN_IF_ERROR(AppendJson(operand, options, /*undefined_as_null=*/true, &out));
   return CheckedString(std::move(out), limits);
 }
 
@@ -468,7 +468,7 @@ absl::StatusOr<Value> SelectAttr(bool select, const Value& operand, const ValueL
     bool result = false;
     if (a != nullptr) {
       if (has_test) {
-        JINJA_ASSIGN_OR_RETURN(result, ApplyTest(args[1].str(), *a, test_arg));
+        ASSIGN_OR_RETURN(result, ApplyTest(args[1].str(), *a, test_arg));
       } else {
         result = a->Truthy();
       }
@@ -492,7 +492,7 @@ absl::StatusOr<Value> SelectItems(bool select, const Value& operand, const Value
   for (const Value& item : operand.list()) {
     bool result = item.Truthy();
     if (!args.empty()) {
-      JINJA_ASSIGN_OR_RETURN(result, ApplyTest(args[0].str(), item, args.size() > 1 ? &args[1] : nullptr));
+      ASSIGN_OR_RETURN(result, ApplyTest(args[0].str(), item, args.size() > 1 ? &args[1] : nullptr));
     }
     if (result == select) out.push_back(item);
   }
@@ -514,7 +514,7 @@ absl::StatusOr<Value> NamedFilter(absl::string_view name, const Value& operand,
     if (n == "join") {
       std::string out;
       for (const Value& v : items) {
-        JINJA_ASSIGN_OR_RETURN(std::string piece, JoinPiece(v));
+        ASSIGN_OR_RETURN(std::string piece, JoinPiece(v));
         out += piece;
         if (static_cast<int64_t>(out.size()) > limits.max_string_bytes) break;
       }
@@ -522,7 +522,7 @@ absl::StatusOr<Value> NamedFilter(absl::string_view name, const Value& operand,
     }
     if (n == "string") {
       std::string out;
-      JINJA_RETURN_IF_ERROR(AppendJson(operand, JsonOptions(), false, &out));
+      RETURN_IF_ERROR(AppendJson(operand, JsonOptions(), false, &out));
       return CheckedString(std::move(out), limits);
     }
     if (n == "unique") {
@@ -569,7 +569,7 @@ absl::StatusOr<Value> NamedFilter(absl::string_view name, const Value& operand,
     if (n == "int") return Value::Int(std::floor(d));
     if (n == "float") return Value::Float(d);
     if (n == "string") {
-      JINJA_ASSIGN_OR_RETURN(std::string s, ToOutputString(operand));
+      ASSIGN_OR_RETURN(std::string s, ToOutputString(operand));
       return Value::String(std::move(s));
     }
     return Err(absl::StrCat("Unknown NumericValue filter: ", n));
@@ -607,7 +607,7 @@ absl::StatusOr<Value> CalledFilter(absl::string_view name, const Value& operand,
       pieces = CodePoints(operand.str());
     } else if (operand.is_list()) {
       for (const Value& v : operand.list()) {
-        JINJA_ASSIGN_OR_RETURN(std::string piece, JoinPiece(v));
+        ASSIGN_OR_RETURN(std::string piece, JoinPiece(v));
         pieces.push_back(std::move(piece));
       }
     } else {
@@ -766,8 +766,8 @@ absl::StatusOr<int> CompareValues(const Value& a, const Value& b, bool case_sens
   std::string x = a.str();
   std::string y = b.str();
   if (!case_sensitive) {
-    JINJA_ASSIGN_OR_RETURN(x, JsToLower(x));
-    JINJA_ASSIGN_OR_RETURN(y, JsToLower(y));
+    ASSIGN_OR_RETURN(x, JsToLower(x));
+    ASSIGN_OR_RETURN(y, JsToLower(y));
   }
   const std::u16string ux = ToUtf16(x);
   const std::u16string uy = ToUtf16(y);
@@ -781,7 +781,7 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& operand, 
     if (name == "safe") return operand;
     if (name == "tojson") {
       std::string out;
-      JINJA_RETURN_IF_ERROR(AppendJson(operand, JsonOptions(), true, &out));
+      RETURN_IF_ERROR(AppendJson(operand, JsonOptions(), true, &out));
       return CheckedString(std::move(out), limits);
     }
     return NamedFilter(name, operand, limits);
@@ -809,7 +809,7 @@ absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& v, const Val
   if (name == "sequence") return v.is_list() || v.is_mapping() || v.is_string();
   if (name == "lower" || name == "upper") {
     if (!v.is_string()) return false;
-    JINJA_ASSIGN_OR_RETURN(std::string mapped, name == "lower" ? JsToLower(v.str()) : JsToUpper(v.str()));
+    ASSIGN_OR_RETURN(std::string mapped, name == "lower" ? JsToLower(v.str()) : JsToUpper(v.str()));
     return mapped == v.str();
   }
   if (name == "defined") return !v.is_undefined();

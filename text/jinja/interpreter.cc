@@ -15,7 +15,7 @@
 #include "text/jinja/builtins.h"
 #include "text/jinja/js_string.h"
 #include "text/jinja/lexer.h"
-#include "text/jinja/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tessera::text::jinja {
 
@@ -289,7 +289,7 @@ class Interpreter {
   absl::StatusOr<std::string> EvalBlock(const std::vector<NodePtr>& statements, Scope& scope) {
     std::string out;
     for (const NodePtr& s : statements) {
-      JINJA_ASSIGN_OR_RETURN(Value v, Eval(*s, scope));
+      ASSIGN_OR_RETURN(Value v, Eval(*s, scope));
       if (v.is_null() || v.is_undefined()) continue;
       if (v.is_string()) {
         out += v.str();
@@ -312,10 +312,10 @@ class Interpreter {
       return Exhausted(n, absl::StrCat("evaluation nests deeper than ", limits_.max_eval_depth,
                                        " levels"));
     }
-    JINJA_RETURN_IF_ERROR(Step(n));
+    RETURN_IF_ERROR(Step(n));
     switch (n.kind) {
       case NodeKind::kProgram: {
-        JINJA_ASSIGN_OR_RETURN(std::string s, EvalBlock(n.body, scope));
+        ASSIGN_OR_RETURN(std::string s, EvalBlock(n.body, scope));
         return Value::String(std::move(s));
       }
       case NodeKind::kText:
@@ -323,8 +323,8 @@ class Interpreter {
       case NodeKind::kComment:
         return Value::Null();
       case NodeKind::kIf: {
-        JINJA_ASSIGN_OR_RETURN(Value test, Eval(*n.a, scope));
-        JINJA_ASSIGN_OR_RETURN(std::string s, EvalBlock(test.Truthy() ? n.body : n.alternate, scope));
+        ASSIGN_OR_RETURN(Value test, Eval(*n.a, scope));
+        ASSIGN_OR_RETURN(std::string s, EvalBlock(test.Truthy() ? n.body : n.alternate, scope));
         return Value::String(std::move(s));
       }
       case NodeKind::kFor:
@@ -336,7 +336,7 @@ class Interpreter {
       case NodeKind::kCallBlock:
         return EvalCallBlock(n, scope);
       case NodeKind::kFilterBlock: {
-        JINJA_ASSIGN_OR_RETURN(std::string body, EvalBlock(n.body, scope));
+        ASSIGN_OR_RETURN(std::string body, EvalBlock(n.body, scope));
         return ApplyFilterNode(*n.a, Value::String(std::move(body)), scope);
       }
       case NodeKind::kBreak:
@@ -354,7 +354,7 @@ class Interpreter {
       case NodeKind::kTuple: {
         ValueList items;
         for (const NodePtr& e : n.list) {
-          JINJA_ASSIGN_OR_RETURN(Value v, Eval(*e, scope));
+          ASSIGN_OR_RETURN(Value v, Eval(*e, scope));
           items.push_back(std::move(v));
         }
         return n.kind == NodeKind::kArray ? Value::Array(std::move(items))
@@ -363,11 +363,11 @@ class Interpreter {
       case NodeKind::kObject: {
         auto map = std::make_shared<ValueMap>();
         for (size_t i = 0; i + 1 < n.list.size(); i += 2) {
-          JINJA_ASSIGN_OR_RETURN(Value key, Eval(*n.list[i], scope));
+          ASSIGN_OR_RETURN(Value key, Eval(*n.list[i], scope));
           if (!key.is_string()) {
             return Error(*n.list[i], absl::StrCat("Object keys must be strings: got ", key.TypeName()));
           }
-          JINJA_ASSIGN_OR_RETURN(Value value, Eval(*n.list[i + 1], scope));
+          ASSIGN_OR_RETURN(Value value, Eval(*n.list[i + 1], scope));
           map->Set(key.str(), std::move(value));
         }
         return Value::Object(std::move(map));
@@ -383,22 +383,22 @@ class Interpreter {
       case NodeKind::kBinary:
         return EvalBinary(n, scope);
       case NodeKind::kFilter: {
-        JINJA_ASSIGN_OR_RETURN(Value operand, Eval(*n.a, scope));
+        ASSIGN_OR_RETURN(Value operand, Eval(*n.a, scope));
         return ApplyFilterNode(*n.b, operand, scope);
       }
       case NodeKind::kTest: {
-        JINJA_ASSIGN_OR_RETURN(Value operand, Eval(*n.a, scope));
+        ASSIGN_OR_RETURN(Value operand, Eval(*n.a, scope));
         auto result = ApplyTest(n.text, operand, nullptr);
         if (!result.ok()) return Annotate(n, result.status());
         return Value::Bool(n.flag ? !*result : *result);
       }
       case NodeKind::kSelect: {
-        JINJA_ASSIGN_OR_RETURN(Value test, Eval(*n.b, scope));
+        ASSIGN_OR_RETURN(Value test, Eval(*n.b, scope));
         if (!test.Truthy()) return Value();
         return Eval(*n.a, scope);
       }
       case NodeKind::kTernary: {
-        JINJA_ASSIGN_OR_RETURN(Value test, Eval(*n.a, scope));
+        ASSIGN_OR_RETURN(Value test, Eval(*n.a, scope));
         return Eval(test.Truthy() ? *n.b : *n.c, scope);
       }
       case NodeKind::kSlice:
@@ -415,11 +415,11 @@ class Interpreter {
                              ValueMap* keywords) {
     for (const NodePtr& a : args) {
       if (a->kind == NodeKind::kSpread) {
-        JINJA_ASSIGN_OR_RETURN(Value v, Eval(*a->a, scope));
+        ASSIGN_OR_RETURN(Value v, Eval(*a->a, scope));
         if (!v.is_list()) return Error(*a, absl::StrCat("Cannot unpack non-iterable type: ", v.TypeName()));
         for (const Value& e : v.list()) positional->push_back(e);
       } else if (a->kind != NodeKind::kKeywordArg && a->kind != NodeKind::kKeywordSpread) {
-        JINJA_ASSIGN_OR_RETURN(Value v, Eval(*a, scope));
+        ASSIGN_OR_RETURN(Value v, Eval(*a, scope));
         positional->push_back(std::move(v));
       }
     }
@@ -428,10 +428,10 @@ class Interpreter {
         if (keywords->Find(a->text) != nullptr) {
           return Error(*a, absl::StrCat("Got multiple values for keyword argument '", a->text, "'"));
         }
-        JINJA_ASSIGN_OR_RETURN(Value v, Eval(*a->a, scope));
+        ASSIGN_OR_RETURN(Value v, Eval(*a->a, scope));
         keywords->Set(a->text, std::move(v));
       } else if (a->kind == NodeKind::kKeywordSpread) {
-        JINJA_ASSIGN_OR_RETURN(Value v, Eval(*a->a, scope));
+        ASSIGN_OR_RETURN(Value v, Eval(*a->a, scope));
         if (!v.is_mapping()) {
           return Error(*a, absl::StrCat("Argument after ** must be a mapping, not ", v.TypeName()));
         }
@@ -457,7 +457,7 @@ class Interpreter {
     // kCall with an identifier callee (checked by the parser).
     ValueList args;
     ValueMap kwargs;
-    JINJA_RETURN_IF_ERROR(EvalArguments(filter.list, scope, &args, &kwargs));
+    RETURN_IF_ERROR(EvalArguments(filter.list, scope, &args, &kwargs));
     bool literal = true;
     for (const NodePtr& a : filter.list) literal = literal && a->kind == NodeKind::kString;
     auto r = ApplyFilter(filter.a->text, operand, true, args, kwargs, literal, builtin_limits_);
@@ -483,9 +483,9 @@ class Interpreter {
   absl::StatusOr<Value> EvalCall(const Node& n, Scope& scope) {
     ValueList args;
     ValueMap kwargs;
-    JINJA_RETURN_IF_ERROR(EvalArguments(n.list, scope, &args, &kwargs));
+    RETURN_IF_ERROR(EvalArguments(n.list, scope, &args, &kwargs));
     if (kwargs.size() > 0) args.push_back(Value::Kwargs(std::make_shared<ValueMap>(std::move(kwargs))));
-    JINJA_ASSIGN_OR_RETURN(Value fn, Eval(*n.a, scope));
+    ASSIGN_OR_RETURN(Value fn, Eval(*n.a, scope));
     return CallFunction(n, fn, args, scope);
   }
 
@@ -519,7 +519,7 @@ class Interpreter {
     const char* names[3] = {"start", "stop", "step"};
     for (int i = 0; i < 3; ++i) {
       if (!*nodes[i]) continue;
-      JINJA_ASSIGN_OR_RETURN(Value v, Eval(**nodes[i], scope));
+      ASSIGN_OR_RETURN(Value v, Eval(**nodes[i], scope));
       if (v.is_undefined()) continue;
       if (!v.is_int()) return Error(n, absl::StrCat("Slice ", names[i], " must be numeric or undefined"));
       parts[i] = v.number();
@@ -565,11 +565,11 @@ class Interpreter {
   }
 
   absl::StatusOr<Value> EvalMember(const Node& n, Scope& scope) {
-    JINJA_ASSIGN_OR_RETURN(Value object, Eval(*n.a, scope));
+    ASSIGN_OR_RETURN(Value object, Eval(*n.a, scope));
     Value property;
     if (n.flag) {
       if (n.b->kind == NodeKind::kSlice) return EvalSlice(*n.b, object, scope);
-      JINJA_ASSIGN_OR_RETURN(property, Eval(*n.b, scope));
+      ASSIGN_OR_RETURN(property, Eval(*n.b, scope));
     } else if (n.b->kind == NodeKind::kInteger) {
       property = Value::Int(n.b->number);
     } else {
@@ -603,7 +603,7 @@ class Interpreter {
   }
 
   absl::StatusOr<Value> EvalUnary(const Node& n, Scope& scope) {
-    JINJA_ASSIGN_OR_RETURN(Value v, Eval(*n.a, scope));
+    ASSIGN_OR_RETURN(Value v, Eval(*n.a, scope));
     if (n.text == "not") return Value::Bool(!v.Truthy());
     const double sign = n.text == "-" ? -1 : 1;
     if (v.is_number() || v.is_bool()) {
@@ -614,11 +614,11 @@ class Interpreter {
   }
 
   absl::StatusOr<Value> EvalBinary(const Node& n, Scope& scope) {
-    JINJA_ASSIGN_OR_RETURN(Value left, Eval(*n.a, scope));
+    ASSIGN_OR_RETURN(Value left, Eval(*n.a, scope));
     const std::string& op = n.text;
     if (op == "and") return left.Truthy() ? Eval(*n.b, scope) : left;
     if (op == "or") return left.Truthy() ? left : Eval(*n.b, scope);
-    JINJA_ASSIGN_OR_RETURN(Value right, Eval(*n.b, scope));
+    ASSIGN_OR_RETURN(Value right, Eval(*n.b, scope));
     if (op == "==") return Value::Bool(LooseEquals(left, right));
     if (op == "!=") return Value::Bool(!LooseEquals(left, right));
     const bool membership = op == "in" || op == "not in";
@@ -628,8 +628,8 @@ class Interpreter {
     }
     if (left.is_null() || right.is_null()) return Error(n, "Cannot perform operation on null values");
     if (op == "~") {
-      JINJA_ASSIGN_OR_RETURN(std::string a, Concat(n, left));
-      JINJA_ASSIGN_OR_RETURN(std::string b, Concat(n, right));
+      ASSIGN_OR_RETURN(std::string a, Concat(n, left));
+      ASSIGN_OR_RETURN(std::string b, Concat(n, right));
       return CheckedString(n, a + b);
     }
     const auto numeric_like = [](const Value& v) { return v.is_number() || v.is_bool(); };
@@ -683,8 +683,8 @@ class Interpreter {
       }
     }
     if ((left.is_string() || right.is_string()) && op == "+") {
-      JINJA_ASSIGN_OR_RETURN(std::string a, Concat(n, left));
-      JINJA_ASSIGN_OR_RETURN(std::string b, Concat(n, right));
+      ASSIGN_OR_RETURN(std::string a, Concat(n, left));
+      ASSIGN_OR_RETURN(std::string b, Concat(n, right));
       return CheckedString(n, a + b);
     }
     if (left.is_string() && right.is_string() && membership) {
@@ -708,9 +708,9 @@ class Interpreter {
   absl::StatusOr<Value> EvalSet(const Node& n, Scope& scope) {
     Value rhs;
     if (n.b) {
-      JINJA_ASSIGN_OR_RETURN(rhs, Eval(*n.b, scope));
+      ASSIGN_OR_RETURN(rhs, Eval(*n.b, scope));
     } else {
-      JINJA_ASSIGN_OR_RETURN(std::string body, EvalBlock(n.body, scope));
+      ASSIGN_OR_RETURN(std::string body, EvalBlock(n.body, scope));
       rhs = Value::String(std::move(body));
     }
     const Node& target = *n.a;
@@ -727,7 +727,7 @@ class Interpreter {
       }
       for (size_t i = 0; i < items.size(); ++i) scope.Set(target.list[i]->text, items[i]);
     } else {
-      JINJA_ASSIGN_OR_RETURN(Value object, Eval(*target.a, scope));
+      ASSIGN_OR_RETURN(Value object, Eval(*target.a, scope));
       if (object.kind() != Value::Kind::kNamespace) {
         return Error(n, "cannot assign attribute on non-namespace object");
       }
@@ -744,7 +744,7 @@ class Interpreter {
       test = iterable_node->b.get();
       iterable_node = iterable_node->a.get();
     }
-    JINJA_ASSIGN_OR_RETURN(Value iterable, Eval(*iterable_node, scope));
+    ASSIGN_OR_RETURN(Value iterable, Eval(*iterable_node, scope));
     if (iterable.is_mapping()) {
       ValueList keys;
       for (const auto& [k, v] : iterable.map().entries()) keys.push_back(Value::String(k));
@@ -772,14 +772,14 @@ class Interpreter {
     // The items to iterate: all of them, or those passing the `if` test.
     ValueList filtered;
     for (const Value& item : iterable.list()) {
-      JINJA_RETURN_IF_ERROR(Step(n));
+      RETURN_IF_ERROR(Step(n));
       if (target.kind == NodeKind::kTuple && item.kind() != Value::Kind::kArray) {
         return Error(target, absl::StrCat("Cannot unpack non-iterable type: ", item.TypeName()));
       }
       if (test != nullptr) {
         Scope loop_scope(&scope);
-        JINJA_RETURN_IF_ERROR(bind(loop_scope, item));
-        JINJA_ASSIGN_OR_RETURN(Value ok, Eval(*test, loop_scope));
+        RETURN_IF_ERROR(bind(loop_scope, item));
+        ASSIGN_OR_RETURN(Value ok, Eval(*test, loop_scope));
         if (ok.Truthy()) filtered.push_back(item);
       }
     }
@@ -788,7 +788,7 @@ class Interpreter {
     bool no_iteration = true;
     const double len = items.size();
     for (size_t i = 0; i < items.size(); ++i) {
-      JINJA_RETURN_IF_ERROR(Step(n));
+      RETURN_IF_ERROR(Step(n));
       auto loop = std::make_shared<ValueMap>();
       loop->Set("index", Value::Int(i + 1));
       loop->Set("index0", Value::Int(i));
@@ -800,7 +800,7 @@ class Interpreter {
       loop->Set("previtem", i > 0 ? items[i - 1] : Value());
       loop->Set("nextitem", i + 1 < items.size() ? items[i + 1] : Value());
       scope.Set("loop", Value::Object(std::move(loop)));
-      JINJA_RETURN_IF_ERROR(bind(scope, items[i]));
+      RETURN_IF_ERROR(bind(scope, items[i]));
       auto body = EvalBlock(n.body, scope);
       if (!body.ok()) {
         if (IsLoopControl(body.status())) {
@@ -819,7 +819,7 @@ class Interpreter {
       no_iteration = false;
     }
     if (no_iteration) {
-      JINJA_ASSIGN_OR_RETURN(std::string otherwise, EvalBlock(n.alternate, scope));
+      ASSIGN_OR_RETURN(std::string otherwise, EvalBlock(n.alternate, scope));
       out += otherwise;
     }
     return Value::String(std::move(out));
@@ -865,7 +865,7 @@ class Interpreter {
                                     " argument(s)"));
     }
     for (const Node* p : pending) {
-      JINJA_ASSIGN_OR_RETURN(Value v, Eval(*p->a, scope));
+      ASSIGN_OR_RETURN(Value v, Eval(*p->a, scope));
       scope.Set(p->text, std::move(v));
     }
     return absl::OkStatus();
@@ -887,10 +887,10 @@ class Interpreter {
                               return absl::InvalidArgumentError("a macro cannot be used as a filter");
                             }
                             Scope macro_scope(caller);
-                            JINJA_RETURN_IF_ERROR(BindArguments(*node, absl::StrCat("'", node->text, "'"),
+                            RETURN_IF_ERROR(BindArguments(*node, absl::StrCat("'", node->text, "'"),
                                                                 node->list, uses_kwargs, uses_varargs,
                                                                 args, macro_scope));
-                            JINJA_ASSIGN_OR_RETURN(std::string out, EvalBlock(node->body, macro_scope));
+                            ASSIGN_OR_RETURN(std::string out, EvalBlock(node->body, macro_scope));
                             return Value::String(std::move(out));
                           })));
     return Value::Null();
@@ -912,17 +912,17 @@ class Interpreter {
             return absl::InvalidArgumentError("caller() used after its call block ended");
           }
           Scope block_scope(defining);
-          JINJA_RETURN_IF_ERROR(BindArguments(*node, "None", node->list, uses_kwargs, uses_varargs,
+          RETURN_IF_ERROR(BindArguments(*node, "None", node->list, uses_kwargs, uses_varargs,
                                               args, block_scope));
-          JINJA_ASSIGN_OR_RETURN(std::string out, EvalBlock(node->body, block_scope));
+          ASSIGN_OR_RETURN(std::string out, EvalBlock(node->body, block_scope));
           return Value::String(std::move(out));
         }));
     const Node& call = *n.a;
     ValueList args;
     ValueMap kwargs;
-    JINJA_RETURN_IF_ERROR(EvalArguments(call.list, scope, &args, &kwargs));
+    RETURN_IF_ERROR(EvalArguments(call.list, scope, &args, &kwargs));
     args.push_back(Value::Kwargs(std::make_shared<ValueMap>(std::move(kwargs))));
-    JINJA_ASSIGN_OR_RETURN(Value fn, Eval(*call.a, scope));
+    ASSIGN_OR_RETURN(Value fn, Eval(*call.a, scope));
     Scope env(&scope);
     env.Set("caller", caller);
     auto r = CallFunction(call, fn, args, env);

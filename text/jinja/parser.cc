@@ -7,7 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "text/jinja/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tessera::text::jinja {
 namespace {
@@ -35,7 +35,7 @@ class Parser {
   absl::StatusOr<NodePtr> Run() {
     NodePtr program = NewNode(NodeKind::kProgram, 0);
     while (current_ < tokens_.size()) {
-      JINJA_ASSIGN_OR_RETURN(NodePtr s, ParseAny());
+      ASSIGN_OR_RETURN(NodePtr s, ParseAny());
       program->body.push_back(std::move(s));
     }
     return program;
@@ -134,7 +134,7 @@ class Parser {
         for (absl::string_view e : ends) absl::StrAppend(&names, names.empty() ? "" : " or ", e);
         return Error(absl::StrCat("missing {% ", names, " %}"));
       }
-      JINJA_ASSIGN_OR_RETURN(NodePtr s, ParseAny());
+      ASSIGN_OR_RETURN(NodePtr s, ParseAny());
       body->push_back(std::move(s));
     }
     return absl::OkStatus();
@@ -159,8 +159,8 @@ class Parser {
         return ParseStatement();
       case TokenType::kOpenExpression: {
         ++current_;
-        JINJA_ASSIGN_OR_RETURN(NodePtr e, ParseExpression());
-        JINJA_RETURN_IF_ERROR(Expect(TokenType::kCloseExpression, "expected '}}'").status());
+        ASSIGN_OR_RETURN(NodePtr e, ParseExpression());
+        RETURN_IF_ERROR(Expect(TokenType::kCloseExpression, "expected '}}'").status());
         return e;
       }
       default:
@@ -176,60 +176,60 @@ class Parser {
     ++current_;
     if (name == "set") return ParseSet(start);
     if (name == "if") {
-      JINJA_ASSIGN_OR_RETURN(NodePtr n, ParseIf(start));
-      JINJA_RETURN_IF_ERROR(Expect(TokenType::kOpenStatement, "expected {% endif %}").status());
-      JINJA_RETURN_IF_ERROR(ExpectIdentifier("endif"));
-      JINJA_RETURN_IF_ERROR(ExpectClose());
+      ASSIGN_OR_RETURN(NodePtr n, ParseIf(start));
+      RETURN_IF_ERROR(Expect(TokenType::kOpenStatement, "expected {% endif %}").status());
+      RETURN_IF_ERROR(ExpectIdentifier("endif"));
+      RETURN_IF_ERROR(ExpectClose());
       return n;
     }
     if (name == "macro") {
       NodePtr n = NewNode(NodeKind::kMacro, start);
       if (!Is(TokenType::kIdentifier)) return Error("expected a macro name");
       n->text = tokens_[current_++].value;
-      JINJA_RETURN_IF_ERROR(ParseArgs(/*parameters=*/true, &n->list));
-      JINJA_RETURN_IF_ERROR(ExpectClose());
-      JINJA_RETURN_IF_ERROR(ParseBodyUntil({"endmacro"}, &n->body));
+      RETURN_IF_ERROR(ParseArgs(/*parameters=*/true, &n->list));
+      RETURN_IF_ERROR(ExpectClose());
+      RETURN_IF_ERROR(ParseBodyUntil({"endmacro"}, &n->body));
       current_ += 2;
-      JINJA_RETURN_IF_ERROR(ExpectClose());
+      RETURN_IF_ERROR(ExpectClose());
       return Finish(std::move(n));
     }
     if (name == "for") {
-      JINJA_ASSIGN_OR_RETURN(NodePtr n, ParseFor(start));
+      ASSIGN_OR_RETURN(NodePtr n, ParseFor(start));
       current_ += 2;  // {% endfor
-      JINJA_RETURN_IF_ERROR(ExpectClose());
+      RETURN_IF_ERROR(ExpectClose());
       return n;
     }
     if (name == "call") {
       NodePtr n = NewNode(NodeKind::kCallBlock, start);
       if (Is(TokenType::kOpenParen)) {
         n->flag = true;
-        JINJA_RETURN_IF_ERROR(ParseArgs(/*parameters=*/true, &n->list));
+        RETURN_IF_ERROR(ParseArgs(/*parameters=*/true, &n->list));
       }
       if (!Is(TokenType::kIdentifier)) return Error("expected a macro name after 'call'");
       NodePtr callee = NewNode(NodeKind::kIdentifier, Offset());
       callee->text = tokens_[current_++].value;
       NodePtr call = NewNode(NodeKind::kCall, callee->offset);
       call->a = std::move(callee);
-      JINJA_RETURN_IF_ERROR(ParseArgs(/*parameters=*/false, &call->list));
-      JINJA_ASSIGN_OR_RETURN(n->a, Finish(std::move(call)));
-      JINJA_RETURN_IF_ERROR(ExpectClose());
-      JINJA_RETURN_IF_ERROR(ParseBodyUntil({"endcall"}, &n->body));
+      RETURN_IF_ERROR(ParseArgs(/*parameters=*/false, &call->list));
+      ASSIGN_OR_RETURN(n->a, Finish(std::move(call)));
+      RETURN_IF_ERROR(ExpectClose());
+      RETURN_IF_ERROR(ParseBodyUntil({"endcall"}, &n->body));
       current_ += 2;
-      JINJA_RETURN_IF_ERROR(ExpectClose());
+      RETURN_IF_ERROR(ExpectClose());
       return Finish(std::move(n));
     }
     if (name == "filter") {
       NodePtr n = NewNode(NodeKind::kFilterBlock, start);
       if (!Is(TokenType::kIdentifier)) return Error("expected a filter name after 'filter'");
-      JINJA_ASSIGN_OR_RETURN(n->a, ParseFilterNode());
-      JINJA_RETURN_IF_ERROR(ExpectClose());
-      JINJA_RETURN_IF_ERROR(ParseBodyUntil({"endfilter"}, &n->body));
+      ASSIGN_OR_RETURN(n->a, ParseFilterNode());
+      RETURN_IF_ERROR(ExpectClose());
+      RETURN_IF_ERROR(ParseBodyUntil({"endfilter"}, &n->body));
       current_ += 2;
-      JINJA_RETURN_IF_ERROR(ExpectClose());
+      RETURN_IF_ERROR(ExpectClose());
       return Finish(std::move(n));
     }
     if (name == "break" || name == "continue") {
-      JINJA_RETURN_IF_ERROR(ExpectClose());
+      RETURN_IF_ERROR(ExpectClose());
       return NewNode(name == "break" ? NodeKind::kBreak : NodeKind::kContinue, start);
     }
     return Error(start, absl::StrCat("unsupported statement '{% ", name, " %}'"));
@@ -251,20 +251,20 @@ class Parser {
 
   absl::StatusOr<NodePtr> ParseSet(int32_t start) {
     NodePtr n = NewNode(NodeKind::kSet, start);
-    JINJA_ASSIGN_OR_RETURN(n->a, ParseExpressionSequence(false));
+    ASSIGN_OR_RETURN(n->a, ParseExpressionSequence(false));
     if (!IsAssignable(*n->a)) {
       return Error(n->a->offset, "cannot assign to this expression (a name, a tuple of names or "
                                  "namespace.attribute is needed)");
     }
     if (Is(TokenType::kEquals)) {
       ++current_;
-      JINJA_ASSIGN_OR_RETURN(n->b, ParseExpressionSequence(false));
+      ASSIGN_OR_RETURN(n->b, ParseExpressionSequence(false));
     } else {
-      JINJA_RETURN_IF_ERROR(ExpectClose());
-      JINJA_RETURN_IF_ERROR(ParseBodyUntil({"endset"}, &n->body));
+      RETURN_IF_ERROR(ExpectClose());
+      RETURN_IF_ERROR(ParseBodyUntil({"endset"}, &n->body));
       current_ += 2;
     }
-    JINJA_RETURN_IF_ERROR(ExpectClose());
+    RETURN_IF_ERROR(ExpectClose());
     return Finish(std::move(n));
   }
 
@@ -272,25 +272,25 @@ class Parser {
     Guard g(this);
     if (g.too_deep()) return TooDeep();
     NodePtr n = NewNode(NodeKind::kIf, start);
-    JINJA_ASSIGN_OR_RETURN(n->a, ParseExpression());
-    JINJA_RETURN_IF_ERROR(ExpectClose());
-    JINJA_RETURN_IF_ERROR(ParseBodyUntil({"elif", "else", "endif"}, &n->body));
+    ASSIGN_OR_RETURN(n->a, ParseExpression());
+    RETURN_IF_ERROR(ExpectClose());
+    RETURN_IF_ERROR(ParseBodyUntil({"elif", "else", "endif"}, &n->body));
     if (IsStatement({"elif"})) {
       const int32_t at = Offset();
       current_ += 2;
-      JINJA_ASSIGN_OR_RETURN(NodePtr elif, ParseIf(at));
+      ASSIGN_OR_RETURN(NodePtr elif, ParseIf(at));
       n->alternate.push_back(std::move(elif));
     } else if (IsStatement({"else"})) {
       current_ += 2;
-      JINJA_RETURN_IF_ERROR(ExpectClose());
-      JINJA_RETURN_IF_ERROR(ParseBodyUntil({"endif"}, &n->alternate));
+      RETURN_IF_ERROR(ExpectClose());
+      RETURN_IF_ERROR(ParseBodyUntil({"endif"}, &n->alternate));
     }
     return Finish(std::move(n));
   }
 
   absl::StatusOr<NodePtr> ParseFor(int32_t start) {
     NodePtr n = NewNode(NodeKind::kFor, start);
-    JINJA_ASSIGN_OR_RETURN(n->a, ParseExpressionSequence(true));
+    ASSIGN_OR_RETURN(n->a, ParseExpressionSequence(true));
     bool ok = n->a->kind == NodeKind::kIdentifier;
     if (n->a->kind == NodeKind::kTuple) {
       ok = true;
@@ -299,13 +299,13 @@ class Parser {
     if (!ok) return Error(n->a->offset, "expected a name or a tuple of names as the loop variable");
     if (!IsIdentifier("in")) return Error("expected 'in' after the loop variable");
     ++current_;
-    JINJA_ASSIGN_OR_RETURN(n->b, ParseExpression());
-    JINJA_RETURN_IF_ERROR(ExpectClose());
-    JINJA_RETURN_IF_ERROR(ParseBodyUntil({"endfor", "else"}, &n->body));
+    ASSIGN_OR_RETURN(n->b, ParseExpression());
+    RETURN_IF_ERROR(ExpectClose());
+    RETURN_IF_ERROR(ParseBodyUntil({"endfor", "else"}, &n->body));
     if (IsStatement({"else"})) {
       current_ += 2;
-      JINJA_RETURN_IF_ERROR(ExpectClose());
-      JINJA_RETURN_IF_ERROR(ParseBodyUntil({"endfor"}, &n->alternate));
+      RETURN_IF_ERROR(ExpectClose());
+      RETURN_IF_ERROR(ParseBodyUntil({"endfor"}, &n->alternate));
     }
     return Finish(std::move(n));
   }
@@ -315,13 +315,13 @@ class Parser {
     const int32_t start = Offset();
     std::vector<NodePtr> items;
     {
-      JINJA_ASSIGN_OR_RETURN(NodePtr e, primary ? ParsePrimary() : ParseExpression());
+      ASSIGN_OR_RETURN(NodePtr e, primary ? ParsePrimary() : ParseExpression());
       items.push_back(std::move(e));
     }
     const bool is_tuple = Is(TokenType::kComma);
     while (is_tuple) {
       ++current_;
-      JINJA_ASSIGN_OR_RETURN(NodePtr e, primary ? ParsePrimary() : ParseExpression());
+      ASSIGN_OR_RETURN(NodePtr e, primary ? ParsePrimary() : ParseExpression());
       items.push_back(std::move(e));
       if (!Is(TokenType::kComma)) break;
     }
@@ -335,14 +335,14 @@ class Parser {
     Guard g(this);
     if (g.too_deep()) return TooDeep();
     // Ternary / select: a if b [else c]
-    JINJA_ASSIGN_OR_RETURN(NodePtr a, ParseOr());
+    ASSIGN_OR_RETURN(NodePtr a, ParseOr());
     if (!IsIdentifier("if")) return a;
     const int32_t at = a->offset;
     ++current_;
-    JINJA_ASSIGN_OR_RETURN(NodePtr test, ParseOr());
+    ASSIGN_OR_RETURN(NodePtr test, ParseOr());
     if (IsIdentifier("else")) {
       ++current_;
-      JINJA_ASSIGN_OR_RETURN(NodePtr otherwise, ParseExpression());
+      ASSIGN_OR_RETURN(NodePtr otherwise, ParseExpression());
       NodePtr n = NewNode(NodeKind::kTernary, at);
       n->a = std::move(test);
       n->b = std::move(a);
@@ -364,21 +364,21 @@ class Parser {
   }
 
   absl::StatusOr<NodePtr> ParseOr() {
-    JINJA_ASSIGN_OR_RETURN(NodePtr left, ParseAnd());
+    ASSIGN_OR_RETURN(NodePtr left, ParseAnd());
     while (IsIdentifier("or")) {
       ++current_;
-      JINJA_ASSIGN_OR_RETURN(NodePtr right, ParseAnd());
-      JINJA_ASSIGN_OR_RETURN(left, Binary("or", std::move(left), std::move(right)));
+      ASSIGN_OR_RETURN(NodePtr right, ParseAnd());
+      ASSIGN_OR_RETURN(left, Binary("or", std::move(left), std::move(right)));
     }
     return left;
   }
 
   absl::StatusOr<NodePtr> ParseAnd() {
-    JINJA_ASSIGN_OR_RETURN(NodePtr left, ParseNot());
+    ASSIGN_OR_RETURN(NodePtr left, ParseNot());
     while (IsIdentifier("and")) {
       ++current_;
-      JINJA_ASSIGN_OR_RETURN(NodePtr right, ParseNot());
-      JINJA_ASSIGN_OR_RETURN(left, Binary("and", std::move(left), std::move(right)));
+      ASSIGN_OR_RETURN(NodePtr right, ParseNot());
+      ASSIGN_OR_RETURN(left, Binary("and", std::move(left), std::move(right)));
     }
     return left;
   }
@@ -389,7 +389,7 @@ class Parser {
     if (IsIdentifier("not")) {
       const int32_t at = Offset();
       ++current_;
-      JINJA_ASSIGN_OR_RETURN(NodePtr arg, ParseNot());
+      ASSIGN_OR_RETURN(NodePtr arg, ParseNot());
       NodePtr n = NewNode(NodeKind::kUnary, at);
       n->text = "not";
       n->a = std::move(arg);
@@ -399,7 +399,7 @@ class Parser {
   }
 
   absl::StatusOr<NodePtr> ParseComparison() {
-    JINJA_ASSIGN_OR_RETURN(NodePtr left, ParseAdditive());
+    ASSIGN_OR_RETURN(NodePtr left, ParseAdditive());
     while (true) {
       std::string op;
       if (IsIdentifier("not") && IsIdentifier("in", 1)) {
@@ -413,44 +413,44 @@ class Parser {
       } else {
         break;
       }
-      JINJA_ASSIGN_OR_RETURN(NodePtr right, ParseAdditive());
-      JINJA_ASSIGN_OR_RETURN(left, Binary(std::move(op), std::move(left), std::move(right)));
+      ASSIGN_OR_RETURN(NodePtr right, ParseAdditive());
+      ASSIGN_OR_RETURN(left, Binary(std::move(op), std::move(left), std::move(right)));
     }
     return left;
   }
 
   absl::StatusOr<NodePtr> ParseAdditive() {
-    JINJA_ASSIGN_OR_RETURN(NodePtr left, ParseMultiplicative());
+    ASSIGN_OR_RETURN(NodePtr left, ParseMultiplicative());
     while (Is(TokenType::kAdditiveBinaryOperator)) {
       std::string op = tokens_[current_++].value;
-      JINJA_ASSIGN_OR_RETURN(NodePtr right, ParseMultiplicative());
-      JINJA_ASSIGN_OR_RETURN(left, Binary(std::move(op), std::move(left), std::move(right)));
+      ASSIGN_OR_RETURN(NodePtr right, ParseMultiplicative());
+      ASSIGN_OR_RETURN(left, Binary(std::move(op), std::move(left), std::move(right)));
     }
     return left;
   }
 
   absl::StatusOr<NodePtr> ParseMultiplicative() {
-    JINJA_ASSIGN_OR_RETURN(NodePtr left, ParsePower());
+    ASSIGN_OR_RETURN(NodePtr left, ParsePower());
     while (Is(TokenType::kMultiplicativeBinaryOperator)) {
       std::string op = tokens_[current_++].value;
-      JINJA_ASSIGN_OR_RETURN(NodePtr right, ParsePower());
-      JINJA_ASSIGN_OR_RETURN(left, Binary(std::move(op), std::move(left), std::move(right)));
+      ASSIGN_OR_RETURN(NodePtr right, ParsePower());
+      ASSIGN_OR_RETURN(left, Binary(std::move(op), std::move(left), std::move(right)));
     }
     return left;
   }
 
   absl::StatusOr<NodePtr> ParsePower() {
-    JINJA_ASSIGN_OR_RETURN(NodePtr left, ParseTest());
+    ASSIGN_OR_RETURN(NodePtr left, ParseTest());
     while (Is(TokenType::kExponentiationBinaryOperator)) {
       ++current_;
-      JINJA_ASSIGN_OR_RETURN(NodePtr right, ParseTest());
-      JINJA_ASSIGN_OR_RETURN(left, Binary("**", std::move(left), std::move(right)));
+      ASSIGN_OR_RETURN(NodePtr right, ParseTest());
+      ASSIGN_OR_RETURN(left, Binary("**", std::move(left), std::move(right)));
     }
     return left;
   }
 
   absl::StatusOr<NodePtr> ParseTest() {
-    JINJA_ASSIGN_OR_RETURN(NodePtr operand, ParseFilter());
+    ASSIGN_OR_RETURN(NodePtr operand, ParseFilter());
     while (IsIdentifier("is")) {
       ++current_;
       const bool negate = IsIdentifier("not");
@@ -468,7 +468,7 @@ class Parser {
       n->text = name.value;
       n->flag = negate;
       n->a = std::move(operand);
-      JINJA_ASSIGN_OR_RETURN(operand, Finish(std::move(n)));
+      ASSIGN_OR_RETURN(operand, Finish(std::move(n)));
     }
     return operand;
   }
@@ -486,7 +486,7 @@ class Parser {
     if (!Is(TokenType::kOpenParen)) return id;
     NodePtr call = NewNode(NodeKind::kCall, name.offset);
     call->a = std::move(id);
-    JINJA_RETURN_IF_ERROR(ParseArgs(/*parameters=*/false, &call->list));
+    RETURN_IF_ERROR(ParseArgs(/*parameters=*/false, &call->list));
     if (Is(TokenType::kDot) || Is(TokenType::kOpenSquareBracket) || Is(TokenType::kOpenParen)) {
       return Error("a filter call cannot be followed by '.', '[' or '('");
     }
@@ -494,15 +494,15 @@ class Parser {
   }
 
   absl::StatusOr<NodePtr> ParseFilter() {
-    JINJA_ASSIGN_OR_RETURN(NodePtr operand, ParseUnarySign());
+    ASSIGN_OR_RETURN(NodePtr operand, ParseUnarySign());
     while (Is(TokenType::kPipe)) {
       ++current_;
       if (current_ >= tokens_.size()) return Error("expected a filter name after '|'");
-      JINJA_ASSIGN_OR_RETURN(NodePtr filter, ParseFilterNode());
+      ASSIGN_OR_RETURN(NodePtr filter, ParseFilterNode());
       NodePtr n = NewNode(NodeKind::kFilter, operand->offset);
       n->a = std::move(operand);
       n->b = std::move(filter);
-      JINJA_ASSIGN_OR_RETURN(operand, Finish(std::move(n)));
+      ASSIGN_OR_RETURN(operand, Finish(std::move(n)));
     }
     return operand;
   }
@@ -515,7 +515,7 @@ class Parser {
       if ((t.type == TokenType::kUnaryOperator || t.type == TokenType::kAdditiveBinaryOperator) &&
           (t.value == "-" || t.value == "+")) {
         ++current_;
-        JINJA_ASSIGN_OR_RETURN(NodePtr arg, ParseUnarySign());
+        ASSIGN_OR_RETURN(NodePtr arg, ParseUnarySign());
         NodePtr n = NewNode(NodeKind::kUnary, t.offset);
         n->text = t.value;
         n->a = std::move(arg);
@@ -526,8 +526,8 @@ class Parser {
   }
 
   absl::StatusOr<NodePtr> ParseCallMember() {
-    JINJA_ASSIGN_OR_RETURN(NodePtr primary, ParsePrimary());
-    JINJA_ASSIGN_OR_RETURN(NodePtr member, ParseMember(std::move(primary)));
+    ASSIGN_OR_RETURN(NodePtr primary, ParsePrimary());
+    ASSIGN_OR_RETURN(NodePtr member, ParseMember(std::move(primary)));
     if (Is(TokenType::kOpenParen)) return ParseCall(std::move(member));
     return member;
   }
@@ -537,15 +537,15 @@ class Parser {
     while (true) {
       NodePtr call = NewNode(NodeKind::kCall, callee->offset);
       call->a = std::move(callee);
-      JINJA_RETURN_IF_ERROR(ParseArgs(/*parameters=*/false, &call->list));
-      JINJA_ASSIGN_OR_RETURN(NodePtr done, Finish(std::move(call)));
-      JINJA_ASSIGN_OR_RETURN(callee, ParseMember(std::move(done)));
+      RETURN_IF_ERROR(ParseArgs(/*parameters=*/false, &call->list));
+      ASSIGN_OR_RETURN(NodePtr done, Finish(std::move(call)));
+      ASSIGN_OR_RETURN(callee, ParseMember(std::move(done)));
       if (!Is(TokenType::kOpenParen)) return callee;
     }
   }
 
   absl::Status ParseArgs(bool parameters, std::vector<NodePtr>* args) {
-    JINJA_RETURN_IF_ERROR(Expect(TokenType::kOpenParen, "expected '('").status());
+    RETURN_IF_ERROR(Expect(TokenType::kOpenParen, "expected '('").status());
     absl::flat_hash_set<std::string> names;
     bool saw_keyword = false;
     bool saw_spread = false;
@@ -561,8 +561,8 @@ class Parser {
       if (keyword_spread) {
         ++current_;
         NodePtr n = NewNode(NodeKind::kKeywordSpread, at);
-        JINJA_ASSIGN_OR_RETURN(n->a, ParseExpression());
-        JINJA_ASSIGN_OR_RETURN(NodePtr done, Finish(std::move(n)));
+        ASSIGN_OR_RETURN(n->a, ParseExpression());
+        ASSIGN_OR_RETURN(NodePtr done, Finish(std::move(n)));
         args->push_back(std::move(done));
         if (Is(TokenType::kComma)) ++current_;
         if (!Is(TokenType::kCloseParen)) return Error("'**' must be applied to the final argument");
@@ -574,10 +574,10 @@ class Parser {
         saw_spread = true;
         ++current_;
         NodePtr n = NewNode(NodeKind::kSpread, at);
-        JINJA_ASSIGN_OR_RETURN(n->a, ParseExpression());
-        JINJA_ASSIGN_OR_RETURN(arg, Finish(std::move(n)));
+        ASSIGN_OR_RETURN(n->a, ParseExpression());
+        ASSIGN_OR_RETURN(arg, Finish(std::move(n)));
       } else {
-        JINJA_ASSIGN_OR_RETURN(arg, ParseExpression());
+        ASSIGN_OR_RETURN(arg, ParseExpression());
         if (Is(TokenType::kEquals)) {
           ++current_;
           if (arg->kind != NodeKind::kIdentifier) {
@@ -586,8 +586,8 @@ class Parser {
           }
           NodePtr kw = NewNode(NodeKind::kKeywordArg, arg->offset);
           kw->text = arg->text;
-          JINJA_ASSIGN_OR_RETURN(kw->a, ParseExpression());
-          JINJA_ASSIGN_OR_RETURN(arg, Finish(std::move(kw)));
+          ASSIGN_OR_RETURN(kw->a, ParseExpression());
+          ASSIGN_OR_RETURN(arg, Finish(std::move(kw)));
         }
         if (parameters) {
           if (arg->kind != NodeKind::kIdentifier && arg->kind != NodeKind::kKeywordArg) {
@@ -625,7 +625,7 @@ class Parser {
         ++current_;
         is_slice = true;
       } else {
-        JINJA_ASSIGN_OR_RETURN(NodePtr e, ParseExpression());
+        ASSIGN_OR_RETURN(NodePtr e, ParseExpression());
         parts.push_back(std::move(e));
         if (Is(TokenType::kColon)) {
           ++current_;
@@ -650,16 +650,16 @@ class Parser {
       NodePtr n = NewNode(NodeKind::kMember, object->offset);
       n->flag = computed;
       if (computed) {
-        JINJA_ASSIGN_OR_RETURN(n->b, ParseSubscript());
-        JINJA_RETURN_IF_ERROR(Expect(TokenType::kCloseSquareBracket, "expected ']'").status());
+        ASSIGN_OR_RETURN(n->b, ParseSubscript());
+        RETURN_IF_ERROR(Expect(TokenType::kCloseSquareBracket, "expected ']'").status());
       } else {
-        JINJA_ASSIGN_OR_RETURN(n->b, ParsePrimary());
+        ASSIGN_OR_RETURN(n->b, ParsePrimary());
         if (n->b->kind != NodeKind::kIdentifier && n->b->kind != NodeKind::kInteger) {
           return Error(n->b->offset, "expected a name or an integer after '.'");
         }
       }
       n->a = std::move(object);
-      JINJA_ASSIGN_OR_RETURN(object, Finish(std::move(n)));
+      ASSIGN_OR_RETURN(object, Finish(std::move(n)));
     }
     return object;
   }
@@ -688,15 +688,15 @@ class Parser {
         return n;
       }
       case TokenType::kOpenParen: {
-        JINJA_ASSIGN_OR_RETURN(NodePtr e, ParseExpressionSequence(false));
-        JINJA_RETURN_IF_ERROR(Expect(TokenType::kCloseParen, "expected ')'").status());
+        ASSIGN_OR_RETURN(NodePtr e, ParseExpressionSequence(false));
+        RETURN_IF_ERROR(Expect(TokenType::kCloseParen, "expected ')'").status());
         return e;
       }
       case TokenType::kOpenSquareBracket: {
         NodePtr n = NewNode(NodeKind::kArray, t.offset);
         while (!Is(TokenType::kCloseSquareBracket)) {
           if (current_ >= tokens_.size()) return Error("expected ']'");
-          JINJA_ASSIGN_OR_RETURN(NodePtr e, ParseExpression());
+          ASSIGN_OR_RETURN(NodePtr e, ParseExpression());
           n->list.push_back(std::move(e));
           if (Is(TokenType::kComma)) ++current_;
         }
@@ -707,9 +707,9 @@ class Parser {
         NodePtr n = NewNode(NodeKind::kObject, t.offset);
         while (!Is(TokenType::kCloseCurlyBracket)) {
           if (current_ >= tokens_.size()) return Error("expected '}'");
-          JINJA_ASSIGN_OR_RETURN(NodePtr k, ParseExpression());
-          JINJA_RETURN_IF_ERROR(Expect(TokenType::kColon, "expected ':' in a dict literal").status());
-          JINJA_ASSIGN_OR_RETURN(NodePtr v, ParseExpression());
+          ASSIGN_OR_RETURN(NodePtr k, ParseExpression());
+          RETURN_IF_ERROR(Expect(TokenType::kColon, "expected ':' in a dict literal").status());
+          ASSIGN_OR_RETURN(NodePtr v, ParseExpression());
           n->list.push_back(std::move(k));
           n->list.push_back(std::move(v));
           if (Is(TokenType::kComma)) ++current_;

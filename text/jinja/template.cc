@@ -5,15 +5,15 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "text/jinja/parser.h"
-#include "text/jinja/status_macros.h"
+#include "base/status_macros.h"
 
 namespace tessera::text::jinja {
 
 absl::StatusOr<std::unique_ptr<Template>> Template::Parse(absl::string_view source,
                                                           const LexOptions& options) {
   std::string copy(source);
-  JINJA_ASSIGN_OR_RETURN(std::vector<Token> tokens, Tokenize(copy, options));
-  JINJA_ASSIGN_OR_RETURN(NodePtr program, jinja::Parse(tokens, copy));
+  ASSIGN_OR_RETURN(std::vector<Token> tokens, Tokenize(copy, options));
+  ASSIGN_OR_RETURN(NodePtr program, jinja::Parse(tokens, copy));
   return std::unique_ptr<Template>(new Template(std::move(copy), std::move(program)));
 }
 
@@ -24,7 +24,7 @@ absl::StatusOr<std::string> Template::Render(const nlohmann::json& variables,
   }
   ValueMap map;
   for (auto it = variables.begin(); it != variables.end(); ++it) {
-    JINJA_ASSIGN_OR_RETURN(Value v, ValueFromJson(it.value(), options.limits.max_input_depth));
+    ASSIGN_OR_RETURN(Value v, ValueFromJson(it.value(), options.limits.max_input_depth));
     map.Set(it.key(), std::move(v));
   }
   return Render(map, options);
