@@ -16,9 +16,9 @@
 #include "nlohmann/json.hpp"
 #include "services/cli/commands.h"
 #include "tessera/v1/inference.grpc.pb.h"
-#include "worker/engine/local_engine.h"
 #include "text/tokenizer/incremental_detokenizer.h"
 #include "text/tokenizer/tokenizer.h"
+#include "worker/engine/local_engine.h"
 
 ABSL_DECLARE_FLAG(std::string, device);        // doctor.cc
 ABSL_DECLARE_FLAG(int, tensor_parallel_size);  // doctor.cc

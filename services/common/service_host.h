@@ -89,7 +89,9 @@ class ServiceHost {
 
   // Adds "key=port" to the port file (and the "listening" log line), e.g. a
   // second listener the binary runs itself. REQUIRES: before Start().
-  void AddPortFileEntry(std::string key, int port) { extra_ports_.emplace_back(std::move(key), port); }
+  void AddPortFileEntry(std::string key, int port) {
+    extra_ports_.emplace_back(std::move(key), port);
+  }
 
   // Sets readiness of every registered service (ignored once draining).
   void SetReady(bool ready);

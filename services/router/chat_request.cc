@@ -80,8 +80,8 @@ absl::StatusOr<json> MessagesJson(const tessera::v1::ChatRequest& req) {
         json call = {{"type", "function"},
                      {"function",
                       {{"name", c.name()},
-                       {"arguments", !args.is_discarded() && args.is_object() ? args
-                                                                               : json(c.arguments())}}}};
+                       {"arguments",
+                        !args.is_discarded() && args.is_object() ? args : json(c.arguments())}}}};
         if (!c.id().empty()) call["id"] = c.id();
         calls.push_back(std::move(call));
       }
@@ -140,9 +140,9 @@ absl::StatusOr<std::unique_ptr<ChatRenderer>> ChatRenderer::Make(
                                                      absl::StrJoin(known, ", ")));
     }
   }
-  bool reasoning = options.reasoning == ReasoningMode::kOn ||
-                   (options.reasoning == ReasoningMode::kAuto &&
-                    absl::StrContains(source, "<think>"));
+  bool reasoning =
+      options.reasoning == ReasoningMode::kOn ||
+      (options.reasoning == ReasoningMode::kAuto && absl::StrContains(source, "<think>"));
   return std::unique_ptr<ChatRenderer>(
       new ChatRenderer(std::move(chat_template), std::move(format), reasoning));
 }
@@ -199,9 +199,8 @@ absl::StatusOr<RenderedChat> ChatRenderer::Render(const tessera::v1::ChatRequest
   }
   auto prompt = template_->Render(input);
   if (!prompt.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the chat template could not render these messages: ",
-                     prompt.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the chat template could not render these messages: ", prompt.status().message()));
   }
   RenderedChat out;
   out.prompt = std::move(*prompt);

@@ -50,9 +50,11 @@ class ChatRenderer {
   static absl::StatusOr<std::unique_ptr<ChatRenderer>> Load(const std::string& dir,
                                                             const ChatOptions& options);
   // For tests: a template given as text.
-  static absl::StatusOr<std::unique_ptr<ChatRenderer>> FromSource(
-      const std::string& source, const std::string& bos, const std::string& eos,
-      const std::string& model_type, const ChatOptions& options);
+  static absl::StatusOr<std::unique_ptr<ChatRenderer>> FromSource(const std::string& source,
+                                                                  const std::string& bos,
+                                                                  const std::string& eos,
+                                                                  const std::string& model_type,
+                                                                  const ChatOptions& options);
 
   // INVALID_ARGUMENT for a request the template cannot take: no messages,
   // an unknown role, a tool whose parameters are not a JSON object,

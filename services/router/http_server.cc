@@ -32,32 +32,50 @@ std::chrono::steady_clock::duration Chrono(absl::Duration d) {
   return absl::ToChronoNanoseconds(d);
 }
 
-constexpr size_t kWatchBytes = 1024;        // read while a response is open
-constexpr size_t kDrainBytes = 64 << 10;    // discarded after an early error
+constexpr size_t kWatchBytes = 1024;      // read while a response is open
+constexpr size_t kDrainBytes = 64 << 10;  // discarded after an early error
 constexpr absl::Duration kDrainTime = absl::Seconds(2);
 
 }  // namespace
 
 const char* HttpReason(int status) {
   switch (status) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 413: return "Payload Too Large";
-    case 415: return "Unsupported Media Type";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 499: return "Client Closed Request";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    default: return "Unknown";
+    case 100:
+      return "Continue";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 413:
+      return "Payload Too Large";
+    case 415:
+      return "Unsupported Media Type";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 499:
+      return "Client Closed Request";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    default:
+      return "Unknown";
   }
 }
 
@@ -238,8 +256,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     responded_ = false;
     streaming_ = false;
     ending_ = false;
-    std::string body = server_->options.error_body ? server_->options.error_body(status, message)
-                                                   : message + "\n";
+    std::string body =
+        server_->options.error_body ? server_->options.error_body(status, message) : message + "\n";
     DoRespond(number_, status, "application/json", std::move(body), {});
     draining_ = true;
   }
@@ -275,10 +293,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Watch() {
     if (watching_ || closed_) return;
     watching_ = true;
-    stream_.async_read_some(buffer_.prepare(kWatchBytes),
-                            [self = shared_from_this()](beast::error_code ec, size_t n) {
-                              self->OnWatch(ec, n);
-                            });
+    stream_.async_read_some(
+        buffer_.prepare(kWatchBytes),
+        [self = shared_from_this()](beast::error_code ec, size_t n) { self->OnWatch(ec, n); });
   }
   void OnWatch(beast::error_code ec, size_t n) {
     watching_ = false;
@@ -421,10 +438,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 void ExchangeImpl::Respond(int status, const std::string& content_type, std::string body,
                            HttpHeaders headers) {
-  asio::dispatch(conn_->executor(), [c = conn_, n = number_, status, content_type,
-                                     body = std::move(body), headers = std::move(headers)]() mutable {
-    c->DoRespond(n, status, content_type, std::move(body), std::move(headers));
-  });
+  asio::dispatch(conn_->executor(),
+                 [c = conn_, n = number_, status, content_type, body = std::move(body),
+                  headers = std::move(headers)]() mutable {
+                   c->DoRespond(n, status, content_type, std::move(body), std::move(headers));
+                 });
 }
 
 void ExchangeImpl::StartStream(int status, const std::string& content_type, HttpHeaders headers) {
@@ -435,10 +453,10 @@ void ExchangeImpl::StartStream(int status, const std::string& content_type, Http
 }
 
 void ExchangeImpl::Write(std::string data, std::function<void(bool ok)> done) {
-  asio::dispatch(conn_->executor(),
-                 [c = conn_, n = number_, data = std::move(data), done = std::move(done)]() mutable {
-                   c->DoWrite(n, std::move(data), std::move(done));
-                 });
+  asio::dispatch(conn_->executor(), [c = conn_, n = number_, data = std::move(data),
+                                     done = std::move(done)]() mutable {
+    c->DoWrite(n, std::move(data), std::move(done));
+  });
 }
 
 void ExchangeImpl::EndStream() {

@@ -33,8 +33,8 @@
 namespace tessera::services {
 
 struct HttpRequest {
-  std::string method;  // "GET", "POST", ...
-  std::string path;    // the target without its query
+  std::string method;                          // "GET", "POST", ...
+  std::string path;                            // the target without its query
   std::map<std::string, std::string> headers;  // names lower-cased
   std::string body;
   // The value of a header (lower-case name), "" when absent.
@@ -67,11 +67,11 @@ class HttpExchange {
 };
 
 struct HttpServerOptions {
-  std::string listen;                      // "host:port"; port 0 picks one
-  size_t max_body_bytes = 8 << 20;         // larger bodies get 413
+  std::string listen;               // "host:port"; port 0 picks one
+  size_t max_body_bytes = 8 << 20;  // larger bodies get 413
   size_t max_header_bytes = 16 << 10;
-  int threads = 2;                         // threads running the event loop
-  int max_connections = 16384;             // beyond it, new connections are closed
+  int threads = 2;                                      // threads running the event loop
+  int max_connections = 16384;                          // beyond it, new connections are closed
   absl::Duration request_deadline = absl::Seconds(60);  // to receive one request
   absl::Duration idle_timeout = absl::Seconds(60);      // keep-alive between requests
   // The body of the server's own error responses (413, 400 for a malformed

@@ -163,10 +163,9 @@ absl::Status InferenceService::CheckApiKey(absl::string_view authorization) cons
 
 grpc::Status InferenceService::Authenticate(const grpc::ServerContextBase& context) const {
   auto it = context.client_metadata().find("authorization");
-  const absl::string_view value =
-      it == context.client_metadata().end()
-          ? absl::string_view()
-          : absl::string_view(it->second.data(), it->second.size());
+  const absl::string_view value = it == context.client_metadata().end()
+                                      ? absl::string_view()
+                                      : absl::string_view(it->second.data(), it->second.size());
   return ToGrpcStatus(CheckApiKey(value));
 }
 

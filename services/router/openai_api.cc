@@ -79,12 +79,11 @@ class Fields {
     const json* v = Get(key);
     if (v == nullptr) return std::nullopt;
     if (!v->is_number_integer()) return TypeError(key, "an integer", *v);
-    const int64_t x = v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX
-                          ? INT64_MAX
-                          : v->get<int64_t>();
+    const int64_t x =
+        v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX ? INT64_MAX : v->get<int64_t>();
     if (x < lo || x > hi) {
-      return Invalid(Name(key), absl::StrCat(Name(key), " must be in [", lo, ", ", hi, "], got ",
-                                             v->dump()));
+      return Invalid(Name(key),
+                     absl::StrCat(Name(key), " must be in [", lo, ", ", hi, "], got ", v->dump()));
     }
     *out = x;
     return std::nullopt;
@@ -112,8 +111,8 @@ class Fields {
   }
 
   std::optional<ApiError> TypeError(const std::string& key, const char* want, const json& v) {
-    return Invalid(Name(key),
-                   absl::StrCat(Name(key), " must be ", want, ", got ", std::string(JsonTypeName(v))));
+    return Invalid(Name(key), absl::StrCat(Name(key), " must be ", want, ", got ",
+                                           std::string(JsonTypeName(v))));
   }
 
   // The first field present that no one read: unsupported.
@@ -134,9 +133,9 @@ class Fields {
   std::set<std::string> seen_;
 };
 
-#define RETURN_IF_API_ERROR(expr)           \
-  do {                                      \
-    if (auto _e = (expr); _e) return _e;    \
+#define RETURN_IF_API_ERROR(expr)        \
+  do {                                   \
+    if (auto _e = (expr); _e) return _e; \
   } while (0)
 
 // Fields shared by both endpoints, into SamplingParams and ApiRequest.
@@ -167,16 +166,16 @@ std::optional<ApiError> ParseSampling(Fields& f, const OpenAiLimits& limits, boo
   RETURN_IF_API_ERROR(f.Number("repetition_penalty", 0, 100, true, &d));
   if (d) s->set_repetition_penalty(static_cast<float>(*d));
   d.reset();
-  RETURN_IF_API_ERROR(f.Int("seed", std::numeric_limits<int64_t>::min(),
-                            std::numeric_limits<int64_t>::max(), &i));
+  RETURN_IF_API_ERROR(
+      f.Int("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &i));
   if (i) s->set_seed(static_cast<uint64_t>(*i));
   i.reset();
   // max_tokens (both endpoints) and max_completion_tokens (chat, newer).
   std::optional<int64_t> max_tokens, max_completion;
   RETURN_IF_API_ERROR(f.Int("max_tokens", 1, std::numeric_limits<int32_t>::max(), &max_tokens));
   if (chat) {
-    RETURN_IF_API_ERROR(f.Int("max_completion_tokens", 1, std::numeric_limits<int32_t>::max(),
-                              &max_completion));
+    RETURN_IF_API_ERROR(
+        f.Int("max_completion_tokens", 1, std::numeric_limits<int32_t>::max(), &max_completion));
   }
   if (max_completion) {
     s->set_max_tokens(static_cast<int32_t>(*max_completion));
@@ -216,8 +215,8 @@ std::optional<ApiError> ParseSampling(Fields& f, const OpenAiLimits& limits, boo
   RETURN_IF_API_ERROR(f.Int("n", 1, std::numeric_limits<int32_t>::max(), &i));
   out->n = i ? static_cast<int>(*i) : 1;
   if (out->n > limits.max_n) {
-    return Invalid("n", absl::StrCat("n is ", out->n, "; this server allows at most ",
-                                     limits.max_n, " choices per request"));
+    return Invalid("n", absl::StrCat("n is ", out->n, "; this server allows at most ", limits.max_n,
+                                     " choices per request"));
   }
   i.reset();
   // logprobs
@@ -293,9 +292,9 @@ std::optional<ApiError> ParseContent(const json& content, const std::string& whe
       return Invalid(pw, absl::StrCat(pw, " must be an object with a type"));
     }
     if (part["type"] != "text") {
-      return Invalid(pw, absl::StrCat(pw, ": content parts of type '",
-                                      part["type"].get<std::string>(),
-                                      "' are not supported (text only)"));
+      return Invalid(pw,
+                     absl::StrCat(pw, ": content parts of type '", part["type"].get<std::string>(),
+                                  "' are not supported (text only)"));
     }
     if (!part.contains("text") || !part["text"].is_string()) {
       return Invalid(pw, absl::StrCat(pw, ".text must be a string"));
@@ -341,7 +340,8 @@ std::optional<ApiError> ParseMessages(const json* messages, tessera::v1::ChatReq
     RETURN_IF_API_ERROR(f.String("tool_call_id", &tool_call_id));
     if (tool_call_id) out->set_tool_call_id(*tool_call_id);
     if (*role == "tool" && !tool_call_id) {
-      return Invalid(where + ".tool_call_id", where + ".tool_call_id is required for a tool result");
+      return Invalid(where + ".tool_call_id",
+                     where + ".tool_call_id is required for a tool result");
     }
     RETURN_IF_API_ERROR(f.String("reasoning_content", &reasoning));
     if (reasoning) out->set_reasoning_content(*reasoning);
@@ -390,11 +390,13 @@ std::optional<ApiError> ParseTools(Fields& f, tessera::v1::ChatRequest* req) {
       const std::string where = absl::StrCat("tools[", i, "]");
       if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
           !t["function"].is_object()) {
-        return Invalid(where, absl::StrCat(where, " must be {\"type\": \"function\", "
-                                                  "\"function\": {...}}"));
+        return Invalid(where, absl::StrCat(where,
+                                           " must be {\"type\": \"function\", "
+                                           "\"function\": {...}}"));
       }
       const json& fn = t["function"];
-      if (!fn.contains("name") || !fn["name"].is_string() || fn["name"].get<std::string>().empty()) {
+      if (!fn.contains("name") || !fn["name"].is_string() ||
+          fn["name"].get<std::string>().empty()) {
         return Invalid(where + ".function.name", where + ".function.name must be a string");
       }
       tessera::v1::ChatTool* out = req->add_tools();
@@ -441,9 +443,7 @@ std::optional<ApiError> ParseTools(Fields& f, tessera::v1::ChatRequest* req) {
 std::optional<ApiError> ParsePrompts(const json* prompt, const OpenAiLimits& limits,
                                      ApiRequest* out) {
   if (prompt == nullptr) return Invalid("prompt", "prompt is required");
-  auto add_text = [&](const std::string& text) {
-    out->prompts.emplace_back().set_text(text);
-  };
+  auto add_text = [&](const std::string& text) { out->prompts.emplace_back().set_text(text); };
   auto add_ids = [&](const json& ids) -> std::optional<ApiError> {
     tessera::v1::GenerateRequest& r = out->prompts.emplace_back();
     for (const json& t : ids) {
@@ -466,13 +466,15 @@ std::optional<ApiError> ParsePrompts(const json* prompt, const OpenAiLimits& lim
       } else if (p.is_array()) {
         RETURN_IF_API_ERROR(add_ids(p));
       } else {
-        return Invalid("prompt", "prompt must be a string, a list of strings, a list of token "
-                                 "ids or a list of such lists");
+        return Invalid("prompt",
+                       "prompt must be a string, a list of strings, a list of token "
+                       "ids or a list of such lists");
       }
     }
   } else {
-    return Invalid("prompt", "prompt must be a string, a list of strings, a list of token ids "
-                             "or a list of such lists (and not empty)");
+    return Invalid("prompt",
+                   "prompt must be a string, a list of strings, a list of token ids "
+                   "or a list of such lists (and not empty)");
   }
   if (static_cast<int>(out->prompts.size()) > limits.max_prompts) {
     return Invalid("prompt", absl::StrCat("prompt holds ", out->prompts.size(),
@@ -566,7 +568,8 @@ std::optional<ApiError> ParseApiRequest(const std::string& body, bool chat,
   }
   const json& root = *parsed;
   if (!root.is_object()) {
-    return Invalid("", absl::StrCat("the body must be a JSON object, got ", std::string(JsonTypeName(root))));
+    return Invalid(
+        "", absl::StrCat("the body must be a JSON object, got ", std::string(JsonTypeName(root))));
   }
   out->chat = chat;
   Fields f(root, "");
@@ -602,9 +605,9 @@ std::optional<ApiError> ParseApiRequest(const std::string& body, bool chat,
       r.set_keep_special_tokens(keep_special);
     }
     if (out->choices() > limits.max_n) {
-      return Invalid("n", absl::StrCat("n times the prompts is ", out->choices(),
-                                       "; this server allows at most ", limits.max_n,
-                                       " choices per request"));
+      return Invalid(
+          "n", absl::StrCat("n times the prompts is ", out->choices(),
+                            "; this server allows at most ", limits.max_n, " choices per request"));
     }
   }
   RETURN_IF_API_ERROR(f.Unknown());
@@ -818,9 +821,9 @@ std::string ResponseWriter::ResponseBody() const {
     const Choice& c = choices_[i];
     json choice = {{"index", i}, {"finish_reason", c.finish_reason}};
     if (request_.chat) {
-      json message = {{"role", "assistant"},
-                      {"content", c.content.empty() && c.saw_tool_call ? json(nullptr)
-                                                                        : json(c.content)}};
+      json message = {
+          {"role", "assistant"},
+          {"content", c.content.empty() && c.saw_tool_call ? json(nullptr) : json(c.content)}};
       if (!c.reasoning.empty()) message["reasoning_content"] = c.reasoning;
       if (c.saw_tool_call) message["tool_calls"] = c.tool_calls;
       choice["message"] = std::move(message);

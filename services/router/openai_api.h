@@ -36,9 +36,9 @@ std::string ErrorJson(const ApiError& error);
 ApiError ErrorFromStatus(const grpc::Status& status, const std::string& code = "");
 
 struct OpenAiLimits {
-  int max_n = 8;             // n (times the prompts of a completion) above it: 400
+  int max_n = 8;  // n (times the prompts of a completion) above it: 400
   int max_stop_strings = 16;
-  int max_prompts = 8;       // prompts of one /v1/completions request
+  int max_prompts = 8;  // prompts of one /v1/completions request
 };
 
 // One request, ready to run as `choices()` pipelines.

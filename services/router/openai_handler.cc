@@ -51,9 +51,9 @@ class HttpCompletion : public std::enable_shared_from_this<HttpCompletion> {
  private:
   struct ChoiceState {
     StreamPipeline* pipeline = nullptr;
-    bool ended = false;        // its sink got the final call
+    bool ended = false;  // its sink got the final call
     bool cancel_sent = false;
-    int pins = 0;              // OnCancel calls in progress
+    int pins = 0;  // OnCancel calls in progress
     bool done_deferred = false;
   };
 

@@ -323,7 +323,8 @@ class Pipeline final : public StreamPipeline {
     // context; refused here with a reason clients can act on.
     const int64_t context = s->context_length_.load();
     const int64_t wanted = req.sampling.has_max_tokens() ? req.sampling.max_tokens() : 1;
-    if (context > 0 && static_cast<int64_t>(prompt_.size()) + std::max<int64_t>(1, wanted) > context) {
+    if (context > 0 &&
+        static_cast<int64_t>(prompt_.size()) + std::max<int64_t>(1, wanted) > context) {
       StreamError error;
       const int64_t room = context - static_cast<int64_t>(prompt_.size());
       error.status = grpc::Status(
@@ -570,8 +571,9 @@ class Pipeline final : public StreamPipeline {
         AfterMessage();
         return;
       case Phase::kTail:
-        if (!ok) return FinishWith("cancelled", grpc::Status(grpc::StatusCode::CANCELLED,
-                                                             "client went away"));
+        if (!ok)
+          return FinishWith("cancelled",
+                            grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
         SendComplete();
         return;
       default:

@@ -71,7 +71,8 @@ StreamStats HttpOne(int port, const std::string& body) {
       if (ev == "[DONE]") {
         s.ok = s.chunks > 0;
         s.ttft_ms = absl::ToDoubleMilliseconds(first - start);
-        if (s.chunks > 1) s.per_token_ms = absl::ToDoubleMilliseconds(last - first) / (s.chunks - 1);
+        if (s.chunks > 1)
+          s.per_token_ms = absl::ToDoubleMilliseconds(last - first) / (s.chunks - 1);
         return s;
       }
       if (ev.find("\"error\"") != std::string::npos) return s;
@@ -185,8 +186,8 @@ int main(int argc, char** argv) {
   req.mutable_sampling()->set_temperature(0);
   const std::string body =
       json({{"model", "default"},
-            {"messages", {{{"role", "user"},
-                           {"content", "Tell me a long story about routers and workers."}}}},
+            {"messages",
+             {{{"role", "user"}, {"content", "Tell me a long story about routers and workers."}}}},
             {"max_tokens", max_tokens},
             {"ignore_eos", true},
             {"temperature", 0},
@@ -206,14 +207,18 @@ int main(int argc, char** argv) {
   json result = {
       {"benchmark", "http_chat_bench"},
       {"command", command},
-      {"what", "concurrent streaming chat requests, gRPC Chat vs HTTP /v1/chat/completions (SSE), "
-               "same router, same simulated workers, one path after the other"},
+      {"what",
+       "concurrent streaming chat requests, gRPC Chat vs HTTP /v1/chat/completions (SSE), "
+       "same router, same simulated workers, one path after the other"},
       {"workers", absl::GetFlag(FLAGS_workers)},
       {"max_tokens", max_tokens},
       {"decode_step_us", absl::GetFlag(FLAGS_decode_step_us)},
       {"router_idle_threads", idle_threads},
       {"router_idle_rss_kib", idle_rss},
-      {"note", "per_token_ms is the gap between content chunks (a token that completes no text, e.g. a random id of the simulated model, joins the next chunk); ttft is to the first content chunk; router threads and RSS are sampled every 20 ms"},
+      {"note",
+       "per_token_ms is the gap between content chunks (a token that completes no text, e.g. a "
+       "random id of the simulated model, joins the next chunk); ttft is to the first content "
+       "chunk; router threads and RSS are sampled every 20 ms"},
       {"paths", {grpc_path, http_path}},
       {"http_over_grpc_p99", {{"ttft", ratio("ttft_ms")}, {"per_token", ratio("per_token_ms")}}},
   };

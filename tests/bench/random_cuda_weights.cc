@@ -14,10 +14,13 @@ runner::CudaWeightsFactory RandomCudaWeights(uint64_t seed) {
                 const parallel::ShardPlan& plan) -> absl::StatusOr<runner::CudaWeights> {
     runner::CudaWeights w;
     uint64_t stream_id = seed + 7919 * static_cast<uint64_t>(plan.rank);
-    auto random = [&](int64_t elems, kcu::DeviceBuffer* out, std::string_view what) -> absl::Status {
-      absl::StatusOr<kcu::DeviceBuffer> buf = runner::AllocateDevice(elems * sizeof(kcu::Bf16), what);
+    auto random = [&](int64_t elems, kcu::DeviceBuffer* out,
+                      std::string_view what) -> absl::Status {
+      absl::StatusOr<kcu::DeviceBuffer> buf =
+          runner::AllocateDevice(elems * sizeof(kcu::Bf16), what);
       if (!buf.ok()) return buf.status();
-      RETURN_IF_ERROR(kcu::FillRandomBf16(buf->as<kcu::Bf16>(), elems, ++stream_id, 0.03f, nullptr));
+      RETURN_IF_ERROR(
+          kcu::FillRandomBf16(buf->as<kcu::Bf16>(), elems, ++stream_id, 0.03f, nullptr));
       w.bytes += elems * static_cast<int64_t>(sizeof(kcu::Bf16));
       *out = std::move(*buf);
       return absl::OkStatus();
