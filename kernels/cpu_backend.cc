@@ -145,6 +145,9 @@ void CopyOp(Op op, const CpuKernels& from, CpuKernels* to) {
     case Op::kAllReduce:
       to->reduce_sum = from.reduce_sum;
       break;
+    case Op::kMoeRouting:
+    case Op::kMoeExperts:
+      break;  // CPU MoE entries come in the next commits
   }
   to->backend[static_cast<size_t>(op)] = from.BackendOf(op);
 }

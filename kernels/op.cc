@@ -26,6 +26,10 @@ std::string_view OpName(Op op) {
       return "sampling";
     case Op::kAllReduce:
       return "all_reduce";
+    case Op::kMoeRouting:
+      return "moe_routing";
+    case Op::kMoeExperts:
+      return "moe_experts";
   }
   return "unknown";
 }

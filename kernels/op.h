@@ -22,6 +22,8 @@ enum class Op {
   kLogitsProcessing,  // softmax / log-softmax over logits rows
   kSampling,          // token choice (argmax; random draws build on softmax)
   kAllReduce,         // tensor-parallel sum across ranks
+  kMoeRouting,        // router logits -> each token's top-k experts and weights
+  kMoeExperts,        // the routed experts' SwiGLU MLPs, combined weighted in fp32
 };
 
 // Every op, in the order reports list them.
@@ -37,11 +39,13 @@ inline constexpr Op kAllOps[] = {
     Op::kLogitsProcessing,
     Op::kSampling,
     Op::kAllReduce,
+    Op::kMoeRouting,
+    Op::kMoeExperts,
 };
 
 // "embedding", "rmsnorm", "rope", "gemm", "silu_mul", "kv_cache_write",
 // "attention_prefill", "attention_decode", "logits_processing", "sampling",
-// "all_reduce".
+// "all_reduce", "moe_routing", "moe_experts".
 std::string_view OpName(Op op);
 std::optional<Op> OpFromName(std::string_view name);
 

@@ -29,6 +29,9 @@ const std::vector<Family>& Families() {
        "logits processing and sampling",
        {Op::kLogitsProcessing, Op::kSampling}},
       {"all_reduce_backend", "the all-reduce between tensor-parallel ranks", {Op::kAllReduce}},
+      {"moe_backend",
+       "mixture-of-experts routing and expert MLPs",
+       {Op::kMoeRouting, Op::kMoeExperts}},
   };
   return *families;
 }
