@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -26,7 +27,13 @@ constexpr ArchitectureInfo kArchitectures[] = {
     {ModelArchitecture::kMistral, "MistralForCausalLM", "mistral", 4096 * 32},
     {ModelArchitecture::kQwen2, "Qwen2ForCausalLM", "qwen2", 32768},
     {ModelArchitecture::kQwen3, "Qwen3ForCausalLM", "qwen3", 32768},
+    {ModelArchitecture::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe", 32768},
+    {ModelArchitecture::kGlm4Moe, "Glm4MoeForCausalLM", "glm4_moe", 131072},
 };
+
+// Far above any released model (DeepSeek-V3 and Kimi K2 route over 256 and
+// 384 experts), so a corrupt config cannot size absurd tables.
+constexpr int64_t kMaxExperts = int64_t{1} << 16;
 
 const ArchitectureInfo& InfoOf(ModelArchitecture arch) {
   for (const ArchitectureInfo& info : kArchitectures) {
@@ -178,8 +185,12 @@ absl::StatusOr<ModelArchitecture> ParseArchitecture(const Json& obj, std::string
         return info.arch;
       }
     }
-    return absl::InvalidArgumentError(Cat(
-        "model_type \"", **type, "\" is not supported (supported: llama, mistral, qwen2, qwen3)"));
+    std::string types;
+    for (const ArchitectureInfo& info : kArchitectures) {
+      types += Cat(types.empty() ? "" : ", ", info.model_type);
+    }
+    return absl::InvalidArgumentError(
+        Cat("model_type \"", **type, "\" is not supported (supported: ", types, ")"));
   }
   return absl::InvalidArgumentError(
       Cat("neither architectures nor model_type is given (supported: ", names, ")"));
@@ -264,7 +275,8 @@ absl::Status ParseSlidingWindow(const Json& obj, ModelConfig* config) {
   } else if (config->architecture == ModelArchitecture::kMistral) {
     sliding_layers = window->has_value() ? layers : 0;
   } else if (config->architecture == ModelArchitecture::kQwen2 ||
-             config->architecture == ModelArchitecture::kQwen3) {
+             config->architecture == ModelArchitecture::kQwen3 ||
+             config->architecture == ModelArchitecture::kQwen3Moe) {
     bool use_sliding_window = false;
     if (absl::Status s = OptionalBool(obj, "use_sliding_window", &use_sliding_window); !s.ok()) {
       return s;
@@ -326,6 +338,195 @@ absl::Status ParseTokenIds(const Json& obj, ModelConfig* config) {
     if (absl::Status s = check("eos_token_id", id); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+// The routed-expert count: `key`, or num_local_experts (transformers 5
+// writes that name for Qwen3-MoE; real checkpoints use `key`). When both are
+// given they must agree.
+absl::Status ExpertCount(const Json& obj, std::string_view key, int64_t* out) {
+  absl::StatusOr<std::optional<int64_t>> named = OptInt(obj, key);
+  if (!named.ok()) return named.status();
+  absl::StatusOr<std::optional<int64_t>> local = OptInt(obj, "num_local_experts");
+  if (!local.ok()) return local.status();
+  if (named->has_value() && local->has_value() && **named != **local) {
+    return absl::InvalidArgumentError(
+        Cat(key, " = ", **named, " and num_local_experts = ", **local, " disagree"));
+  }
+  const std::string_view display =
+      named->has_value() || !local->has_value() ? key : std::string_view("num_local_experts");
+  if (named->has_value() || local->has_value()) {
+    *out = named->has_value() ? **named : **local;
+  }
+  return CheckRange(display, *out, 0, kMaxExperts);
+}
+
+// Keys both MoE architectures share (defaults already in *m).
+absl::Status ParseCommonMoe(const Json& obj, MoeConfig* m) {
+  if (absl::Status s = OptionalInt(obj, "num_experts_per_tok", 1, kMaxExperts, &m->top_k);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          OptionalInt(obj, "moe_intermediate_size", 1, kMaxIntermediateSize, &m->intermediate_size);
+      !s.ok()) {
+    return s;
+  }
+  return OptionalBool(obj, "norm_topk_prob", &m->norm_topk_prob);
+}
+
+// mlp_only_layers: absent or null -> none; else integers in [0, layers).
+absl::StatusOr<std::vector<int64_t>> MlpOnlyLayers(const Json& obj, int64_t layers) {
+  std::vector<int64_t> out;
+  const Json* list = Lookup(obj, "mlp_only_layers");
+  if (list == nullptr) return out;
+  if (!list->is_array()) return WrongType("mlp_only_layers", "a list of layer indices", *list);
+  for (size_t i = 0; i < list->size(); ++i) {
+    const Json& v = (*list)[i];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= layers) {
+      return absl::InvalidArgumentError(Cat("mlp_only_layers[", i, "] = ", Brief(v),
+                                            " is not a layer index in [0, ", layers, ")"));
+    }
+    out.push_back(v.get<int64_t>());
+  }
+  return out;
+}
+
+// Qwen3MoeDecoderLayer's choice: sparse unless listed in mlp_only_layers,
+// and only every decoder_sparse_step-th layer (1-based).
+absl::Status ParseQwen3Moe(const Json& obj, ModelConfig* c) {
+  MoeConfig m;
+  m.scoring = MoeScoring::kSoftmax;
+  m.num_experts = 128;
+  m.top_k = 8;
+  m.intermediate_size = 768;
+  m.norm_topk_prob = false;
+  if (absl::Status s = ExpertCount(obj, "num_experts", &m.num_experts); !s.ok()) return s;
+  if (absl::Status s = ParseCommonMoe(obj, &m); !s.ok()) return s;
+  int64_t step = 1;
+  if (absl::Status s = OptionalInt(obj, "decoder_sparse_step", 1, kMaxLayers, &step); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::vector<int64_t>> dense = MlpOnlyLayers(obj, c->num_hidden_layers);
+  if (!dense.ok()) return dense.status();
+  m.sparse_layers.assign(static_cast<size_t>(c->num_hidden_layers), false);
+  for (int64_t l = 0; l < c->num_hidden_layers; ++l) {
+    const bool listed = std::find(dense->begin(), dense->end(), l) != dense->end();
+    m.sparse_layers[l] = !listed && m.num_experts > 0 && (l + 1) % step == 0;
+  }
+  c->moe = std::move(m);
+  return absl::OkStatus();
+}
+
+// Glm4MoeDecoderLayer's choice: the first first_k_dense_replace layers dense.
+absl::Status ParseGlm4Moe(const Json& obj, ModelConfig* c) {
+  MoeConfig m;
+  m.scoring = MoeScoring::kSigmoidGrouped;
+  m.num_experts = 128;
+  m.top_k = 8;
+  m.intermediate_size = 1408;
+  m.norm_topk_prob = true;
+  m.num_shared_experts = 1;
+  if (absl::Status s = ExpertCount(obj, "n_routed_experts", &m.num_experts); !s.ok()) return s;
+  if (absl::Status s = ParseCommonMoe(obj, &m); !s.ok()) return s;
+  for (auto [key, out] :
+       {std::pair{"n_shared_experts", &m.num_shared_experts}, std::pair{"n_group", &m.n_group},
+        std::pair{"topk_group", &m.topk_group}}) {
+    const int64_t min = std::string_view(key) == "n_shared_experts" ? 0 : 1;
+    if (absl::Status s = OptionalInt(obj, key, min, kMaxExperts, out); !s.ok()) return s;
+  }
+  if (absl::Status s = OptionalPositive(obj, "routed_scaling_factor", "routed_scaling_factor",
+                                        &m.routed_scaling_factor);
+      !s.ok()) {
+    return s;
+  }
+  int64_t first_dense = 1;
+  if (absl::Status s =
+          OptionalInt(obj, "first_k_dense_replace", 0, c->num_hidden_layers, &first_dense);
+      !s.ok()) {
+    return s;
+  }
+  m.sparse_layers.assign(static_cast<size_t>(c->num_hidden_layers), false);
+  for (int64_t l = first_dense; l < c->num_hidden_layers; ++l) m.sparse_layers[l] = true;
+  c->num_nextn_predict_layers = 1;
+  if (absl::Status s =
+          OptionalInt(obj, "num_nextn_predict_layers", 0, kMaxLayers, &c->num_nextn_predict_layers);
+      !s.ok()) {
+    return s;
+  }
+  c->moe = std::move(m);
+  return absl::OkStatus();
+}
+
+// The routing constraints both schemes need to be well defined.
+absl::Status ValidateMoe(const MoeConfig& m) {
+  const bool any_sparse =
+      std::find(m.sparse_layers.begin(), m.sparse_layers.end(), true) != m.sparse_layers.end();
+  if (!any_sparse) return absl::OkStatus();  // every layer dense: nothing is routed
+  if (m.top_k > m.num_experts) {
+    return absl::InvalidArgumentError(Cat("num_experts_per_tok = ", m.top_k,
+                                          " exceeds the number of routed experts (", m.num_experts,
+                                          ")"));
+  }
+  if (m.scoring == MoeScoring::kSoftmax) return absl::OkStatus();
+  if (m.num_experts % m.n_group != 0) {
+    return absl::InvalidArgumentError(
+        Cat("n_group = ", m.n_group, " does not divide the ", m.num_experts, " routed experts"));
+  }
+  if (m.topk_group > m.n_group) {
+    return absl::InvalidArgumentError(
+        Cat("topk_group = ", m.topk_group, " exceeds n_group = ", m.n_group));
+  }
+  if (m.group_size() < 2) {
+    return absl::InvalidArgumentError(
+        Cat("groups of ", m.group_size(), " expert(s) (", m.num_experts, " experts / n_group = ",
+            m.n_group, "): a group is scored by its top two experts, so it needs at least 2"));
+  }
+  if (m.top_k > m.topk_group * m.group_size()) {
+    return absl::InvalidArgumentError(Cat("num_experts_per_tok = ", m.top_k,
+                                          " exceeds the experts of the topk_group = ", m.topk_group,
+                                          " chosen groups (", m.topk_group * m.group_size(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+// GLM-4.5's partial rotary factor: top level or inside rope_parameters
+// (transformers 5 moves it there), default 0.5 as Glm4MoeConfig.
+absl::Status ParsePartialRotary(const Json& obj, ModelConfig* c) {
+  double factor = 0.5;
+  if (const Json* params = Lookup(obj, "rope_parameters"); params && params->is_object()) {
+    if (absl::Status s = OptionalPositive(*params, "partial_rotary_factor",
+                                          "rope_parameters.partial_rotary_factor", &factor);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (absl::Status s =
+          OptionalPositive(obj, "partial_rotary_factor", "partial_rotary_factor", &factor);
+      !s.ok()) {
+    return s;
+  }
+  if (factor > 1.0) {
+    return absl::InvalidArgumentError(Cat("partial_rotary_factor = ", factor, " must be <= 1"));
+  }
+  c->partial_rotary_factor = factor;
+  const int64_t dim = c->rotary_dim();
+  if (dim < 2 || dim % 2 != 0) {
+    return absl::InvalidArgumentError(Cat("partial_rotary_factor = ", factor, " gives ", dim,
+                                          " rotary dims of head_dim ", c->head_dim,
+                                          "; RoPE needs an even number >= 2"));
+  }
+  return absl::OkStatus();
+}
+
+// The MoE keys and partial RoPE of the architectures that have them.
+absl::Status ParseArchitectureExtras(const Json& obj, ModelConfig* c) {
+  if (c->architecture == ModelArchitecture::kQwen3Moe) {
+    if (absl::Status s = ParseQwen3Moe(obj, c); !s.ok()) return s;
+  } else if (c->architecture == ModelArchitecture::kGlm4Moe) {
+    if (absl::Status s = ParseGlm4Moe(obj, c); !s.ok()) return s;
+    if (absl::Status s = ParsePartialRotary(obj, c); !s.ok()) return s;
+  }
+  return c->moe ? ValidateMoe(*c->moe) : absl::OkStatus();
 }
 
 absl::StatusOr<ModelConfig> ParseConfigObject(const Json& obj) {
@@ -440,10 +641,16 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& obj) {
       config.qkv_bias = true;
       break;
     case ModelArchitecture::kQwen3:
+    case ModelArchitecture::kQwen3Moe:
       config.qkv_bias = config.o_proj_bias = attention_bias;
       config.qk_norm = true;
       break;
+    case ModelArchitecture::kGlm4Moe:
+      config.qkv_bias = attention_bias;  // Glm4MoeAttention: o_proj never has a bias
+      if (absl::Status s = OptionalBool(obj, "use_qk_norm", &config.qk_norm); !s.ok()) return s;
+      break;
   }
+  if (absl::Status s = ParseArchitectureExtras(obj, &config); !s.ok()) return s;
 
   absl::StatusOr<std::optional<std::string>> dtype = OptString(obj, "torch_dtype");
   if (!dtype.ok()) return dtype.status();

@@ -1,8 +1,9 @@
 // ModelConfig: the parts of a Hugging Face `config.json` the runtime needs,
 // parsed and validated, for the decoder-only architectures Tessera runs:
-// LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM.
+// LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+// and the mixture-of-experts Qwen3MoeForCausalLM and Glm4MoeForCausalLM.
 //
-// All four are pre-norm decoders: RMSNorm -> attention (GQA, RoPE) -> residual
+// All are pre-norm decoders: RMSNorm -> attention (GQA, RoPE) -> residual
 // -> RMSNorm -> SwiGLU MLP (silu(gate) * up -> down) -> residual; final RMSNorm
 // and an lm_head (tied to the embedding when tie_word_embeddings). They differ
 // only in the flags below:
@@ -15,6 +16,31 @@
 //            after the projection and before RoPE; q/k/v/o bias =
 //            attention_bias; head_dim is given explicitly and may differ from
 //            hidden_size / num_attention_heads.
+//   Qwen3-MoE: Qwen3's attention; the MLP of layer l is sparse (MoE) unless
+//            l is in mlp_only_layers or (l + 1) % decoder_sparse_step != 0
+//            (or num_experts is 0). Keys: num_experts (transformers 5 writes
+//            num_local_experts; both are read, and must agree when both are
+//            given; default 128), num_experts_per_tok (8),
+//            moe_intermediate_size (768), norm_topk_prob (false),
+//            decoder_sparse_step (1, >= 1), mlp_only_layers ([], entries in
+//            [0, num_hidden_layers)). Softmax routing, no shared experts.
+//   GLM-4.5: q/k/v bias = attention_bias, never an o_proj bias; q/k norm
+//            when use_qk_norm (false); RoPE over the first rotary_dim() =
+//            int(head_dim * partial_rotary_factor) dims of each head
+//            (partial_rotary_factor at the top level or inside
+//            rope_parameters; default 0.5, as transformers). Layers >=
+//            first_k_dense_replace (1) are sparse. Keys: n_routed_experts
+//            (or num_local_experts; 128), num_experts_per_tok (8),
+//            moe_intermediate_size (1408), n_shared_experts (1),
+//            n_group (1), topk_group (1), routed_scaling_factor (1.0),
+//            norm_topk_prob (true), num_nextn_predict_layers (1: the
+//            multi-token-prediction layers stored after the decoder layers,
+//            which Tessera skips). Sigmoid routing with a correction bias.
+//   MoE validation (INVALID_ARGUMENT naming the keys): 1 <= top_k <=
+//            experts; n_group divides experts; 1 <= topk_group <= n_group;
+//            top_k <= topk_group * (experts / n_group); groups of at least 2
+//            experts (a group is scored by its top two); a positive finite
+//            routed_scaling_factor; n_shared_experts >= 0.
 //
 // Keys and defaults. Required: vocab_size, hidden_size, intermediate_size,
 // num_hidden_layers, num_attention_heads, and "architectures" or
@@ -54,7 +80,7 @@ inline constexpr int64_t kMaxHeads = 4096;
 inline constexpr int64_t kMaxHeadDim = 8192;
 inline constexpr int64_t kMaxPositionEmbeddings = int64_t{1} << 30;
 
-enum class ModelArchitecture { kLlama, kMistral, kQwen2, kQwen3 };
+enum class ModelArchitecture { kLlama, kMistral, kQwen2, kQwen3, kQwen3Moe, kGlm4Moe };
 
 // "LlamaForCausalLM", ...
 std::string_view ArchitectureName(ModelArchitecture arch);
@@ -73,9 +99,39 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 0;  // llama3; > 0
 };
 
+// How a router turns its logits into each token's experts and weights;
+// kernels/cpu/moe_routing.h has the exact arithmetic of both.
+enum class MoeScoring {
+  kSoftmax,         // Qwen3-MoE: softmax -> top-k -> optional renormalisation
+  kSigmoidGrouped,  // GLM-4.5 / DeepSeek-V3: sigmoid, + correction bias for the
+                    // choice only, group-limited top-k, weights from the
+                    // unbiased scores (optionally normalised) x scaling factor
+};
+
+// The mixture-of-experts part of a config (see the header comment).
+struct MoeConfig {
+  MoeScoring scoring = MoeScoring::kSoftmax;
+  int64_t num_experts = 0;             // routed experts
+  int64_t top_k = 0;                   // num_experts_per_tok
+  int64_t intermediate_size = 0;       // moe_intermediate_size: one expert's width
+  bool norm_topk_prob = false;         // renormalise a token's k weights to sum 1
+  int64_t num_shared_experts = 0;      // always-on experts (one MLP, see below)
+  int64_t n_group = 1;                 // expert groups (sigmoid scoring)
+  int64_t topk_group = 1;              // groups a token may choose experts from
+  double routed_scaling_factor = 1.0;  // multiplies the routed weights
+  std::vector<bool> sparse_layers;     // per decoder layer: MoE (true) or dense MLP
+
+  // The shared experts run as one SwiGLU MLP of this width (transformers'
+  // shared_experts module), added to the routed experts' output.
+  int64_t shared_intermediate_size() const { return intermediate_size * num_shared_experts; }
+  int64_t group_size() const { return num_experts / n_group; }
+  // Sigmoid scoring has a per-expert e_score_correction_bias in the router.
+  bool has_correction_bias() const { return scoring == MoeScoring::kSigmoidGrouped; }
+};
+
 struct ModelConfig {
   ModelArchitecture architecture = ModelArchitecture::kLlama;
-  std::string model_type;  // "llama", "mistral", "qwen2", "qwen3"
+  std::string model_type;  // "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "glm4_moe"
 
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -93,7 +149,16 @@ struct ModelConfig {
   bool qkv_bias = false;     // q_proj/k_proj/v_proj have a bias
   bool o_proj_bias = false;  // o_proj has a bias
   bool mlp_bias = false;     // gate/up/down_proj have a bias
-  bool qk_norm = false;      // Qwen3 q_norm/k_norm
+  bool qk_norm = false;      // Qwen3 q_norm/k_norm (GLM-4.5: use_qk_norm)
+
+  // RoPE rotates the first rotary_dim() dims of each head (GLM-4.5: half).
+  double partial_rotary_factor = 1.0;  // in (0, 1]
+
+  // Mixture of experts (Qwen3-MoE, GLM-4.5); unset for dense models.
+  std::optional<MoeConfig> moe;
+  // Multi-token-prediction layers a GLM-4.5 checkpoint stores as
+  // model.layers.<num_hidden_layers + i>.*; not run, skipped at load.
+  int64_t num_nextn_predict_layers = 0;
 
   std::optional<DType> torch_dtype;  // the dtype the model was saved in
   std::optional<int64_t> bos_token_id;
@@ -108,6 +173,14 @@ struct ModelConfig {
   int64_t q_size() const { return num_attention_heads * head_dim; }
   int64_t kv_size() const { return num_key_value_heads * head_dim; }
   int64_t queries_per_kv() const { return num_attention_heads / num_key_value_heads; }
+  // As transformers: int(head_dim * partial_rotary_factor); even, >= 2.
+  int64_t rotary_dim() const { return static_cast<int64_t>(head_dim * partial_rotary_factor); }
+  // Whether decoder layer `layer` has a mixture-of-experts MLP.
+  bool IsSparseLayer(int64_t layer) const {
+    return moe.has_value() && layer >= 0 &&
+           layer < static_cast<int64_t>(moe->sparse_layers.size()) &&
+           moe->sparse_layers[static_cast<size_t>(layer)];
+  }
 };
 
 // Parses config.json text. `source` (a path) prefixes every error message;

@@ -255,7 +255,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         BadConfig{"UnknownArchitecture", "\"LlamaForCausalLM\"", "\"GPT2LMHeadModel\"",
                   "architecture \"GPT2LMHeadModel\" is not supported (supported: "
-                  "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)"},
+                  "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                  "Qwen3MoeForCausalLM, Glm4MoeForCausalLM)"},
         BadConfig{"YarnRope", "\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\"",
                   "rope_scaling type \"yarn\" is not supported (supported: default, linear, "
                   "llama3)"},

@@ -74,7 +74,7 @@ absl::StatusOr<std::vector<float>> RopeInverseFrequencies(int64_t head_dim, doub
 }
 
 absl::StatusOr<std::vector<float>> RopeInverseFrequencies(const ModelConfig& config) {
-  return RopeInverseFrequencies(config.head_dim, config.rope_theta, config.rope_scaling);
+  return RopeInverseFrequencies(config.rotary_dim(), config.rope_theta, config.rope_scaling);
 }
 
 }  // namespace tessera::model

@@ -42,7 +42,9 @@ namespace tessera::model {
 absl::StatusOr<std::vector<float>> RopeInverseFrequencies(int64_t head_dim, double theta,
                                                           const RopeScaling& scaling);
 
-// For a model: uses config.head_dim, rope_theta and rope_scaling.
+// For a model: rotary_dim() / 2 frequencies from config.rotary_dim() (head_dim
+// unless a partial rotary factor applies, as GLM-4.5's), rope_theta and
+// rope_scaling. transformers computes partial RoPE's table with d = rotary_dim.
 absl::StatusOr<std::vector<float>> RopeInverseFrequencies(const ModelConfig& config);
 
 }  // namespace tessera::model
