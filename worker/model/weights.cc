@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "base/log.h"
 #include "base/str_cat.h"
 
 namespace tessera::model {
@@ -70,88 +71,203 @@ std::string LayerName(int64_t layer, std::string_view suffix) {
   return Cat(kLayerPrefix, layer, ".", suffix);
 }
 
-}  // namespace
+// The attention tensors of layer l, into `out`.
+void AttentionSpecs(const ModelConfig& c, int64_t l, std::vector<TensorSpec>* out) {
+  const int64_t H = c.hidden_size, Q = c.q_size(), K = c.kv_size();
+  auto attn = [&](std::string_view s) { return LayerName(l, Cat("self_attn.", s)); };
+  out->push_back({LayerName(l, "input_layernorm.weight"), {H}});
+  out->push_back({attn("q_proj.weight"), {Q, H}});
+  out->push_back({attn("k_proj.weight"), {K, H}});
+  out->push_back({attn("v_proj.weight"), {K, H}});
+  out->push_back({attn("o_proj.weight"), {H, Q}});
+  if (c.qkv_bias) {
+    out->push_back({attn("q_proj.bias"), {Q}});
+    out->push_back({attn("k_proj.bias"), {K}});
+    out->push_back({attn("v_proj.bias"), {K}});
+  }
+  if (c.o_proj_bias) out->push_back({attn("o_proj.bias"), {H}});
+  if (c.qk_norm) {
+    out->push_back({attn("q_norm.weight"), {c.head_dim}});
+    out->push_back({attn("k_norm.weight"), {c.head_dim}});
+  }
+  out->push_back({LayerName(l, "post_attention_layernorm.weight"), {H}});
+}
 
-std::vector<std::string> RequiredTensorNames(const ModelConfig& config) {
-  std::vector<std::string> names = {"model.embed_tokens.weight"};
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    names.push_back(LayerName(l, "input_layernorm.weight"));
-    for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
-      names.push_back(LayerName(l, Cat("self_attn.", p, ".weight")));
-    }
-    if (config.qkv_bias) {
-      for (const char* p : {"q_proj", "k_proj", "v_proj"}) {
-        names.push_back(LayerName(l, Cat("self_attn.", p, ".bias")));
-      }
-    }
-    if (config.o_proj_bias) names.push_back(LayerName(l, "self_attn.o_proj.bias"));
-    if (config.qk_norm) {
-      names.push_back(LayerName(l, "self_attn.q_norm.weight"));
-      names.push_back(LayerName(l, "self_attn.k_norm.weight"));
-    }
-    names.push_back(LayerName(l, "post_attention_layernorm.weight"));
-    for (const char* p : {"gate_proj", "up_proj", "down_proj"}) {
-      names.push_back(LayerName(l, Cat("mlp.", p, ".weight")));
-      if (config.mlp_bias) names.push_back(LayerName(l, Cat("mlp.", p, ".bias")));
+// A SwiGLU MLP of width `width` under `prefix` ("mlp.", "mlp.experts.3.").
+void SwiGluSpecs(const ModelConfig& c, int64_t l, std::string_view prefix, int64_t width, bool bias,
+                 std::vector<TensorSpec>* out) {
+  const int64_t H = c.hidden_size;
+  for (const char* p : {"gate_proj", "up_proj", "down_proj"}) {
+    const bool down = std::string_view(p) == "down_proj";
+    out->push_back({LayerName(l, Cat(prefix, p, ".weight")),
+                    down ? std::vector<int64_t>{H, width} : std::vector<int64_t>{width, H}});
+    if (bias) out->push_back({LayerName(l, Cat(prefix, p, ".bias")), {down ? H : width}});
+  }
+}
+
+// The router, routed experts and shared experts of a sparse layer.
+void MoeSpecs(const ModelConfig& c, int64_t l, std::vector<TensorSpec>* out) {
+  const MoeConfig& m = *c.moe;
+  out->push_back({LayerName(l, "mlp.gate.weight"), {m.num_experts, c.hidden_size}});
+  if (m.has_correction_bias()) {
+    out->push_back({LayerName(l, "mlp.gate.e_score_correction_bias"), {m.num_experts}});
+  }
+  for (int64_t e = 0; e < m.num_experts; ++e) {
+    SwiGluSpecs(c, l, Cat("mlp.experts.", e, "."), m.intermediate_size, false, out);
+  }
+  if (m.shared_intermediate_size() > 0) {
+    SwiGluSpecs(c, l, "mlp.shared_experts.", m.shared_intermediate_size(), false, out);
+  }
+}
+
+// Whether a tensor of layer `layer` (>= num_hidden_layers) belongs to the
+// multi-token-prediction layers, which are skipped; else the error.
+absl::StatusOr<bool> IsMtpLayer(const ModelConfig& c, const Checkpoint& checkpoint,
+                                const std::string& name, int64_t layer) {
+  if (layer < c.num_hidden_layers + c.num_nextn_predict_layers) return true;
+  return absl::InvalidArgumentError(
+      Cat(checkpoint.description(), ": tensor \"", name, "\" belongs to layer ", layer,
+          " but the config has num_hidden_layers = ", c.num_hidden_layers,
+          c.num_nextn_predict_layers > 0 ? Cat(" (and ", c.num_nextn_predict_layers,
+                                               " multi-token-prediction layer(s) after them)")
+                                         : std::string()));
+}
+
+// Binds one SwiGLU MLP (no biases) under `prefix`.
+absl::Status BindSwiGlu(Binder& b, int64_t l, std::string_view prefix, int64_t H, int64_t width,
+                        ExpertWeights* out) {
+  for (absl::Status s : {
+           b.Bind(LayerName(l, Cat(prefix, "gate_proj.weight")), {width, H}, &out->gate_proj),
+           b.Bind(LayerName(l, Cat(prefix, "up_proj.weight")), {width, H}, &out->up_proj),
+           b.Bind(LayerName(l, Cat(prefix, "down_proj.weight")), {H, width}, &out->down_proj),
+       }) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BindMoe(const ModelConfig& c, Binder& b, int64_t l, MoeWeights* out) {
+  const MoeConfig& m = *c.moe;
+  const int64_t H = c.hidden_size;
+  if (absl::Status s = b.Bind(LayerName(l, "mlp.gate.weight"), {m.num_experts, H}, &out->router);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          b.BindOptional(m.has_correction_bias(), LayerName(l, "mlp.gate.e_score_correction_bias"),
+                         {m.num_experts}, &out->correction_bias);
+      !s.ok()) {
+    return s;
+  }
+  out->experts.resize(static_cast<size_t>(m.num_experts));
+  for (int64_t e = 0; e < m.num_experts; ++e) {
+    if (absl::Status s =
+            BindSwiGlu(b, l, Cat("mlp.experts.", e, "."), H, m.intermediate_size, &out->experts[e]);
+        !s.ok()) {
+      return s;
     }
   }
-  names.push_back("model.norm.weight");
-  if (!config.tie_word_embeddings) names.push_back("lm_head.weight");
+  if (m.shared_intermediate_size() == 0) return absl::OkStatus();
+  out->shared.emplace();
+  return BindSwiGlu(b, l, "mlp.shared_experts.", H, m.shared_intermediate_size(), &*out->shared);
+}
+
+absl::Status BindLayer(const ModelConfig& config, Binder& b, int64_t l, LayerWeights* lw) {
+  const int64_t H = config.hidden_size;
+  const int64_t I = config.intermediate_size;
+  const int64_t D = config.head_dim;
+  const int64_t Q = config.q_size();
+  const int64_t K = config.kv_size();
+  auto attn = [&](std::string_view s) { return LayerName(l, Cat("self_attn.", s)); };
+  auto mlp = [&](std::string_view s) { return LayerName(l, Cat("mlp.", s)); };
+  for (absl::Status s : {
+           b.Bind(LayerName(l, "input_layernorm.weight"), {H}, &lw->input_layernorm),
+           b.Bind(attn("q_proj.weight"), {Q, H}, &lw->q_proj),
+           b.Bind(attn("k_proj.weight"), {K, H}, &lw->k_proj),
+           b.Bind(attn("v_proj.weight"), {K, H}, &lw->v_proj),
+           b.Bind(attn("o_proj.weight"), {H, Q}, &lw->o_proj),
+           b.BindOptional(config.qkv_bias, attn("q_proj.bias"), {Q}, &lw->q_bias),
+           b.BindOptional(config.qkv_bias, attn("k_proj.bias"), {K}, &lw->k_bias),
+           b.BindOptional(config.qkv_bias, attn("v_proj.bias"), {K}, &lw->v_bias),
+           b.BindOptional(config.o_proj_bias, attn("o_proj.bias"), {H}, &lw->o_bias),
+           b.BindOptional(config.qk_norm, attn("q_norm.weight"), {D}, &lw->q_norm),
+           b.BindOptional(config.qk_norm, attn("k_norm.weight"), {D}, &lw->k_norm),
+           b.Bind(LayerName(l, "post_attention_layernorm.weight"), {H},
+                  &lw->post_attention_layernorm),
+       }) {
+    if (!s.ok()) return s;
+  }
+  if (config.IsSparseLayer(l)) {
+    lw->moe.emplace();
+    return BindMoe(config, b, l, &*lw->moe);
+  }
+  for (absl::Status s : {
+           b.Bind(mlp("gate_proj.weight"), {I, H}, &lw->gate_proj),
+           b.Bind(mlp("up_proj.weight"), {I, H}, &lw->up_proj),
+           b.Bind(mlp("down_proj.weight"), {H, I}, &lw->down_proj),
+           b.BindOptional(config.mlp_bias, mlp("gate_proj.bias"), {I}, &lw->gate_bias),
+           b.BindOptional(config.mlp_bias, mlp("up_proj.bias"), {I}, &lw->up_bias),
+           b.BindOptional(config.mlp_bias, mlp("down_proj.bias"), {H}, &lw->down_bias),
+       }) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<TensorSpec> RequiredTensors(const ModelConfig& c) {
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  std::vector<TensorSpec> out = {{"model.embed_tokens.weight", {V, H}}};
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    AttentionSpecs(c, l, &out);
+    if (c.IsSparseLayer(l)) {
+      MoeSpecs(c, l, &out);
+    } else {
+      SwiGluSpecs(c, l, "mlp.", c.intermediate_size, c.mlp_bias, &out);
+    }
+  }
+  out.push_back({"model.norm.weight", {H}});
+  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {V, H}});
+  return out;
+}
+
+std::vector<std::string> RequiredTensorNames(const ModelConfig& config) {
+  std::vector<std::string> names;
+  for (TensorSpec& t : RequiredTensors(config)) names.push_back(std::move(t.name));
   return names;
 }
 
 absl::StatusOr<ModelWeights> BindModelWeights(const ModelConfig& config,
                                               const Checkpoint& checkpoint) {
   const int64_t H = config.hidden_size;
-  const int64_t I = config.intermediate_size;
   const int64_t V = config.vocab_size;
-  const int64_t D = config.head_dim;
-  const int64_t Q = config.q_size();
-  const int64_t K = config.kv_size();
-
-  // A checkpoint with more layers than the config is a mismatch, not spare data.
+  ModelWeights w;
+  // A checkpoint with more layers than the config is a mismatch, not spare
+  // data; only the multi-token-prediction layers are expected there.
   for (const std::string& name : checkpoint.TensorNames()) {
     const int64_t layer = LayerIndexOf(name);
-    if (layer >= config.num_hidden_layers) {
-      return absl::InvalidArgumentError(
-          Cat(checkpoint.description(), ": tensor \"", name, "\" belongs to layer ", layer,
-              " but the config has num_hidden_layers = ", config.num_hidden_layers));
-    }
+    if (layer < config.num_hidden_layers) continue;
+    absl::StatusOr<bool> mtp = IsMtpLayer(config, checkpoint, name, layer);
+    if (!mtp.ok()) return mtp.status();
+    w.skipped_tensors.push_back(name);
+  }
+  std::sort(w.skipped_tensors.begin(), w.skipped_tensors.end());
+  if (!w.skipped_tensors.empty()) {
+    Log(LogLevel::kInfo, "skipping the multi-token-prediction layers (not run)",
+        {{"checkpoint", checkpoint.description()},
+         {"layers", Cat("[", config.num_hidden_layers, ", ",
+                        config.num_hidden_layers + config.num_nextn_predict_layers, ")")},
+         {"tensors", w.skipped_tensors.size()}});
   }
 
   Binder b(checkpoint);
-  ModelWeights w;
   if (absl::Status s = b.Bind("model.embed_tokens.weight", {V, H}, &w.embed_tokens); !s.ok()) {
     return s;
   }
   w.layers.resize(static_cast<size_t>(config.num_hidden_layers));
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    LayerWeights& lw = w.layers[static_cast<size_t>(l)];
-    auto attn = [&](std::string_view s) { return LayerName(l, Cat("self_attn.", s)); };
-    auto mlp = [&](std::string_view s) { return LayerName(l, Cat("mlp.", s)); };
-    for (absl::Status s : {
-             b.Bind(LayerName(l, "input_layernorm.weight"), {H}, &lw.input_layernorm),
-             b.Bind(attn("q_proj.weight"), {Q, H}, &lw.q_proj),
-             b.Bind(attn("k_proj.weight"), {K, H}, &lw.k_proj),
-             b.Bind(attn("v_proj.weight"), {K, H}, &lw.v_proj),
-             b.Bind(attn("o_proj.weight"), {H, Q}, &lw.o_proj),
-             b.BindOptional(config.qkv_bias, attn("q_proj.bias"), {Q}, &lw.q_bias),
-             b.BindOptional(config.qkv_bias, attn("k_proj.bias"), {K}, &lw.k_bias),
-             b.BindOptional(config.qkv_bias, attn("v_proj.bias"), {K}, &lw.v_bias),
-             b.BindOptional(config.o_proj_bias, attn("o_proj.bias"), {H}, &lw.o_bias),
-             b.BindOptional(config.qk_norm, attn("q_norm.weight"), {D}, &lw.q_norm),
-             b.BindOptional(config.qk_norm, attn("k_norm.weight"), {D}, &lw.k_norm),
-             b.Bind(LayerName(l, "post_attention_layernorm.weight"), {H},
-                    &lw.post_attention_layernorm),
-             b.Bind(mlp("gate_proj.weight"), {I, H}, &lw.gate_proj),
-             b.Bind(mlp("up_proj.weight"), {I, H}, &lw.up_proj),
-             b.Bind(mlp("down_proj.weight"), {H, I}, &lw.down_proj),
-             b.BindOptional(config.mlp_bias, mlp("gate_proj.bias"), {I}, &lw.gate_bias),
-             b.BindOptional(config.mlp_bias, mlp("up_proj.bias"), {I}, &lw.up_bias),
-             b.BindOptional(config.mlp_bias, mlp("down_proj.bias"), {H}, &lw.down_bias),
-         }) {
-      if (!s.ok()) return s;
-    }
+    if (absl::Status s = BindLayer(config, b, l, &w.layers[l]); !s.ok()) return s;
   }
   if (absl::Status s = b.Bind("model.norm.weight", {H}, &w.norm); !s.ok()) return s;
   if (config.tie_word_embeddings) {
@@ -162,7 +278,9 @@ absl::StatusOr<ModelWeights> BindModelWeights(const ModelConfig& config,
     return s;
   }
   for (const std::string& name : checkpoint.TensorNames()) {
-    if (!b.Used(name)) w.unused_tensors.push_back(name);
+    if (!b.Used(name) && LayerIndexOf(name) < config.num_hidden_layers) {
+      w.unused_tensors.push_back(name);
+    }
   }
   return w;
 }

@@ -19,6 +19,14 @@
 //       gate_proj [I, H]  up_proj [I, H]  down_proj [H, I]
 //       gate_bias [I]  up_bias [I]  down_bias [H]               (optional)
 //       lm_head [V, H]  (the embed_tokens view when tied)
+//     Mixture-of-experts layers (config.IsSparseLayer(l); then gate_proj,
+//     up_proj and down_proj of the layer are unset), E = moe.num_experts,
+//     J = moe.intermediate_size, S = moe.shared_intermediate_size():
+//       mlp.gate.weight [E, H]                   the router
+//       mlp.gate.e_score_correction_bias [E]     (sigmoid scoring only)
+//       mlp.experts.<e>.{gate,up}_proj.weight [J, H], .down_proj.weight [H, J]
+//       mlp.shared_experts.{gate,up}_proj.weight [S, H], .down_proj [H, S]
+//                                                (when S > 0)
 //     Head h of q occupies rows [h*D, (h+1)*D) of q_proj; query head h reads
 //     key/value head h / (num_attention_heads / num_key_value_heads).
 //   - RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight (Llama/Qwen: weight as
@@ -30,7 +38,10 @@
 // tie_word_embeddings an lm_head.weight in the checkpoint is ignored, as
 // transformers does. Tensors of layers >= num_hidden_layers
 // ("model.layers.N." with N too large) mean the config does not match the
-// checkpoint and are an error; other unknown tensors (e.g. old
+// checkpoint and are an error, except the num_nextn_predict_layers
+// multi-token-prediction layers right after them (GLM-4.5 stores its MTP
+// module as layer num_hidden_layers), which are skipped with a log line and
+// listed in `skipped_tensors`; other unknown tensors (e.g. old
 // rotary_emb.inv_freq buffers) are listed in `unused_tensors`.
 //
 // Lifetime: views point into the Checkpoint; keep it alive (LoadedModel does).
@@ -49,6 +60,20 @@
 
 namespace tessera::model {
 
+// One SwiGLU MLP's matrices (a routed expert, or the shared experts).
+struct ExpertWeights {
+  TensorView gate_proj;  // [J, H]
+  TensorView up_proj;    // [J, H]
+  TensorView down_proj;  // [H, J]
+};
+
+struct MoeWeights {
+  TensorView router;                          // [E, H]
+  std::optional<TensorView> correction_bias;  // [E], sigmoid scoring
+  std::vector<ExpertWeights> experts;         // E entries
+  std::optional<ExpertWeights> shared;        // width S, when S > 0
+};
+
 struct LayerWeights {
   TensorView input_layernorm;                               // [H]
   TensorView q_proj;                                        // [Q, H]
@@ -63,19 +88,28 @@ struct LayerWeights {
   TensorView up_proj;                                       // [I, H]
   TensorView down_proj;                                     // [H, I]
   std::optional<TensorView> gate_bias, up_bias, down_bias;  // when config.mlp_bias
+  std::optional<MoeWeights> moe;  // sparse layers (the dense MLP fields unset)
 };
 
 struct ModelWeights {
-  TensorView embed_tokens;                  // [V, H]
-  std::vector<LayerWeights> layers;         // config.num_hidden_layers entries
-  TensorView norm;                          // [H]
-  TensorView lm_head;                       // [V, H]
-  bool lm_head_tied = false;                // lm_head views embed_tokens' bytes
-  std::vector<std::string> unused_tensors;  // checkpoint tensors not bound, sorted
+  TensorView embed_tokens;                   // [V, H]
+  std::vector<LayerWeights> layers;          // config.num_hidden_layers entries
+  TensorView norm;                           // [H]
+  TensorView lm_head;                        // [V, H]
+  bool lm_head_tied = false;                 // lm_head views embed_tokens' bytes
+  std::vector<std::string> unused_tensors;   // checkpoint tensors not bound, sorted
+  std::vector<std::string> skipped_tensors;  // multi-token-prediction layers, sorted
 };
 
-// The checkpoint names of the tensors `config` needs, in a stable order
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// The tensors `config` needs with their shapes, in a stable order
 // (embedding, layers 0..L-1, final norm, lm_head unless tied).
+std::vector<TensorSpec> RequiredTensors(const ModelConfig& config);
+// Their names alone.
 std::vector<std::string> RequiredTensorNames(const ModelConfig& config);
 
 // Locates and checks every tensor (see the rules above). The first problem
