@@ -91,16 +91,27 @@ class StrictChecker {
   std::optional<absl::Status> error_;
 };
 
-}  // namespace
-
-absl::StatusOr<nlohmann::json> ParseJsonStrict(std::string_view text) {
+// Checks syntax and key uniqueness, then builds the value as JsonType.
+template <typename JsonType>
+absl::StatusOr<JsonType> ParseStrict(std::string_view text) {
   StrictChecker checker;
   const bool ok = Json::sax_parse(text.begin(), text.end(), &checker);
   if (checker.error().has_value()) return *checker.error();
   if (!ok) return absl::InvalidArgumentError("invalid JSON");
-  Json value = Json::parse(text.begin(), text.end(), /*cb=*/nullptr, /*allow_exceptions=*/false);
+  JsonType value =
+      JsonType::parse(text.begin(), text.end(), /*cb=*/nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded()) return absl::InvalidArgumentError("invalid JSON");
   return value;
+}
+
+}  // namespace
+
+absl::StatusOr<nlohmann::json> ParseJsonStrict(std::string_view text) {
+  return ParseStrict<nlohmann::json>(text);
+}
+
+absl::StatusOr<nlohmann::ordered_json> ParseOrderedJsonStrict(std::string_view text) {
+  return ParseStrict<nlohmann::ordered_json>(text);
 }
 
 absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, uint64_t max_bytes) {
@@ -113,8 +124,14 @@ absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path, uint64_t ma
   return json;
 }
 
-std::string_view JsonTypeName(const nlohmann::json& value) {
-  switch (value.type()) {
+std::string_view JsonTypeName(const nlohmann::json& value) { return JsonTypeName(value.type()); }
+
+std::string_view JsonTypeName(const nlohmann::ordered_json& value) {
+  return JsonTypeName(value.type());
+}
+
+std::string_view JsonTypeName(nlohmann::json::value_t type) {
+  switch (type) {
     case Json::value_t::null:
       return "null";
     case Json::value_t::boolean:

@@ -20,6 +20,9 @@ namespace tessera {
 // at the top level" / "duplicate key "k" in object at /a/0" (a JSON pointer of
 // keys and array indexes).
 absl::StatusOr<nlohmann::json> ParseJsonStrict(std::string_view text);
+// The same, keeping object keys in the order the text gives them (what a
+// client wrote matters where it reaches a model, e.g. a tool's JSON Schema).
+absl::StatusOr<nlohmann::ordered_json> ParseOrderedJsonStrict(std::string_view text);
 
 // Reads and parses a JSON file of at most `max_bytes` bytes. Errors start
 // with the path: NOT_FOUND when it cannot be opened, INVALID_ARGUMENT when it
@@ -30,5 +33,7 @@ absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path,
 // Short description of a JSON value's type for error messages ("string",
 // "integer", "number", "boolean", "null", "array", "object").
 std::string_view JsonTypeName(const nlohmann::json& value);
+std::string_view JsonTypeName(const nlohmann::ordered_json& value);
+std::string_view JsonTypeName(nlohmann::json::value_t type);
 
 }  // namespace tessera

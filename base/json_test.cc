@@ -40,6 +40,17 @@ TEST(JsonUtilTest, RejectsDuplicateKeysAtAnyDepthWithTheirPath) {
   EXPECT_TRUE(ParseJsonStrict(R"([{"k": 1}, {"k": 2}])").ok());
 }
 
+TEST(JsonUtilTest, OrderedParseKeepsKeyOrderAndStaysStrict) {
+  absl::StatusOr<nlohmann::ordered_json> j =
+      ParseOrderedJsonStrict(R"({"z": 1, "a": {"y": 2, "b": 3}})");
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->dump(), R"({"z":1,"a":{"y":2,"b":3}})");
+  EXPECT_EQ(JsonTypeName(*j), "object");
+  absl::StatusOr<nlohmann::ordered_json> dup = ParseOrderedJsonStrict(R"({"a": {"k": 1, "k": 2}})");
+  ASSERT_FALSE(dup.ok());
+  EXPECT_THAT(Msg(dup.status()), HasSubstr("duplicate key \"k\" in object at /a"));
+}
+
 TEST(JsonUtilTest, DeepNestingDoesNotCrash) {
   std::string deep(100000, '[');
   deep += std::string(100000, ']');

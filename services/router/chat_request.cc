@@ -14,6 +14,9 @@ namespace tessera::services {
 namespace {
 
 using nlohmann::json;
+// What the template is given keeps the client's key order (transformers keeps
+// Python's dict order): a tool's schema reaches the model as it was written.
+using OrderedJson = nlohmann::ordered_json;
 
 constexpr uint64_t kMaxConfigBytes = 16 << 20;
 
@@ -47,17 +50,17 @@ std::string ModelType(const std::string& dir) {
 }
 
 // A JSON value given as text; `what` names it in errors.
-absl::StatusOr<json> ParseJsonText(const std::string& text, const std::string& what) {
-  json v = json::parse(text, nullptr, false);
+absl::StatusOr<OrderedJson> ParseJsonText(const std::string& text, const std::string& what) {
+  OrderedJson v = OrderedJson::parse(text, nullptr, false);
   if (v.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(what, " is not valid JSON"));
   return v;
 }
 
-absl::StatusOr<json> MessagesJson(const tessera::v1::ChatRequest& req) {
+absl::StatusOr<OrderedJson> MessagesJson(const tessera::v1::ChatRequest& req) {
   if (req.messages().empty()) {
     return absl::InvalidArgumentError("messages is empty: give at least one message");
   }
-  json out = json::array();
+  OrderedJson out = OrderedJson::array();
   for (int i = 0; i < req.messages_size(); ++i) {
     const tessera::v1::ChatMessage& m = req.messages(i);
     const std::string where = absl::StrCat("messages[", i, "]");
@@ -66,22 +69,23 @@ absl::StatusOr<json> MessagesJson(const tessera::v1::ChatRequest& req) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ".role must be system, user, assistant, tool or developer"));
     }
-    json msg = json::object();
+    OrderedJson msg = OrderedJson::object();
     msg["role"] = m.role();
-    msg["content"] = m.has_content() ? json(m.content()) : json(nullptr);
+    msg["content"] = m.has_content() ? OrderedJson(m.content()) : OrderedJson(nullptr);
     if (m.tool_calls_size() > 0) {
       if (m.role() != "assistant") {
         return absl::InvalidArgumentError(
             absl::StrCat(where, ".tool_calls is only for assistant messages"));
       }
-      json calls = json::array();
+      OrderedJson calls = OrderedJson::array();
       for (const tessera::v1::ToolCallDelta& c : m.tool_calls()) {
-        json args = json::parse(c.arguments(), nullptr, false);
-        json call = {{"type", "function"},
-                     {"function",
-                      {{"name", c.name()},
-                       {"arguments",
-                        !args.is_discarded() && args.is_object() ? args : json(c.arguments())}}}};
+        OrderedJson args = OrderedJson::parse(c.arguments(), nullptr, false);
+        OrderedJson call = {
+            {"type", "function"},
+            {"function",
+             {{"name", c.name()},
+              {"arguments",
+               !args.is_discarded() && args.is_object() ? args : OrderedJson(c.arguments())}}}};
         if (!c.id().empty()) call["id"] = c.id();
         calls.push_back(std::move(call));
       }
@@ -95,13 +99,13 @@ absl::StatusOr<json> MessagesJson(const tessera::v1::ChatRequest& req) {
   return out;
 }
 
-absl::StatusOr<json> ToolsJson(const tessera::v1::ChatRequest& req) {
-  json out = json::array();
+absl::StatusOr<OrderedJson> ToolsJson(const tessera::v1::ChatRequest& req) {
+  OrderedJson out = OrderedJson::array();
   for (int i = 0; i < req.tools_size(); ++i) {
     const tessera::v1::ChatTool& t = req.tools(i);
     const std::string where = absl::StrCat("tools[", i, "]");
     if (t.name().empty()) return absl::InvalidArgumentError(absl::StrCat(where, ".name is empty"));
-    json fn = {{"name", t.name()}};
+    OrderedJson fn = {{"name", t.name()}};
     if (!t.description().empty()) fn["description"] = t.description();
     if (!t.parameters_json().empty()) {
       auto params = ParseJsonText(t.parameters_json(), where + ".parameters");
@@ -182,7 +186,7 @@ absl::StatusOr<RenderedChat> ChatRenderer::Render(const tessera::v1::ChatRequest
   }
   input.add_generation_prompt =
       req.has_add_generation_prompt() ? req.add_generation_prompt() : true;
-  input.kwargs = json::object();
+  input.kwargs = OrderedJson::object();
   if (!req.template_kwargs_json().empty()) {
     auto kwargs = ParseJsonText(req.template_kwargs_json(), "chat_template_kwargs");
     if (!kwargs.ok()) return kwargs.status();

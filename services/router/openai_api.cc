@@ -14,6 +14,9 @@ namespace tessera::services {
 namespace {
 
 using nlohmann::json;
+// Request bodies keep their keys in the client's order: tool schemas and
+// call arguments reach the chat template (and so the model) as written.
+using RequestJson = nlohmann::ordered_json;
 
 constexpr int kMaxJsonDepth = 64;
 constexpr int kMaxTopLogprobs = 20;
@@ -55,10 +58,11 @@ bool TooDeep(const std::string& body) {
 // first that was not.
 class Fields {
  public:
-  Fields(const json& object, std::string prefix) : object_(object), prefix_(std::move(prefix)) {}
+  Fields(const RequestJson& object, std::string prefix)
+      : object_(object), prefix_(std::move(prefix)) {}
 
   // The value, or nullptr when absent or null.
-  const json* Get(const std::string& key) {
+  const RequestJson* Get(const std::string& key) {
     seen_.insert(key);
     auto it = object_.find(key);
     if (it == object_.end() || it->is_null()) return nullptr;
@@ -68,7 +72,7 @@ class Fields {
   std::string Name(const std::string& key) const { return prefix_ + key; }
 
   std::optional<ApiError> Bool(const std::string& key, std::optional<bool>* out) {
-    const json* v = Get(key);
+    const RequestJson* v = Get(key);
     if (v == nullptr) return std::nullopt;
     if (!v->is_boolean()) return TypeError(key, "a boolean", *v);
     *out = v->get<bool>();
@@ -76,7 +80,7 @@ class Fields {
   }
   std::optional<ApiError> Int(const std::string& key, int64_t lo, int64_t hi,
                               std::optional<int64_t>* out) {
-    const json* v = Get(key);
+    const RequestJson* v = Get(key);
     if (v == nullptr) return std::nullopt;
     if (!v->is_number_integer()) return TypeError(key, "an integer", *v);
     const int64_t x =
@@ -91,7 +95,7 @@ class Fields {
   // lo_open: the range excludes lo.
   std::optional<ApiError> Number(const std::string& key, double lo, double hi, bool lo_open,
                                  std::optional<double>* out) {
-    const json* v = Get(key);
+    const RequestJson* v = Get(key);
     if (v == nullptr) return std::nullopt;
     if (!v->is_number()) return TypeError(key, "a number", *v);
     const double x = v->get<double>();
@@ -103,14 +107,15 @@ class Fields {
     return std::nullopt;
   }
   std::optional<ApiError> String(const std::string& key, std::optional<std::string>* out) {
-    const json* v = Get(key);
+    const RequestJson* v = Get(key);
     if (v == nullptr) return std::nullopt;
     if (!v->is_string()) return TypeError(key, "a string", *v);
     *out = v->get<std::string>();
     return std::nullopt;
   }
 
-  std::optional<ApiError> TypeError(const std::string& key, const char* want, const json& v) {
+  std::optional<ApiError> TypeError(const std::string& key, const char* want,
+                                    const RequestJson& v) {
     return Invalid(Name(key), absl::StrCat(Name(key), " must be ", want, ", got ",
                                            std::string(JsonTypeName(v))));
   }
@@ -128,7 +133,7 @@ class Fields {
   }
 
  private:
-  const json& object_;
+  const RequestJson& object_;
   const std::string prefix_;
   std::set<std::string> seen_;
 };
@@ -184,12 +189,12 @@ std::optional<ApiError> ParseSampling(Fields& f, const OpenAiLimits& limits, boo
   } else if (!chat) {
     s->set_max_tokens(16);  // OpenAI's documented default for completions
   }
-  if (const json* stop = f.Get("stop")) {
+  if (const RequestJson* stop = f.Get("stop")) {
     std::vector<std::string> stops;
     if (stop->is_string()) {
       stops.push_back(stop->get<std::string>());
     } else if (stop->is_array()) {
-      for (const json& x : *stop) {
+      for (const RequestJson& x : *stop) {
         if (!x.is_string()) return Invalid("stop", "stop must be a string or a list of strings");
         stops.push_back(x.get<std::string>());
       }
@@ -241,7 +246,7 @@ std::optional<ApiError> ParseSampling(Fields& f, const OpenAiLimits& limits, boo
   b.reset();
   RETURN_IF_API_ERROR(f.Bool("stream", &b));
   out->stream = b.value_or(false);
-  if (const json* so = f.Get("stream_options")) {
+  if (const RequestJson* so = f.Get("stream_options")) {
     if (!so->is_object()) return f.TypeError("stream_options", "an object", *so);
     Fields sf(*so, "stream_options.");
     std::optional<bool> usage;
@@ -251,14 +256,14 @@ std::optional<ApiError> ParseSampling(Fields& f, const OpenAiLimits& limits, boo
     out->include_usage = usage.value_or(false);
   }
   // Refused with their names: features the router does not implement.
-  if (const json* rf = f.Get("response_format")) {
+  if (const RequestJson* rf = f.Get("response_format")) {
     if (!rf->is_object() || rf->value("type", "") != "text") {
       return Invalid("response_format",
                      "response_format other than {\"type\": \"text\"} is not supported (no "
                      "constrained decoding: json_object and json_schema cannot be enforced)");
     }
   }
-  if (const json* lb = f.Get("logit_bias")) {
+  if (const RequestJson* lb = f.Get("logit_bias")) {
     if (!lb->is_object() || !lb->empty()) {
       return Invalid("logit_bias", "logit_bias is not supported");
     }
@@ -267,7 +272,7 @@ std::optional<ApiError> ParseSampling(Fields& f, const OpenAiLimits& limits, boo
   // for the caller's own bookkeeping.
   f.Ignore("user");
   f.Ignore("metadata");
-  if (const json* store = f.Get("store")) {
+  if (const RequestJson* store = f.Get("store")) {
     if (!store->is_boolean() || store->get<bool>()) {
       return Invalid("store", "store: true is not supported (completions are not stored)");
     }
@@ -275,7 +280,7 @@ std::optional<ApiError> ParseSampling(Fields& f, const OpenAiLimits& limits, boo
   return std::nullopt;
 }
 
-std::optional<ApiError> ParseContent(const json& content, const std::string& where,
+std::optional<ApiError> ParseContent(const RequestJson& content, const std::string& where,
                                      std::string* out) {
   if (content.is_string()) {
     *out = content.get<std::string>();
@@ -286,7 +291,7 @@ std::optional<ApiError> ParseContent(const json& content, const std::string& whe
   }
   std::vector<std::string> texts;
   for (size_t k = 0; k < content.size(); ++k) {
-    const json& part = content[k];
+    const RequestJson& part = content[k];
     const std::string pw = absl::StrCat(where, "[", k, "]");
     if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
       return Invalid(pw, absl::StrCat(pw, " must be an object with a type"));
@@ -305,7 +310,7 @@ std::optional<ApiError> ParseContent(const json& content, const std::string& whe
   return std::nullopt;
 }
 
-std::optional<ApiError> ParseMessages(const json* messages, tessera::v1::ChatRequest* req) {
+std::optional<ApiError> ParseMessages(const RequestJson* messages, tessera::v1::ChatRequest* req) {
   if (messages == nullptr) return Invalid("messages", "messages is required");
   if (!messages->is_array()) {
     return Invalid("messages", absl::StrCat("messages must be a list, got ",
@@ -313,7 +318,7 @@ std::optional<ApiError> ParseMessages(const json* messages, tessera::v1::ChatReq
   }
   if (messages->empty()) return Invalid("messages", "messages is empty: give at least one");
   for (size_t i = 0; i < messages->size(); ++i) {
-    const json& m = (*messages)[i];
+    const RequestJson& m = (*messages)[i];
     const std::string where = absl::StrCat("messages[", i, "]");
     if (!m.is_object()) return Invalid(where, absl::StrCat(where, " must be an object"));
     Fields f(m, where + ".");
@@ -328,7 +333,7 @@ std::optional<ApiError> ParseMessages(const json* messages, tessera::v1::ChatReq
                                                    "assistant, tool"));
     }
     out->set_role(*role);
-    if (const json* c = f.Get("content")) {
+    if (const RequestJson* c = f.Get("content")) {
       std::string text;
       RETURN_IF_API_ERROR(ParseContent(*c, where + ".content", &text));
       out->set_content(text);
@@ -345,15 +350,15 @@ std::optional<ApiError> ParseMessages(const json* messages, tessera::v1::ChatReq
     }
     RETURN_IF_API_ERROR(f.String("reasoning_content", &reasoning));
     if (reasoning) out->set_reasoning_content(*reasoning);
-    if (const json* calls = f.Get("tool_calls")) {
+    if (const RequestJson* calls = f.Get("tool_calls")) {
       if (!calls->is_array()) return f.TypeError("tool_calls", "a list", *calls);
       for (size_t k = 0; k < calls->size(); ++k) {
-        const json& c = (*calls)[k];
+        const RequestJson& c = (*calls)[k];
         const std::string cw = absl::StrCat(where, ".tool_calls[", k, "]");
         if (!c.is_object() || !c.contains("function") || !c["function"].is_object()) {
           return Invalid(cw, absl::StrCat(cw, " must be an object with a function"));
         }
-        const json& fn = c["function"];
+        const RequestJson& fn = c["function"];
         if (!fn.contains("name") || !fn["name"].is_string()) {
           return Invalid(cw + ".function.name", cw + ".function.name must be a string");
         }
@@ -383,10 +388,10 @@ std::optional<ApiError> ParseMessages(const json* messages, tessera::v1::ChatReq
 }
 
 std::optional<ApiError> ParseTools(Fields& f, tessera::v1::ChatRequest* req) {
-  if (const json* tools = f.Get("tools")) {
+  if (const RequestJson* tools = f.Get("tools")) {
     if (!tools->is_array()) return f.TypeError("tools", "a list", *tools);
     for (size_t i = 0; i < tools->size(); ++i) {
-      const json& t = (*tools)[i];
+      const RequestJson& t = (*tools)[i];
       const std::string where = absl::StrCat("tools[", i, "]");
       if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
           !t["function"].is_object()) {
@@ -394,7 +399,7 @@ std::optional<ApiError> ParseTools(Fields& f, tessera::v1::ChatRequest* req) {
                                            " must be {\"type\": \"function\", "
                                            "\"function\": {...}}"));
       }
-      const json& fn = t["function"];
+      const RequestJson& fn = t["function"];
       if (!fn.contains("name") || !fn["name"].is_string() ||
           fn["name"].get<std::string>().empty()) {
         return Invalid(where + ".function.name", where + ".function.name must be a string");
@@ -413,7 +418,7 @@ std::optional<ApiError> ParseTools(Fields& f, tessera::v1::ChatRequest* req) {
       }
     }
   }
-  if (const json* choice = f.Get("tool_choice")) {
+  if (const RequestJson* choice = f.Get("tool_choice")) {
     if (choice->is_string() && (*choice == "auto" || *choice == "none")) {
       req->set_tool_choice(choice->get<std::string>());
     } else {
@@ -423,14 +428,14 @@ std::optional<ApiError> ParseTools(Fields& f, tessera::v1::ChatRequest* req) {
                                   "needs constrained decoding, which this server does not do)"));
     }
   }
-  if (const json* p = f.Get("parallel_tool_calls")) {
+  if (const RequestJson* p = f.Get("parallel_tool_calls")) {
     if (!p->is_boolean() || !p->get<bool>()) {
       return Invalid("parallel_tool_calls",
                      "parallel_tool_calls: false is not supported (the model may make several "
                      "calls and none is dropped)");
     }
   }
-  if (const json* kw = f.Get("chat_template_kwargs")) {
+  if (const RequestJson* kw = f.Get("chat_template_kwargs")) {
     if (!kw->is_object()) return f.TypeError("chat_template_kwargs", "an object", *kw);
     req->set_template_kwargs_json(kw->dump());
   }
@@ -440,13 +445,13 @@ std::optional<ApiError> ParseTools(Fields& f, tessera::v1::ChatRequest* req) {
   return std::nullopt;
 }
 
-std::optional<ApiError> ParsePrompts(const json* prompt, const OpenAiLimits& limits,
+std::optional<ApiError> ParsePrompts(const RequestJson* prompt, const OpenAiLimits& limits,
                                      ApiRequest* out) {
   if (prompt == nullptr) return Invalid("prompt", "prompt is required");
   auto add_text = [&](const std::string& text) { out->prompts.emplace_back().set_text(text); };
-  auto add_ids = [&](const json& ids) -> std::optional<ApiError> {
+  auto add_ids = [&](const RequestJson& ids) -> std::optional<ApiError> {
     tessera::v1::GenerateRequest& r = out->prompts.emplace_back();
-    for (const json& t : ids) {
+    for (const RequestJson& t : ids) {
       if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
           t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
         return Invalid("prompt", "a token-id prompt must hold non-negative integers");
@@ -460,7 +465,7 @@ std::optional<ApiError> ParsePrompts(const json* prompt, const OpenAiLimits& lim
   } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_number_integer()) {
     RETURN_IF_API_ERROR(add_ids(*prompt));
   } else if (prompt->is_array() && !prompt->empty()) {
-    for (const json& p : *prompt) {
+    for (const RequestJson& p : *prompt) {
       if (p.is_string()) {
         add_text(p.get<std::string>());
       } else if (p.is_array()) {
@@ -562,11 +567,11 @@ std::optional<ApiError> ParseApiRequest(const std::string& body, bool chat,
   if (TooDeep(body)) {
     return Invalid("", absl::StrCat("the JSON body nests deeper than ", kMaxJsonDepth, " levels"));
   }
-  absl::StatusOr<json> parsed = ParseJsonStrict(body);
+  absl::StatusOr<RequestJson> parsed = ParseOrderedJsonStrict(body);
   if (!parsed.ok()) {
     return Invalid("", absl::StrCat("the body is not valid JSON: ", parsed.status().message()));
   }
-  const json& root = *parsed;
+  const RequestJson& root = *parsed;
   if (!root.is_object()) {
     return Invalid(
         "", absl::StrCat("the body must be a JSON object, got ", std::string(JsonTypeName(root))));

@@ -59,7 +59,7 @@ absl::StatusOr<std::unique_ptr<jinja::Template>> ParseTemplate(absl::string_view
 absl::Status ValidateInput(const ChatRenderInput& input) {
   if (!input.messages.is_array()) return absl::InvalidArgumentError("messages must be an array");
   for (size_t i = 0; i < input.messages.size(); ++i) {
-    const nlohmann::json& m = input.messages[i];
+    const nlohmann::ordered_json& m = input.messages[i];
     if (!m.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat("messages[", i, "] must be an object"));
     }
@@ -129,15 +129,16 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromModelDir(absl::s
   for (const nlohmann::json& entry : *it) {
     auto name = entry.is_object() ? entry.find("name") : entry.end();
     auto source = entry.is_object() ? entry.find("template") : entry.end();
-    if (!entry.is_object() || name == entry.end() || !name->is_string() ||
-        source == entry.end() || !source->is_string()) {
+    if (!entry.is_object() || name == entry.end() || !name->is_string() || source == entry.end() ||
+        !source->is_string()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          config_path, ": each chat_template entry must be {\"name\": string, \"template\": string}"));
+          config_path,
+          ": each chat_template entry must be {\"name\": string, \"template\": string}"));
     }
     const std::string n = name->get<std::string>();
     if (n != "default" && n != "tool_use") continue;
-    ASSIGN_OR_RETURN(auto t, ParseTemplate(source->get<std::string>(),
-                                                 absl::StrCat(config_path, " (", n, ")")));
+    ASSIGN_OR_RETURN(
+        auto t, ParseTemplate(source->get<std::string>(), absl::StrCat(config_path, " (", n, ")")));
     (n == "default" ? default_template : tool_use) = std::move(t);
   }
   if (default_template == nullptr) {

@@ -8,9 +8,10 @@
 // `eos_token`, plus the request's template kwargs (e.g. enable_thinking).
 // Messages and tools are passed exactly as they arrive (HF shapes); a tool
 // call's `function.arguments` may be an object or a JSON string, as in
-// transformers. Note that nlohmann::json keeps object keys sorted, so a
-// template that prints a mapping (`tools | tojson`) prints its keys in sorted
-// order rather than in the order the client sent them.
+// transformers. Objects keep their keys in the order they were given
+// (nlohmann::ordered_json), as transformers' Python dicts do: a template that
+// prints a mapping (`tools | tojson`) shows a tool schema to the model in the
+// order the client wrote it.
 //
 // Thread-safety: immutable after construction; Render is const and safe to
 // call from many threads at once.
@@ -30,11 +31,11 @@ struct ChatRenderInput {
   // HF shapes: {role, content (string or null or list of {type:"text",text}),
   // tool_calls?: [{id?, type:"function", function:{name, arguments (object
   // or JSON string)}}], tool_call_id?, name?, reasoning_content?}
-  nlohmann::json messages = nlohmann::json::array();
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   // null or array of {type:"function", function:{name, description, parameters}}
-  nlohmann::json tools = nullptr;
+  nlohmann::ordered_json tools = nullptr;
   bool add_generation_prompt = true;
-  nlohmann::json kwargs = nlohmann::json::object();  // extra template variables
+  nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();  // extra template variables
 };
 
 class ChatTemplate {

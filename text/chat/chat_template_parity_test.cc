@@ -48,7 +48,9 @@ TEST(ChatTemplateParityTest, MatchesHuggingFaceJinjaOnTheCorpus) {
                   << "(tests/chat/run_oracle.sh) first";
   std::stringstream buf;
   buf << in.rdbuf();
-  const nlohmann::json expected = nlohmann::json::parse(buf.str(), nullptr, false);
+  // ordered_json: the inputs reach the template in the key order the oracle
+  // was given them (neither side sorts keys, as transformers does not).
+  const nlohmann::ordered_json expected = nlohmann::ordered_json::parse(buf.str(), nullptr, false);
   ASSERT_FALSE(expected.is_discarded()) << path << " is not JSON";
   ASSERT_TRUE(expected.contains("cases") && expected["cases"].is_array());
 
@@ -61,16 +63,16 @@ TEST(ChatTemplateParityTest, MatchesHuggingFaceJinjaOnTheCorpus) {
 
   std::map<std::string, Counts> counts;
   std::string first_mismatch;
-  for (const nlohmann::json& c : expected["cases"]) {
+  for (const nlohmann::ordered_json& c : expected["cases"]) {
     const std::string pkg = c["template"].get<std::string>();
     const std::string id = c["id"].get<std::string>();
     Counts& n = counts[pkg];
     ++n.conversations;
     ASSERT_TRUE(templates.count(pkg)) << pkg;
-    const nlohmann::json& in_json = c["input"];
+    const nlohmann::ordered_json& in_json = c["input"];
     ChatRenderInput input;
     input.messages = in_json["messages"];
-    input.tools = in_json.contains("tools") ? in_json["tools"] : nlohmann::json(nullptr);
+    input.tools = in_json.contains("tools") ? in_json["tools"] : nlohmann::ordered_json(nullptr);
     input.add_generation_prompt = in_json["add_generation_prompt"].get<bool>();
     input.kwargs = in_json["kwargs"];
     auto got = templates[pkg]->Render(input);
@@ -94,15 +96,15 @@ TEST(ChatTemplateParityTest, MatchesHuggingFaceJinjaOnTheCorpus) {
       }
       size_t at = 0;
       while (at < want.size() && at < got->size() && want[at] == (*got)[at]) ++at;
-      why = absl::StrCat("outputs differ at byte ", at, " (lengths ", want.size(), " and ",
-                         got->size(), "): oracle ", Around(want, at), " vs ours ",
-                         Around(*got, at));
+      why =
+          absl::StrCat("outputs differ at byte ", at, " (lengths ", want.size(), " and ",
+                       got->size(), "): oracle ", Around(want, at), " vs ours ", Around(*got, at));
     }
     ++n.mismatches;
     if (first_mismatch.empty()) {
-      first_mismatch = absl::StrCat("conversation ", id, " (template ", pkg, "): ", why,
-                                    "\ninput: ", in_json.dump(-1, ' ', false,
-                                                              nlohmann::json::error_handler_t::replace));
+      first_mismatch = absl::StrCat(
+          "conversation ", id, " (template ", pkg, "): ", why, "\ninput: ",
+          in_json.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
     }
   }
 

@@ -75,6 +75,29 @@ TEST(ChatTemplateTest, ToolCallArgumentsPassAsGiven) {
   EXPECT_EQ(*r, "S{\"a\": 1};O{\"b\": [1, \"x\"]};");
 }
 
+// transformers renders tool schemas in the order the client wrote them
+// (Python dicts keep insertion order), so a schema whose keys are not sorted
+// must print unsorted; sorted output would show the model a different prompt.
+TEST(ChatTemplateTest, ToolSchemaAndArgumentsKeepTheirKeyOrder) {
+  auto t = ChatTemplate::FromSource(
+      "{{ tools[0] | tojson }}|{% for k in tools[0].function.parameters.properties %}{{ k }},"
+      "{% endfor %}|{{ messages[0].tool_calls[0].function.arguments | tojson }}",
+      "", "");
+  ASSERT_TRUE(t.ok()) << t.status();
+  const std::string tool =
+      R"({"type": "function", "function": {"name": "get_weather", "parameters": )"
+      R"({"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": )"
+      R"({"type": "number"}}, "required": ["zeta"]}, "description": "weather"}})";
+  ChatRenderInput in;
+  in.tools = nlohmann::ordered_json::array({nlohmann::ordered_json::parse(tool)});
+  in.messages = nlohmann::ordered_json::parse(R"([{"role": "assistant", "tool_calls": [
+      {"type": "function", "function": {"name": "get_weather",
+       "arguments": {"zeta": "Oslo", "alpha": 2}}}]}])");
+  auto r = (*t)->Render(in);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, tool + R"(|zeta,alpha,|{"zeta": "Oslo", "alpha": 2})");
+}
+
 TEST(ChatTemplateTest, FromModelDirPrefersChatTemplateJinja) {
   ModelDir dir("jinja_file");
   dir.Write("chat_template.jinja", "file:{{ messages[0].content }}\n");
@@ -133,7 +156,8 @@ TEST(ChatTemplateTest, LoadErrorsAreClear) {
   EXPECT_TRUE(absl::StrContains(t.status().message(), "line 1, column")) << t.status();
 
   ModelDir no_default("no_default");
-  no_default.Write("tokenizer_config.json", R"({"chat_template": [{"name": "rag", "template": "x"}]})");
+  no_default.Write("tokenizer_config.json",
+                   R"({"chat_template": [{"name": "rag", "template": "x"}]})");
   EXPECT_FALSE(ChatTemplate::FromModelDir(no_default.path()).ok());
 
   ModelDir bad_bos("bad_bos");

@@ -4,8 +4,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "text/jinja/parser.h"
 #include "base/status_macros.h"
+#include "text/jinja/parser.h"
 
 namespace tessera::text::jinja {
 
@@ -17,7 +17,7 @@ absl::StatusOr<std::unique_ptr<Template>> Template::Parse(absl::string_view sour
   return std::unique_ptr<Template>(new Template(std::move(copy), std::move(program)));
 }
 
-absl::StatusOr<std::string> Template::Render(const nlohmann::json& variables,
+absl::StatusOr<std::string> Template::Render(const nlohmann::ordered_json& variables,
                                              const RenderOptions& options) const {
   if (!variables.is_object()) {
     return absl::InvalidArgumentError("template variables must be a JSON object");

@@ -38,7 +38,9 @@ class Template {
                                                          const LexOptions& options = LexOptions());
 
   // `variables` must be a JSON object; each member becomes a global variable.
-  absl::StatusOr<std::string> Render(const nlohmann::json& variables,
+  // Objects keep their key order (see ValueFromJson); a nlohmann::json
+  // argument converts, with its keys sorted.
+  absl::StatusOr<std::string> Render(const nlohmann::ordered_json& variables,
                                      const RenderOptions& options = RenderOptions()) const;
   // The same with variables already converted to values.
   absl::StatusOr<std::string> Render(const ValueMap& variables,

@@ -24,8 +24,8 @@
 namespace tessera::text::jinja {
 namespace {
 
-absl::StatusOr<std::string> Render(absl::string_view source,
-                                   const nlohmann::json& vars = nlohmann::json::object()) {
+absl::StatusOr<std::string> Render(absl::string_view source, const nlohmann::ordered_json& vars =
+                                                                 nlohmann::ordered_json::object()) {
   auto t = Template::Parse(source);
   if (!t.ok()) return t.status();
   return (*t)->Render(vars);
@@ -42,18 +42,20 @@ TEST(TemplateTest, RecordedCases) {
   ASSERT_TRUE(in) << "cannot read " << path << " (is TESSERA_SOURCE_DIR set?)";
   std::stringstream buf;
   buf << in.rdbuf();
-  const nlohmann::json cases = nlohmann::json::parse(buf.str(), nullptr, false);
+  // ordered_json: each case's variables keep the key order the reference saw.
+  const nlohmann::ordered_json cases = nlohmann::ordered_json::parse(buf.str(), nullptr, false);
   ASSERT_TRUE(cases.is_array());
   ASSERT_GT(cases.size(), 80u);
   int errors = 0;
-  for (const nlohmann::json& c : cases) {
+  for (const nlohmann::ordered_json& c : cases) {
     const std::string name = c["name"].get<std::string>();
     SCOPED_TRACE(name);
     auto got = Render(c["template"].get<std::string>(), c["vars"]);
     if (c.contains("error")) {
       ++errors;
       EXPECT_FALSE(got.ok()) << "the reference raised \"" << c["error"].get<std::string>()
-                             << "\" but we rendered \"" << *got << "\"\ntemplate: " << c["template"];
+                             << "\" but we rendered \"" << *got
+                             << "\"\ntemplate: " << c["template"];
       continue;
     }
     if (!got.ok()) {
@@ -119,9 +121,10 @@ TEST(TemplateTest, FiltersBeyondTheReference) {
                          {"xs", {0, 1, 2, 3}}};
   EXPECT_EQ(*Render("{{ tools | reject('equalto', 'code_interpreter') | join(', ') }}", vars),
             "brave_search, wolfram");
-  EXPECT_EQ(*Render("{{ xs | select('odd') | list }} {{ xs | select | list }} {{ xs | reject | list }}",
-                    vars),
-            "[1, 3] [1, 2, 3] [0]");
+  EXPECT_EQ(
+      *Render("{{ xs | select('odd') | list }} {{ xs | select | list }} {{ xs | reject | list }}",
+              vars),
+      "[1, 3] [1, 2, 3] [0]");
   EXPECT_EQ(*Render("{{ xs | count }} {{ 'abc' | count }}", vars), "4 3");
   EXPECT_EQ(*Render("{{ 2.5 | round }} {{ 3.14159 | round(2) }} {{ 2.1 | round(0, 'ceil') }} "
                     "{{ -2.5 | round }} {{ 7 | round(1, 'floor') }}"),

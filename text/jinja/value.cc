@@ -126,18 +126,30 @@ bool Value::Truthy() const {
 
 absl::string_view Value::TypeName() const {
   switch (kind_) {
-    case Kind::kUndefined: return "UndefinedValue";
-    case Kind::kNull: return "NullValue";
-    case Kind::kBool: return "BooleanValue";
-    case Kind::kInt: return "IntegerValue";
-    case Kind::kFloat: return "FloatValue";
-    case Kind::kString: return "StringValue";
-    case Kind::kArray: return "ArrayValue";
-    case Kind::kTuple: return "TupleValue";
-    case Kind::kObject: return "ObjectValue";
-    case Kind::kKwargs: return "KeywordArgumentsValue";
-    case Kind::kNamespace: return "NamespaceValue";
-    case Kind::kFunction: return "FunctionValue";
+    case Kind::kUndefined:
+      return "UndefinedValue";
+    case Kind::kNull:
+      return "NullValue";
+    case Kind::kBool:
+      return "BooleanValue";
+    case Kind::kInt:
+      return "IntegerValue";
+    case Kind::kFloat:
+      return "FloatValue";
+    case Kind::kString:
+      return "StringValue";
+    case Kind::kArray:
+      return "ArrayValue";
+    case Kind::kTuple:
+      return "TupleValue";
+    case Kind::kObject:
+      return "ObjectValue";
+    case Kind::kKwargs:
+      return "KeywordArgumentsValue";
+    case Kind::kNamespace:
+      return "NamespaceValue";
+    case Kind::kFunction:
+      return "FunctionValue";
   }
   return "?";
 }
@@ -151,28 +163,28 @@ const void* Value::Identity() const {
 
 namespace {
 
-absl::StatusOr<Value> FromJson(const nlohmann::json& j, int depth, int max_depth) {
+absl::StatusOr<Value> FromJson(const nlohmann::ordered_json& j, int depth, int max_depth) {
   if (depth > max_depth) {
     return absl::InvalidArgumentError(
         absl::StrCat("template input nests deeper than ", max_depth, " levels"));
   }
   switch (j.type()) {
-    case nlohmann::json::value_t::null:
+    case nlohmann::ordered_json::value_t::null:
       return Value::Null();
-    case nlohmann::json::value_t::boolean:
+    case nlohmann::ordered_json::value_t::boolean:
       return Value::Bool(j.get<bool>());
-    case nlohmann::json::value_t::number_integer:
+    case nlohmann::ordered_json::value_t::number_integer:
       return Value::Int(static_cast<double>(j.get<int64_t>()));
-    case nlohmann::json::value_t::number_unsigned:
+    case nlohmann::ordered_json::value_t::number_unsigned:
       return Value::Int(static_cast<double>(j.get<uint64_t>()));
-    case nlohmann::json::value_t::number_float: {
+    case nlohmann::ordered_json::value_t::number_float: {
       const double d = j.get<double>();
       if (std::isfinite(d) && std::floor(d) == d) return Value::Int(d);
       return Value::Float(d);
     }
-    case nlohmann::json::value_t::string:
+    case nlohmann::ordered_json::value_t::string:
       return Value::String(j.get<std::string>());
-    case nlohmann::json::value_t::array: {
+    case nlohmann::ordered_json::value_t::array: {
       ValueList items;
       items.reserve(j.size());
       for (const auto& e : j) {
@@ -182,7 +194,7 @@ absl::StatusOr<Value> FromJson(const nlohmann::json& j, int depth, int max_depth
       }
       return Value::Array(std::move(items));
     }
-    case nlohmann::json::value_t::object: {
+    case nlohmann::ordered_json::value_t::object: {
       auto map = std::make_shared<ValueMap>();
       for (auto it = j.begin(); it != j.end(); ++it) {
         auto v = FromJson(it.value(), depth + 1, max_depth);
@@ -344,11 +356,15 @@ bool LooseEqualsPrim(const JsPrimitive& a, const JsPrimitive& b, const Value* av
   using T = JsPrimitive;
   if (a.type == b.type) {
     switch (a.type) {
-      case T::kNullish: return true;
+      case T::kNullish:
+        return true;
       case T::kBool:
-      case T::kNumber: return a.number == b.number;
-      case T::kString: return a.string == b.string;
-      case T::kObject: return a.identity == b.identity;
+      case T::kNumber:
+        return a.number == b.number;
+      case T::kString:
+        return a.string == b.string;
+      case T::kObject:
+        return a.identity == b.identity;
     }
   }
   if (a.type == T::kNullish || b.type == T::kNullish) return false;
@@ -382,19 +398,23 @@ bool LooseEqualsPrim(const JsPrimitive& a, const JsPrimitive& b, const Value* av
 bool StrictPrim(const JsPrimitive& a, const JsPrimitive& b, bool nan_equal) {
   if (a.type != b.type) return false;
   switch (a.type) {
-    case JsPrimitive::kNullish: return a.is_null == b.is_null;
-    case JsPrimitive::kBool: return a.number == b.number;
+    case JsPrimitive::kNullish:
+      return a.is_null == b.is_null;
+    case JsPrimitive::kBool:
+      return a.number == b.number;
     case JsPrimitive::kNumber:
       return a.number == b.number || (nan_equal && std::isnan(a.number) && std::isnan(b.number));
-    case JsPrimitive::kString: return a.string == b.string;
-    case JsPrimitive::kObject: return a.identity == b.identity;
+    case JsPrimitive::kString:
+      return a.string == b.string;
+    case JsPrimitive::kObject:
+      return a.identity == b.identity;
   }
   return false;
 }
 
 }  // namespace
 
-absl::StatusOr<Value> ValueFromJson(const nlohmann::json& json, int max_depth) {
+absl::StatusOr<Value> ValueFromJson(const nlohmann::ordered_json& json, int max_depth) {
   return FromJson(json, 0, max_depth);
 }
 

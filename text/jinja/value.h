@@ -130,8 +130,11 @@ struct Function {
 };
 
 // Converts request JSON to values. Integral floats become integers, as they
-// do when JavaScript parses JSON. Nesting deeper than max_depth is an error.
-absl::StatusOr<Value> ValueFromJson(const nlohmann::json& json, int max_depth);
+// do when JavaScript parses JSON. Objects keep the order their keys were given
+// in (ordered_json), as Python dicts and JavaScript objects do, so `tojson`
+// and dict iteration show a tool schema in the order the client wrote it.
+// Nesting deeper than max_depth is an error.
+absl::StatusOr<Value> ValueFromJson(const nlohmann::ordered_json& json, int max_depth);
 
 // How `{{ value }}` prints (the reference's toString): none and undefined
 // print nothing (callers skip them), booleans as true/false, floats with at

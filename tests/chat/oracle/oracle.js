@@ -8,9 +8,9 @@
 // output, or the error the template raised, as JSON for
 // chat_template_parity_test.
 //
-// Object keys of the inputs are sorted before rendering: the C++ side holds
-// requests in nlohmann::json, whose objects keep their keys sorted, so this is
-// the order in which both sides see them.
+// Object keys of the inputs keep the order the corpus gives them, as
+// transformers' Python dicts keep insertion order; the C++ side holds them in
+// nlohmann::ordered_json, so both sides see a tool schema as it was written.
 //
 // Usage: node oracle.js --modules <node_modules dir> --corpus <corpus.json> --out <file.json>
 "use strict";
@@ -36,16 +36,6 @@ const { Template } = req("@huggingface/jinja");
 
 function version(pkg) {
   return JSON.parse(fs.readFileSync(path.join(modules, pkg, "package.json"), "utf8")).version;
-}
-
-function sortKeys(value) {
-  if (Array.isArray(value)) return value.map(sortKeys);
-  if (value !== null && typeof value === "object") {
-    const out = {};
-    for (const k of Object.keys(value).sort()) out[k] = sortKeys(value[k]);
-    return out;
-  }
-  return value;
 }
 
 function specialToken(config, key) {
@@ -88,7 +78,7 @@ const cases = [];
 for (const c of corpus.cases) {
   if (!models[c.template]) models[c.template] = loadModel(c.template);
   const model = models[c.template];
-  const input = sortKeys(c.input);
+  const input = c.input;
   const vars = {
     messages: input.messages,
     add_generation_prompt: input.add_generation_prompt,

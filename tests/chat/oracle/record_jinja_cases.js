@@ -113,6 +113,7 @@ const CASES = [
  ["tpl_date_default", "{%- if not date_string is defined %}{%- set date_string = '26 Jul 2024' %}{%- endif %}Today Date: {{ date_string }}", {}],
  ["tpl_date_given", "{%- if not date_string is defined %}{%- set date_string = '26 Jul 2024' %}{%- endif %}Today Date: {{ date_string }}", {"date_string": "01 Jan 2025"}],
  ["tpl_tools_indent4", "{%- for t in tools %}{{- t | tojson(indent=4) }}\n\n{% endfor %}", {"tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}]}],
+ ["tpl_tool_schema_key_order", "{{ tools | tojson }}|{% for k, v in tools[0].function.parameters.properties.items() %}{{ k }},{% endfor %}|{{ messages[0].tool_calls[0].function.arguments | tojson }}", {"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"zeta": {"type": "string", "description": "z"}, "alpha": {"type": "number"}}, "required": ["zeta", "alpha"]}, "description": "weather"}}], "messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"zeta": "Oslo", "alpha": 2}}}]}]}],
  ["tpl_single_tool_call", "{%- set tc = messages[0].tool_calls[0].function %}{%- if messages[0].tool_calls | length != 1 %}{{ raise_exception('one call only') }}{% endif %}{{- '{\"name\": \"' + tc.name + '\", ' }}{{- '\"parameters\": ' }}{{- tc.arguments | tojson }}}", {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "get", "arguments": {"city": "Zürich", "n": 2}}}]}]}],
  ["tpl_think_split", "{{ c.split('</think>')[-1] | trim }}|{{ c.split('</think>')[0].split('<think>')[-1] | trim }}", {"c": "<think>\nplan\n</think>\n\nanswer "}],
  ["tpl_tilde_filter_precedence", "{{ '<tool_call>' ~ call | tojson ~ '</tool_call>' }}", {"call": {"name": "f", "arguments": {}}}],
@@ -159,20 +160,10 @@ const CASES = [
  ["error_compare_strings", "{{ 'a' < 'b' }}", {}],
 ];
 
-// nlohmann::json (the C++ side) keeps object keys sorted; so do these inputs.
-function sortKeys(value) {
-  if (Array.isArray(value)) return value.map(sortKeys);
-  if (value !== null && typeof value === "object") {
-    const out = {};
-    for (const k of Object.keys(value).sort()) out[k] = sortKeys(value[k]);
-    return out;
-  }
-  return value;
-}
-
 const out = [];
-for (const [name, template, rawVars] of CASES) {
-  const vars = sortKeys(rawVars);
+// Variables keep their key order: the C++ side reads them as
+// nlohmann::ordered_json, as transformers keeps Python's dict order.
+for (const [name, template, vars] of CASES) {
   const r = { name, template, vars };
   try {
     r.output = new Template(template).render(vars);
