@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/moe_experts.h"
+#include "kernels/cpu/moe_routing.h"
 #include "kernels/cpu/reference_ops.h"
 
 namespace tessera::kernels {
@@ -68,6 +70,13 @@ void ReduceSum(const cpu::CpuContext&, absl::Span<const float* const> inputs, in
                float* out) {
   cpu::reference::ReduceSum(inputs, n, out);
 }
+void MoeRoute(const cpu::CpuContext&, const float* logits, int64_t tokens,
+              const cpu::MoeRoutingParams& params, int32_t* experts, float* weights) {
+  cpu::reference::MoeRoute(logits, tokens, params, experts, weights);
+}
+void MoeExperts(const cpu::CpuContext&, const cpu::MoeExpertsArgs& args) {
+  cpu::reference::MoeExperts(args);
+}
 }  // namespace ref
 
 CpuKernels MakeTable(bool optimized) {
@@ -86,6 +95,8 @@ CpuKernels MakeTable(bool optimized) {
     k.log_softmax = &cpu::LogSoftmax;
     k.argmax = &cpu::Argmax;
     k.reduce_sum = &cpu::ReduceSum;
+    k.moe_route = &cpu::MoeRoute;
+    k.moe_experts = &cpu::MoeExperts;
   } else {
     k.embedding = &ref::Embedding;
     k.rms_norm = &ref::RmsNorm;
@@ -100,6 +111,8 @@ CpuKernels MakeTable(bool optimized) {
     k.log_softmax = &ref::LogSoftmax;
     k.argmax = &ref::Argmax;
     k.reduce_sum = &ref::ReduceSum;
+    k.moe_route = &ref::MoeRoute;
+    k.moe_experts = &ref::MoeExperts;
   }
   for (Op op : kAllOps) {
     k.backend[static_cast<size_t>(op)] = S(optimized ? kCpuBackend : kCpuReferenceBackend);
@@ -146,8 +159,11 @@ void CopyOp(Op op, const CpuKernels& from, CpuKernels* to) {
       to->reduce_sum = from.reduce_sum;
       break;
     case Op::kMoeRouting:
+      to->moe_route = from.moe_route;
+      break;
     case Op::kMoeExperts:
-      break;  // CPU MoE entries come in the next commits
+      to->moe_experts = from.moe_experts;
+      break;
   }
   to->backend[static_cast<size_t>(op)] = from.BackendOf(op);
 }
@@ -168,6 +184,8 @@ class Preflight {
     RunAttention();
     RunLogits();
     RunReduceSum();
+    RunMoeRouting();
+    RunMoeExperts();
     return status_;
   }
 
@@ -362,6 +380,66 @@ class Preflight {
     k_.reduce_sum(ctx_, inputs, n, got.data());
     cpu::reference::ReduceSum(inputs, n, want.data());
     Compare(Op::kAllReduce, "reduce_sum", got, want, [](size_t) { return 0.0f; });
+  }
+
+  // Both scorings on odd sizes, with a tie (experts 1 and 6) that the
+  // lower index must win; the ids must match exactly.
+  void RunMoeRouting() {
+    const int tokens = 3, experts = 8;
+    std::vector<float> logits = Random(tokens * experts, -4, 4);
+    logits[1] = logits[6] = 5.0f;
+    const std::vector<float> bias = Random(experts, -0.1f, 0.1f);
+    cpu::MoeRoutingParams softmax{cpu::MoeScoringFunction::kSoftmax, experts, 3, true};
+    cpu::MoeRoutingParams grouped{
+        cpu::MoeScoringFunction::kSigmoidGrouped, experts, 3, true, 4, 2, 2.5f, bias.data()};
+    for (const cpu::MoeRoutingParams& p : {softmax, grouped}) {
+      std::vector<int32_t> got_ids(tokens * p.top_k), want_ids(got_ids.size());
+      std::vector<float> got(got_ids.size()), want(got_ids.size());
+      k_.moe_route(ctx_, logits.data(), tokens, p, got_ids.data(), got.data());
+      cpu::reference::MoeRoute(logits.data(), tokens, p, want_ids.data(), want.data());
+      Compare(Op::kMoeRouting, "experts", std::vector<float>(got_ids.begin(), got_ids.end()),
+              std::vector<float>(want_ids.begin(), want_ids.end()), [](size_t) { return 0.0f; });
+      Compare(Op::kMoeRouting, "weights", got, want, Rel(want, 1e-6f, 1e-7f));
+    }
+  }
+
+  // Three experts of width 5 over hidden 13 (bf16), four tokens, top-2,
+  // with expert 2 chosen by nobody and one choice held elsewhere (id 7).
+  void RunMoeExperts() {
+    const int64_t hidden = 13, inter = 5, tokens = 4;
+    std::vector<std::vector<cpu::bf16_t>> storage;  // moving the outer vector keeps the data
+    auto matrix = [&](int64_t rows, int64_t cols) {
+      storage.emplace_back();
+      for (float v : Random(rows * cols)) storage.back().push_back(cpu::F32ToBf16(v));
+      return cpu::WeightMatrix{storage.back().data(), cpu::DType::kBF16, rows, cols};
+    };
+    std::vector<cpu::WeightMatrix> gate_up, down;
+    for (int e = 0; e < 3; ++e) {
+      gate_up.push_back(matrix(2 * inter, hidden));
+      down.push_back(matrix(hidden, inter));
+    }
+    const std::vector<float> x = Random(tokens * hidden);
+    const std::vector<int32_t> ids = {11, 10, 10, 7, 11, 10, 10, 11};
+    const std::vector<float> weights = {0.75f, 0.25f, 1.0f, 0.5f, 0.4f, 0.6f, 0.9f, 0.1f};
+    cpu::MoeExpertsArgs args;
+    args.x = x.data();
+    args.num_tokens = tokens;
+    args.hidden = hidden;
+    args.gate_up = gate_up;
+    args.down = down;
+    args.first_expert = 10;
+    args.ids = ids.data();
+    args.weights = weights.data();
+    args.top_k = 2;
+    std::vector<float> got(tokens * hidden), want(got.size());
+    args.out = got.data();
+    Check(Op::kMoeExperts, cpu::ValidateMoeExperts(args));
+    k_.moe_experts(ctx_, args);
+    args.out = want.data();
+    cpu::reference::MoeExperts(args);
+    // Each output sums two expert outputs of magnitude <= inter * hidden.
+    Compare(Op::kMoeExperts, "moe_experts", got, want,
+            [](size_t) { return 1e-5f * hidden * inter; });
   }
 
   const CpuKernels& k_;

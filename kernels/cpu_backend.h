@@ -29,6 +29,8 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/moe_experts.h"
+#include "kernels/cpu/moe_routing.h"
 #include "kernels/device.h"
 #include "kernels/op.h"
 #include "kernels/registry.h"
@@ -77,6 +79,11 @@ struct CpuKernels {
                  int32_t*);  // Op::kSampling
   void (*reduce_sum)(const cpu::CpuContext&, absl::Span<const float* const>, int64_t,
                      float*);  // Op::kAllReduce
+  // Contracts in kernels/cpu/moe_routing.h and moe_experts.h.
+  void (*moe_route)(const cpu::CpuContext&, const float*, int64_t, const cpu::MoeRoutingParams&,
+                    int32_t*, float*);  // Op::kMoeRouting
+  void (*moe_experts)(const cpu::CpuContext&,
+                      const cpu::MoeExpertsArgs&);  // Op::kMoeExperts
 
   // Backend name per op, indexed by static_cast<size_t>(op).
   std::array<std::string, std::size(kAllOps)> backend;
