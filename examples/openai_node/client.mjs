@@ -3,8 +3,8 @@
 //   TESSERA_BASE_URL=http://127.0.0.1:8000/v1 node client.mjs [--check]
 //
 // Runs chat (plain and streamed, with usage), a tool-call round trip,
-// completions with logprobs, stop strings, n=2 and seeded sampling, through
-// the client's own API. With --check it asserts what the test cluster's
+// completions with logprobs, stop strings, n=2 and a seeded request, through
+// the client's own API (seeded.mjs checks what seeds do). With --check it asserts what the test cluster's
 // scripted model answers (tests/integration/chat_fixture.h) and exits 1 on
 // the first mismatch; without it, it prints what came back.
 import OpenAI from "openai";
@@ -105,11 +105,10 @@ const two = await client.chat.completions.create({ model, messages: hello, n: 2,
 say("n=2", two.choices.map((c) => c.index));
 if (check) expect("n=2 gives two choices", two.choices.length === 2 && two.choices[1].index === 1, two.choices);
 
-// 7. The same seed gives the same text.
-const seeded = async () =>
-  (await client.chat.completions.create({ model, messages: hello, seed: 1234, temperature: 0.9, top_p: 0.95 })).choices[0].message.content;
-const a = await seeded(), b = await seeded();
-if (check) expect("same seed, same text", a === b && a.length > 0, [a, b]);
+// 7. A seed (the scripted test model answers alike whatever the seed, so
+// seeded.mjs checks seeds against a trained model instead).
+const seeded = await client.chat.completions.create({ model, messages: hello, seed: 1234, temperature: 0.9 });
+say("seeded", seeded.choices[0].message.content);
 
 // 8. Errors come back as the client's typed errors.
 try {

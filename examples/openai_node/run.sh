@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the pinned `openai` client (package-lock.json, `npm ci`, npm's
-# cache in tests/.npm-cache) into <work dir> and runs client.mjs against
-# TESSERA_BASE_URL. Extra arguments go to client.mjs (e.g. --check).
+# cache in tests/.npm-cache) into <work dir> and runs client.mjs (or the
+# example named, e.g. seeded.mjs) against TESSERA_BASE_URL. Extra arguments
+# go to the script (e.g. --check).
 #
-# Usage: run.sh <work dir> [--check]
+# Usage: run.sh <work dir> [script.mjs] [--check]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "${here}/../.." && pwd)"
@@ -24,5 +25,9 @@ else
       --no-audit --no-fund --loglevel=error) || fail "npm ci could not fetch openai (is the npm registry reachable?)"
   echo "${lock_sum}" > "${stamp}"
 fi
-cp "${here}/client.mjs" "${work}/client.mjs"
-exec node "${work}/client.mjs" "$@"
+script=client.mjs
+if [[ "${1:-}" == *.mjs ]]; then script="$1"; shift; fi
+[[ -f "${here}/${script}" ]] || fail "no example ${script} in ${here}"
+# The script runs from <work dir> so that `import "openai"` finds its node_modules.
+cp "${here}/${script}" "${work}/${script}"
+exec node "${work}/${script}" "$@"
