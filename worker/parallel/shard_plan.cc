@@ -19,12 +19,58 @@ Range EvenSlice(int64_t n, int rank, int size) {
   return r;
 }
 
+bool HasDenseLayer(const model::ModelConfig& c) {
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.IsSparseLayer(l)) return true;
+  }
+  return false;
+}
+
+// The MoE split checks (see the header comment).
+absl::Status CheckMoeParallel(const model::ModelConfig& c, int n, MoeParallelism moe,
+                              const std::string& prefix) {
+  const model::MoeConfig& m = *c.moe;
+  if (moe == MoeParallelism::kTensor && m.intermediate_size % n != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "--moe_parallel=tensor: the experts' moe_intermediate_size ", m.intermediate_size,
+        " does not divide into ", n, " ranks; try --moe_parallel=expert"));
+  }
+  if (moe == MoeParallelism::kExpert && m.num_experts % n != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "--moe_parallel=expert: the model's ", m.num_experts,
+        " routed experts do not divide into ", n, " ranks; try --moe_parallel=tensor"));
+  }
+  if (m.shared_intermediate_size() % n != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "the shared experts' width ",
+                                                   m.shared_intermediate_size(),
+                                                   " does not divide into ", n, " ranks"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
+std::string_view MoeParallelismName(MoeParallelism mode) {
+  return mode == MoeParallelism::kExpert ? "expert" : "tensor";
+}
+
+absl::StatusOr<MoeParallelism> ParseMoeParallelism(std::string_view name) {
+  if (name == "tensor") return MoeParallelism::kTensor;
+  if (name == "expert") return MoeParallelism::kExpert;
+  return absl::InvalidArgumentError(absl::StrCat("--moe_parallel=", std::string(name),
+                                                 ": unknown mode; valid choices: tensor, expert"));
+}
+
 std::string ShardPlan::ToString() const {
-  return absl::StrCat("rank ", rank, "/", size, ": q heads ", RangeString(q_heads), ", kv heads ",
-                      RangeString(kv_heads), ", intermediate ", RangeString(intermediate),
-                      ", vocab ", RangeString(vocab));
+  std::string out = absl::StrCat("rank ", rank, "/", size, ": q heads ", RangeString(q_heads),
+                                 ", kv heads ", RangeString(kv_heads), ", intermediate ",
+                                 RangeString(intermediate), ", vocab ", RangeString(vocab));
+  if (experts.size > 0) {
+    absl::StrAppend(&out, ", ", std::string(MoeParallelismName(moe_parallelism)),
+                    "-parallel experts ", RangeString(experts), " of width ",
+                    RangeString(expert_intermediate));
+  }
+  return out;
 }
 
 ShardPlan FullPlan(const model::ModelConfig& c) {
@@ -33,6 +79,11 @@ ShardPlan FullPlan(const model::ModelConfig& c) {
   p.kv_heads = {0, c.num_key_value_heads};
   p.intermediate = {0, c.intermediate_size};
   p.vocab = {0, c.vocab_size};
+  if (c.moe) {
+    p.experts = {0, c.moe->num_experts};
+    p.expert_intermediate = {0, c.moe->intermediate_size};
+    p.shared_intermediate = {0, c.moe->shared_intermediate_size()};
+  }
   return p;
 }
 
@@ -41,7 +92,7 @@ int64_t KvHeadsPerRank(const model::ModelConfig& c, int size) {
   return c.num_key_value_heads >= size ? c.num_key_value_heads / size : 1;
 }
 
-absl::Status CheckTensorParallel(const model::ModelConfig& c, int n) {
+absl::Status CheckTensorParallel(const model::ModelConfig& c, int n, MoeParallelism moe) {
   const std::string prefix = absl::StrCat("--tensor_parallel_size=", n, ": ");
   if (n < 1) return absl::InvalidArgumentError(absl::StrCat(prefix, "must be >= 1"));
   if (n == 1) return absl::OkStatus();
@@ -63,7 +114,7 @@ absl::Status CheckTensorParallel(const model::ModelConfig& c, int n) {
         "replicated on an equal number of ranks, which needs the size to be a multiple of ",
         kv));
   }
-  if (c.intermediate_size % n != 0) {
+  if (HasDenseLayer(c) && c.intermediate_size % n != 0) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, "the model's intermediate_size ",
                                                    c.intermediate_size, " does not divide into ", n,
                                                    " ranks"));
@@ -72,11 +123,12 @@ absl::Status CheckTensorParallel(const model::ModelConfig& c, int n) {
     return absl::InvalidArgumentError(
         absl::StrCat(prefix, "the vocabulary (", c.vocab_size, ") is smaller than the ranks"));
   }
-  return absl::OkStatus();
+  return c.moe ? CheckMoeParallel(c, n, moe, prefix) : absl::OkStatus();
 }
 
-absl::StatusOr<ShardPlan> PlanShard(const model::ModelConfig& c, int rank, int size) {
-  if (auto s = CheckTensorParallel(c, size); !s.ok()) return s;
+absl::StatusOr<ShardPlan> PlanShard(const model::ModelConfig& c, int rank, int size,
+                                    MoeParallelism moe) {
+  if (auto s = CheckTensorParallel(c, size, moe); !s.ok()) return s;
   if (rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside a group of ", size));
   }
@@ -98,6 +150,17 @@ absl::StatusOr<ShardPlan> PlanShard(const model::ModelConfig& c, int rank, int s
   p.intermediate = {rank * inter_per_rank, inter_per_rank};
   p.vocab = EvenSlice(c.vocab_size, rank, size);
   p.add_row_bias = rank == 0;
+  if (c.moe) {
+    const model::MoeConfig& m = *c.moe;
+    p.moe_parallelism = moe;
+    const bool by_expert = moe == MoeParallelism::kExpert;
+    const int64_t experts = by_expert ? m.num_experts / size : m.num_experts;
+    const int64_t width = by_expert ? m.intermediate_size : m.intermediate_size / size;
+    p.experts = {by_expert ? rank * experts : 0, experts};
+    p.expert_intermediate = {by_expert ? 0 : rank * width, width};
+    const int64_t shared = m.shared_intermediate_size() / size;
+    p.shared_intermediate = {rank * shared, shared};
+  }
   return p;
 }
 

@@ -11,7 +11,7 @@ namespace tessera::parallel {
 absl::StatusOr<std::unique_ptr<TensorParallelRunner>> TensorParallelRunner::Create(
     const model::LoadedModel* model, TensorParallelOptions options) {
   const int n = options.tensor_parallel_size;
-  if (auto s = CheckTensorParallel(model->config, n); !s.ok()) return s;
+  if (auto s = CheckTensorParallel(model->config, n, options.moe_parallelism); !s.ok()) return s;
   if (options.rank.shard || options.rank.collectives) {
     return absl::InvalidArgumentError(
         "TensorParallelOptions::rank must not set shard or collectives; the runner assigns them");
@@ -23,7 +23,7 @@ absl::StatusOr<std::unique_ptr<TensorParallelRunner>> TensorParallelRunner::Crea
   int threads = options.rank.num_threads;
   if (threads <= 0) threads = std::max(1, kernels::cpu::ThreadPool::DefaultThreadCount() / n);
   for (int r = 0; r < n; ++r) {
-    auto plan = PlanShard(model->config, r, n);
+    auto plan = PlanShard(model->config, r, n, options.moe_parallelism);
     if (!plan.ok()) return plan.status();
     runner::CpuRunnerOptions ro = options.rank;
     ro.kernels = &kernels;

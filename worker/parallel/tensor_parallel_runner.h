@@ -30,6 +30,8 @@ namespace tessera::parallel {
 
 struct TensorParallelOptions {
   int tensor_parallel_size = 2;
+  // How MoE layers split their routed experts (shard_plan.h).
+  MoeParallelism moe_parallelism = MoeParallelism::kTensor;
   // Options every rank's runner gets (block_size, num_kv_blocks, kernels:
   // the registry's choice per op, all_reduce included). num_threads is per
   // rank; 0 = the host's cores divided among the ranks (at least 1).

@@ -14,26 +14,13 @@ namespace {
 
 namespace kc = ::tessera::kernels::cpu;
 
-absl::StatusOr<kc::DType> KernelDType(model::DType t, const std::string& name) {
-  switch (t) {
-    case model::DType::kF32:
-      return kc::DType::kF32;
-    case model::DType::kF16:
-      return kc::DType::kF16;
-    case model::DType::kBF16:
-      return kc::DType::kBF16;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": weights must be F32, F16 or BF16 for the CPU backend"));
-  }
-}
-
 }  // namespace
 
 struct CpuModelRunner::Layer {
   std::vector<float> input_norm, post_norm, q_norm, k_norm;
-  kc::WeightMatrix qkv, o, gate_up, down;
-  std::vector<float> qkv_bias, o_bias, gate_up_bias, down_bias;  // empty = none
+  kc::WeightMatrix qkv, o;
+  std::vector<float> qkv_bias, o_bias;  // empty = none
+  CpuMlpBlock mlp;                      // dense SwiGLU or mixture of experts
   kc::PagedKvCache cache;
 };
 
@@ -49,7 +36,8 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   }
   parallel::ShardPlan plan = parallel::FullPlan(model->config);
   if (options.shard) {
-    auto checked = parallel::PlanShard(model->config, options.shard->rank, options.shard->size);
+    auto checked = parallel::PlanShard(model->config, options.shard->rank, options.shard->size,
+                                       options.shard->moe_parallelism);
     if (!checked.ok()) return checked.status();
     plan = *options.shard;
     if (plan.sharded() &&
@@ -75,104 +63,20 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
 absl::Status CpuModelRunner::PrepareWeights() {
   const model::ModelConfig& c = model_->config;
   const model::ModelWeights& w = model_->weights;
-
   const parallel::ShardPlan& p = plan_;
-  const int64_t D = c.head_dim;
-  // Rows [r.start, r.end()) of `t` as a view of the same bytes (t itself
-  // when the range is all of it).
-  auto rows_of = [](const model::TensorView& t, parallel::Range r) {
-    if (r.start == 0 && r.size == t.shape[0]) return absl::StatusOr<model::TensorView>(t);
-    return model::SliceRows(t, r.start, r.size);
-  };
-  // A matrix usable in place when aligned to its element size, else copied.
-  auto matrix = [this](const model::TensorView& t) -> absl::StatusOr<kc::WeightMatrix> {
-    auto dtype = KernelDType(t.dtype, t.name);
-    if (!dtype.ok()) return dtype.status();
-    kc::WeightMatrix m{t.data, *dtype, t.shape[0], t.shape[1]};
-    if (!t.IsAligned()) {
-      owned_.emplace_back(t.data, t.data + t.size_bytes);
-      m.data = owned_.back().data();
-    }
-    return m;
-  };
-  // Rows of several matrices stacked into one owned matrix (fused QKV or
-  // gate/up); fp32 when their dtypes differ.
-  auto fuse = [this](std::initializer_list<const model::TensorView*> parts)
-      -> absl::StatusOr<kc::WeightMatrix> {
-    const model::TensorView& first = **parts.begin();
-    bool same = true;
-    int64_t rows = 0;
-    for (const model::TensorView* p : parts) {
-      same &= p->dtype == first.dtype;
-      rows += p->shape[0];
-    }
-    int64_t cols = first.shape[1];
-    std::vector<std::byte> buf;
-    kc::WeightMatrix m;
-    m.rows = rows;
-    m.cols = cols;
-    if (same) {
-      auto dtype = KernelDType(first.dtype, first.name);
-      if (!dtype.ok()) return dtype.status();
-      m.dtype = *dtype;
-      for (const model::TensorView* p : parts) {
-        buf.insert(buf.end(), p->data, p->data + p->size_bytes);
-      }
-    } else {
-      m.dtype = kc::DType::kF32;
-      buf.resize(static_cast<size_t>(rows * cols) * sizeof(float));
-      float* dst = reinterpret_cast<float*>(buf.data());
-      for (const model::TensorView* p : parts) {
-        if (auto s = model::CopyToFloat32(*p, absl::MakeSpan(dst, p->num_elements())); !s.ok()) {
-          return s;
-        }
-        dst += p->num_elements();
-      }
-    }
-    owned_.push_back(std::move(buf));
-    m.data = owned_.back().data();
-    return m;
-  };
-  // Columns [r.start, r.end()) of a matrix: only those bytes of each row
-  // are read, into an owned copy (the matrix in place when r is all of it).
-  auto columns_of = [this, &matrix](const model::TensorView& t,
-                                    parallel::Range r) -> absl::StatusOr<kc::WeightMatrix> {
-    if (r.start == 0 && r.size == t.shape[1]) return matrix(t);
-    auto dtype = KernelDType(t.dtype, t.name);
-    if (!dtype.ok()) return dtype.status();
-    std::vector<std::byte> buf(static_cast<size_t>(t.shape[0] * r.size) *
-                               model::DTypeSize(t.dtype));
-    if (auto s = model::ReadSlice(t, 1, r.start, r.size, absl::MakeSpan(buf)); !s.ok()) return s;
-    owned_.push_back(std::move(buf));
-    return kc::WeightMatrix{owned_.back().data(), *dtype, t.shape[0], r.size};
-  };
-  // Entries [r.start, r.end()) of a vector, widened to fp32.
-  auto bias_of = [](const model::TensorView& t, parallel::Range r) {
-    return model::ReadSliceAsFloat32(t, 0, r.start, r.size);
-  };
-  auto floats = [](const model::TensorView& t) { return model::ToFloat32(t); };
-  auto optional_floats = [](const std::optional<model::TensorView>& t,
-                            std::vector<float>* out) -> absl::Status {
-    if (!t) return absl::OkStatus();
-    auto v = model::ToFloat32(*t);
-    if (!v.ok()) return v.status();
-    *out = std::move(*v);
-    return absl::OkStatus();
-  };
+  CpuWeightLoader& load = loader_;
 
-  // Owned buffers must not move once views point into them.
-  owned_.reserve(6 * c.num_hidden_layers + 8);
-  auto embed_rows = rows_of(w.embed_tokens, p.vocab);
+  auto embed_rows = CpuWeightLoader::Rows(w.embed_tokens, p.vocab);
   if (!embed_rows.ok()) return embed_rows.status();
-  auto embed = matrix(*embed_rows);
+  auto embed = load.Matrix(*embed_rows);
   if (!embed.ok()) return embed.status();
   embed_ = *embed;
-  auto head_rows = rows_of(w.lm_head, p.vocab);
+  auto head_rows = CpuWeightLoader::Rows(w.lm_head, p.vocab);
   if (!head_rows.ok()) return head_rows.status();
-  auto head = matrix(*head_rows);
+  auto head = load.Matrix(*head_rows);
   if (!head.ok()) return head.status();
   lm_head_ = *head;
-  auto final_norm = floats(w.norm);
+  auto final_norm = CpuWeightLoader::Floats(w.norm);
   if (!final_norm.ok()) return final_norm.status();
   final_norm_ = std::move(*final_norm);
   auto inv_freq = model::RopeInverseFrequencies(c);
@@ -180,78 +84,73 @@ absl::Status CpuModelRunner::PrepareWeights() {
   inv_freq_ = std::move(*inv_freq);
 
   const int64_t slots = options_.num_kv_blocks * options_.block_size;
-  const parallel::Range q_rows{p.q_heads.start * D, p.q_heads.size * D};
-  const parallel::Range kv_rows{p.kv_heads.start * D, p.kv_heads.size * D};
-  const int64_t layer_elems = slots * kv_rows.size;
+  const int64_t layer_elems = slots * p.kv_heads.size * c.head_dim;
   k_cache_.assign(static_cast<size_t>(layer_elems * c.num_hidden_layers), 0.0f);
   v_cache_.assign(static_cast<size_t>(layer_elems * c.num_hidden_layers), 0.0f);
 
   layers_.resize(c.num_hidden_layers);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const model::LayerWeights& lw = w.layers[i];
     Layer& l = layers_[i];
-    auto in_norm = floats(lw.input_layernorm);
-    auto post_norm = floats(lw.post_attention_layernorm);
-    if (!in_norm.ok()) return in_norm.status();
-    if (!post_norm.ok()) return post_norm.status();
-    l.input_norm = std::move(*in_norm);
-    l.post_norm = std::move(*post_norm);
-    if (auto s = optional_floats(lw.q_norm, &l.q_norm); !s.ok()) return s;
-    if (auto s = optional_floats(lw.k_norm, &l.k_norm); !s.ok()) return s;
-
-    // Column-parallel: this rank's heads of q/k/v, its rows of gate/up.
-    auto q = rows_of(lw.q_proj, q_rows);
-    auto k = rows_of(lw.k_proj, kv_rows);
-    auto v = rows_of(lw.v_proj, kv_rows);
-    if (!q.ok()) return q.status();
-    if (!k.ok()) return k.status();
-    if (!v.ok()) return v.status();
-    auto qkv = fuse({&*q, &*k, &*v});
-    if (!qkv.ok()) return qkv.status();
-    l.qkv = *qkv;
-    if (lw.q_bias) {
-      const std::pair<const std::optional<model::TensorView>*, parallel::Range> parts[] = {
-          {&lw.q_bias, q_rows}, {&lw.k_bias, kv_rows}, {&lw.v_bias, kv_rows}};
-      for (const auto& [b, r] : parts) {
-        auto part = bias_of(**b, r);
-        if (!part.ok()) return part.status();
-        l.qkv_bias.insert(l.qkv_bias.end(), part->begin(), part->end());
-      }
-    }
-    auto gate = rows_of(lw.gate_proj, p.intermediate);
-    auto up = rows_of(lw.up_proj, p.intermediate);
-    if (!gate.ok()) return gate.status();
-    if (!up.ok()) return up.status();
-    auto gate_up = fuse({&*gate, &*up});
-    if (!gate_up.ok()) return gate_up.status();
-    l.gate_up = *gate_up;
-    if (lw.gate_bias) {
-      for (const auto* b : {&lw.gate_bias, &lw.up_bias}) {
-        auto part = bias_of(**b, p.intermediate);
-        if (!part.ok()) return part.status();
-        l.gate_up_bias.insert(l.gate_up_bias.end(), part->begin(), part->end());
-      }
-    }
-
-    // Row-parallel: the matching input columns of o_proj and down_proj; the
-    // partial sums are all-reduced, so only rank 0 adds the biases.
-    auto o = columns_of(lw.o_proj, q_rows);
-    if (!o.ok()) return o.status();
-    l.o = *o;
-    auto down = columns_of(lw.down_proj, p.intermediate);
-    if (!down.ok()) return down.status();
-    l.down = *down;
-    if (p.add_row_bias) {
-      if (auto s = optional_floats(lw.o_bias, &l.o_bias); !s.ok()) return s;
-      if (auto s = optional_floats(lw.down_bias, &l.down_bias); !s.ok()) return s;
-    }
-
+    if (auto s = PrepareAttention(w.layers[i], &l); !s.ok()) return s;
+    auto mlp = CpuMlpBlock::Prepare(c, static_cast<int>(i), w.layers[i], p, &load);
+    if (!mlp.ok()) return mlp.status();
+    l.mlp = std::move(*mlp);
     l.cache.k = k_cache_.data() + i * layer_elems;
     l.cache.v = v_cache_.data() + i * layer_elems;
     l.cache.num_blocks = options_.num_kv_blocks;
     l.cache.block_size = options_.block_size;
     l.cache.num_kv_heads = static_cast<int>(p.kv_heads.size);
     l.cache.head_dim = static_cast<int>(c.head_dim);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuModelRunner::PrepareAttention(const model::LayerWeights& lw, Layer* l) {
+  const parallel::ShardPlan& p = plan_;
+  const int64_t D = model_->config.head_dim;
+  const parallel::Range q_rows{p.q_heads.start * D, p.q_heads.size * D};
+  const parallel::Range kv_rows{p.kv_heads.start * D, p.kv_heads.size * D};
+  for (auto [from, to] : {std::pair{&lw.input_layernorm, &l->input_norm},
+                          std::pair{&lw.post_attention_layernorm, &l->post_norm}}) {
+    auto v = CpuWeightLoader::Floats(*from);
+    if (!v.ok()) return v.status();
+    *to = std::move(*v);
+  }
+  for (auto [from, to] : {std::pair{&lw.q_norm, &l->q_norm}, std::pair{&lw.k_norm, &l->k_norm}}) {
+    auto v = CpuWeightLoader::Floats(*from);
+    if (!v.ok()) return v.status();
+    *to = std::move(*v);
+  }
+
+  // Column-parallel: this rank's heads of q/k/v.
+  auto q = CpuWeightLoader::Rows(lw.q_proj, q_rows);
+  auto k = CpuWeightLoader::Rows(lw.k_proj, kv_rows);
+  auto v = CpuWeightLoader::Rows(lw.v_proj, kv_rows);
+  if (!q.ok()) return q.status();
+  if (!k.ok()) return k.status();
+  if (!v.ok()) return v.status();
+  auto qkv = loader_.Fuse({&*q, &*k, &*v});
+  if (!qkv.ok()) return qkv.status();
+  l->qkv = *qkv;
+  if (lw.q_bias) {
+    const std::pair<const std::optional<model::TensorView>*, parallel::Range> parts[] = {
+        {&lw.q_bias, q_rows}, {&lw.k_bias, kv_rows}, {&lw.v_bias, kv_rows}};
+    for (const auto& [b, r] : parts) {
+      auto part = CpuWeightLoader::Floats(**b, r);
+      if (!part.ok()) return part.status();
+      l->qkv_bias.insert(l->qkv_bias.end(), part->begin(), part->end());
+    }
+  }
+
+  // Row-parallel: the matching input columns of o_proj; the partial sums
+  // are all-reduced, so only rank 0 adds the bias.
+  auto o = loader_.Columns(lw.o_proj, q_rows);
+  if (!o.ok()) return o.status();
+  l->o = *o;
+  if (p.add_row_bias) {
+    auto o_bias = CpuWeightLoader::Floats(lw.o_bias);
+    if (!o_bias.ok()) return o_bias.status();
+    l->o_bias = std::move(*o_bias);
   }
   return absl::OkStatus();
 }
@@ -287,7 +186,6 @@ void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
   const Layer& l = layers_[index];
   const int64_t D = c.head_dim, H = c.hidden_size;
   const int64_t Q = plan_.q_heads.size * D, K = plan_.kv_heads.size * D;
-  const int64_t I = plan_.intermediate.size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const kernels::CpuKernels& k = kernels_;
 
@@ -314,8 +212,7 @@ void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
     k.rms_norm(ctx_, q_.data(), l.q_norm.data(), n * heads, D, eps, q_.data());
     k.rms_norm(ctx_, k_.data(), l.k_norm.data(), n * kv_heads, D, eps, k_.data());
   }
-  k.rope(ctx_, batch.positions, inv_freq_, static_cast<int>(D), q_.data(), heads, Q, k_.data(),
-         kv_heads, K);
+  ApplyRope(batch, heads, kv_heads);
   // Batch validated up front: these cannot fail.
   (k.write_kv_cache(ctx_, k_.data(), K, v_.data(), K, batch.slot_mapping, l.cache)).IgnoreError();
   kc::PagedAttentionArgs args;
@@ -335,14 +232,31 @@ void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
   k.gemm(ctx_, attn_.data(), n, l.o, o_bias, x_.data());
   AllReduce(x_.data(), n * H);
 
-  // MLP.
+  // MLP: dense SwiGLU or mixture of experts (cpu_mlp_block.h).
   k.fused_add_rms_norm(ctx_, x_.data(), residual_.data(), l.post_norm.data(), n, H, eps);
-  const float* gu_bias = l.gate_up_bias.empty() ? nullptr : l.gate_up_bias.data();
-  k.gemm(ctx_, x_.data(), n, l.gate_up, gu_bias, gate_up_.data());
-  k.silu_mul(ctx_, gate_up_.data(), n, I, act_.data());
-  const float* down_bias = l.down_bias.empty() ? nullptr : l.down_bias.data();
-  k.gemm(ctx_, act_.data(), n, l.down, down_bias, x_.data());
+  l.mlp.Run(ctx_, k, x_.data(), n, &mlp_scratch_, mlp_out_.data(), options_.routing_observer);
+  std::swap(x_, mlp_out_);
   AllReduce(x_.data(), n * H);
+}
+
+void CpuModelRunner::ApplyRope(const ForwardBatch& batch, int heads, int kv_heads) {
+  const int64_t D = model_->config.head_dim;
+  const int64_t Q = heads * D, K = kv_heads * D;
+  const int rotary = static_cast<int>(model_->config.rotary_dim());
+  if (rotary == D) {
+    kernels_.rope(ctx_, batch.positions, inv_freq_, rotary, q_.data(), heads, Q, k_.data(),
+                  kv_heads, K);
+    return;
+  }
+  // Partial RoPE (GLM-4.5): the first `rotary` dims of each head rotate as a
+  // head of that size (rotate_half over them); the rest pass through. One
+  // call per head, since the kernel spaces heads by its head_dim (there are
+  // at least as many query heads as KV heads).
+  for (int h = 0; h < heads; ++h) {
+    float* k = h < kv_heads ? k_.data() + h * D : nullptr;
+    kernels_.rope(ctx_, batch.positions, inv_freq_, rotary, q_.data() + h * D, 1, Q, k, k ? 1 : 0,
+                  K);
+  }
 }
 
 void CpuModelRunner::TreeAttention(const Layer& l, const ForwardBatch& batch, float scale) {
@@ -482,7 +396,7 @@ absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::vector<floa
   const model::ModelConfig& c = model_->config;
   const int64_t n = batch.num_tokens();
   const int64_t H = c.hidden_size, Q = plan_.q_heads.size * c.head_dim,
-                K = plan_.kv_heads.size * c.head_dim, I = plan_.intermediate.size;
+                K = plan_.kv_heads.size * c.head_dim;
   x_.resize(n * H);
   residual_.resize(n * H);
   qkv_.resize(n * (Q + 2 * K));
@@ -490,8 +404,7 @@ absl::Status CpuModelRunner::Forward(const ForwardBatch& batch, std::vector<floa
   k_.resize(n * K);
   v_.resize(n * K);
   attn_.resize(n * Q);
-  gate_up_.resize(n * 2 * I);
-  act_.resize(n * I);
+  mlp_out_.resize(n * H);
 
   Embed(batch, n);
   for (int i = 0; i < c.num_hidden_layers; ++i) RunLayer(i, batch, n);

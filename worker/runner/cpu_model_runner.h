@@ -1,19 +1,23 @@
 // CpuModelRunner: the forward pass of Llama / Mistral / Qwen2 / Qwen3
-// decoders on the CPU kernels (kernels/cpu), over a paged fp32 KV cache.
+// decoders and the Qwen3-MoE / GLM-4.5 mixture-of-experts decoders on the
+// CPU kernels (kernels/cpu), over a paged fp32 KV cache.
 //
 // Per layer (HF order; FusedAddRmsNorm keeps the residual stream):
 //   h = RMSNorm(x)                         (layer 0; later layers fuse the add)
 //   qkv = h · [Wq; Wk; Wv]^T (+ bias)      one GEMM over the fused weight
 //   q, k = per-head RMSNorm (Qwen3)        then RoPE at the tokens' positions
+//                                          (GLM-4.5: over rotary_dim() dims)
 //   cache[slots] = k, v                    paged attention over the cache
 //   a = attention · Wo^T;  h = RMSNorm(a + residual)
-//   m = silu(h · Wg^T) * (h · Wu^T)        one GEMM over [Wg; Wu]
-//   x = m · Wd^T
+//   x = MLP(h)                             cpu_mlp_block.h: dense SwiGLU
+//                                          (one GEMM over [Wg; Wu], SiLU-mul,
+//                                          down) or a mixture of experts
 // then the final RMSNorm and the LM head for the requested rows only.
 //
-// Weights: q/k/v and gate/up are fused into owned copies at load (in the
-// checkpoint's dtype); other matrices are used in place from the memory map
-// when aligned, else copied. Norm weights and biases are widened to fp32.
+// Weights (cpu_weight_loader.h): q/k/v and gate/up are fused into owned
+// copies at load (in the checkpoint's dtype); other matrices are used in
+// place from the memory map when aligned, else copied. Norm weights and
+// biases are widened to fp32.
 //
 // Token trees (ForwardBatch::tree_parents): the attention kernel runs over
 // the whole batch as for chains, then the rows of the chunks that branch are
@@ -27,7 +31,10 @@
 // and down_proj as strided copies), keeps only its KV heads, and calls the
 // group's collectives after o_proj and down_proj (all-reduce), after the
 // vocab-parallel embedding (all-reduce) and for the LM head (gather to rank
-// 0). worker/parallel/tensor_parallel_runner.h drives the ranks.
+// 0). MoE layers are split as the plan's MoeParallelism says (a slice of
+// every expert, or whole experts per rank); their partial outputs meet in
+// the same all-reduce after the MLP. worker/parallel/tensor_parallel_runner.h
+// drives the ranks.
 //
 // Thread-safety: not thread-safe (one engine loop owns it); kernels use the
 // context's thread pool.
@@ -45,6 +52,8 @@
 #include "worker/model/weights.h"
 #include "worker/parallel/collectives.h"
 #include "worker/parallel/shard_plan.h"
+#include "worker/runner/cpu_mlp_block.h"
+#include "worker/runner/cpu_weight_loader.h"
 #include "worker/runner/model_runner.h"
 
 namespace tessera::runner {
@@ -63,6 +72,9 @@ struct CpuRunnerOptions {
   // the same batches in the same order. Unset: the whole model.
   std::optional<parallel::ShardPlan> shard;
   parallel::Collectives* collectives = nullptr;
+  // Sees every MoE layer's routing decisions (tests, tracing); may be null.
+  // Must outlive the runner.
+  MoeRoutingObserver* routing_observer = nullptr;
 };
 
 class CpuModelRunner final : public ModelRunner {
@@ -90,9 +102,12 @@ class CpuModelRunner final : public ModelRunner {
   struct Ops;
   CpuModelRunner(const model::LoadedModel* model, CpuRunnerOptions options);
   absl::Status PrepareWeights();
+  absl::Status PrepareAttention(const model::LayerWeights& weights, Layer* layer);
   absl::Status ValidateBatch(const ForwardBatch& batch) const;
   void Embed(const ForwardBatch& batch, int64_t num_tokens);
   void RunLayer(int index, const ForwardBatch& batch, int64_t num_tokens);
+  // RoPE on q_ and k_ at the batch's positions, full or partial.
+  void ApplyRope(const ForwardBatch& batch, int heads, int kv_heads);
   // Attention rows of the chunks in `batch` that branch, with the tree mask.
   void TreeAttention(const Layer& l, const ForwardBatch& batch, float scale);
   void AllReduce(float* data, int64_t n);  // no-op when unsharded
@@ -104,7 +119,7 @@ class CpuModelRunner final : public ModelRunner {
   kernels::cpu::CpuContext ctx_;
   kernels::CpuKernels kernels_;
 
-  std::vector<std::vector<std::byte>> owned_;  // fused / aligned weight copies
+  CpuWeightLoader loader_;  // owns fused / aligned weight copies; before layers_
   std::vector<Layer> layers_;
   kernels::cpu::WeightMatrix embed_;
   kernels::cpu::WeightMatrix lm_head_;
@@ -114,7 +129,8 @@ class CpuModelRunner final : public ModelRunner {
   std::vector<float> k_cache_, v_cache_;  // [layers][blocks, block, kv_heads, head_dim]
 
   // Workspace, resized per batch.
-  std::vector<float> x_, residual_, qkv_, q_, k_, v_, attn_, gate_up_, act_, rows_;
+  std::vector<float> x_, residual_, qkv_, q_, k_, v_, attn_, mlp_out_, rows_;
+  MlpScratch mlp_scratch_;
   std::vector<int32_t> local_ids_;                 // sharded embedding: ids in this vocab slice
   std::vector<int64_t> local_rows_;                // ... and the tokens they belong to
   std::vector<float> local_embed_, local_logits_;  // sharded embedding rows / logits slice

@@ -1,5 +1,7 @@
 // Parity with Hugging Face transformers on the tiny reference models in
-// tests/fixtures/models (made by tests/gpu/make_fixtures.py): the CPU
+// tests/fixtures/models (made by tests/gpu/make_fixtures.py, and
+// make_moe_fixtures.py for the mixture-of-experts qwen3_moe_tiny and
+// glm4_moe_tiny, which also record every router's choices): the CPU
 // forward pass reproduces transformers' logits for every prompt position,
 // and greedy decoding reproduces its 32-token continuations exactly.
 //
@@ -103,7 +105,8 @@ TEST_P(FixtureParityTest, LogitsAndGreedyContinuationsMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Models, FixtureParityTest,
                          ::testing::Values("llama3_tiny", "qwen2_tiny", "qwen3_tiny",
-                                           "qwen3_tiny_bf16", "mistral_tiny"));
+                                           "qwen3_tiny_bf16", "mistral_tiny", "qwen3_moe_tiny",
+                                           "glm4_moe_tiny"));
 
 }  // namespace
 }  // namespace tessera::runner
