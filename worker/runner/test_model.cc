@@ -9,6 +9,34 @@
 #include "worker/model/safetensors_writer.h"
 
 namespace tessera::runner {
+namespace {
+
+void AddMoeKeys(const TestModelSpec& s, nlohmann::json* config) {
+  nlohmann::json& c = *config;
+  c["num_experts_per_tok"] = s.top_k;
+  c["moe_intermediate_size"] = s.expert_intermediate;
+  c["norm_topk_prob"] = s.norm_topk_prob;
+  if (s.architecture == "Glm4MoeForCausalLM") {
+    c["n_routed_experts"] = s.experts;
+    c["n_shared_experts"] = s.shared_experts;
+    c["n_group"] = s.groups;
+    c["topk_group"] = s.topk_groups;
+    c["routed_scaling_factor"] = s.routed_scaling;
+    c["first_k_dense_replace"] = s.first_dense_layers;
+    c["attention_bias"] = true;
+    c["use_qk_norm"] = true;
+    c["partial_rotary_factor"] = 0.5;
+    c["num_nextn_predict_layers"] = 0;
+    return;
+  }
+  c["num_experts"] = s.experts;
+  std::vector<int> dense(s.first_dense_layers);
+  for (int l = 0; l < s.first_dense_layers; ++l) dense[l] = l;
+  c["mlp_only_layers"] = dense;
+  c["decoder_sparse_step"] = 1;
+}
+
+}  // namespace
 
 absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& s) {
   std::mt19937_64 rng(s.seed);
@@ -25,8 +53,29 @@ absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& s) {
     tensors.push_back(std::move(*t));
     return absl::OkStatus();
   };
-  const bool qwen3 = s.architecture == "Qwen3ForCausalLM";
-  const bool qwen2 = s.architecture == "Qwen2ForCausalLM";
+  const bool glm = s.architecture == "Glm4MoeForCausalLM";
+  const bool moe = glm || s.architecture == "Qwen3MoeForCausalLM";
+  const bool qwen3 = s.architecture == "Qwen3ForCausalLM" || moe;
+  const bool qwen2 = s.architecture == "Qwen2ForCausalLM" || glm;
+  // One SwiGLU MLP under `p` (e.g. "model.layers.0.mlp.experts.3.").
+  auto swiglu = [&](const std::string& p, int width) {
+    absl::Status mlp = add(p + "gate_proj.weight", {width, s.hidden}, s.weight_scale, 0);
+    mlp.Update(add(p + "up_proj.weight", {width, s.hidden}, s.weight_scale, 0));
+    mlp.Update(add(p + "down_proj.weight", {s.hidden, width}, s.weight_scale, 0));
+    return mlp;
+  };
+  // The router, experts and shared experts of a sparse layer.
+  auto moe_block = [&](const std::string& p) {
+    absl::Status block = add(p + "mlp.gate.weight", {s.experts, s.hidden}, s.weight_scale, 0);
+    if (glm) block.Update(add(p + "mlp.gate.e_score_correction_bias", {s.experts}, 0.05f, 0));
+    for (int e = 0; e < s.experts; ++e) {
+      block.Update(swiglu(absl::StrCat(p, "mlp.experts.", e, "."), s.expert_intermediate));
+    }
+    if (glm && s.shared_experts > 0) {
+      block.Update(swiglu(p + "mlp.shared_experts.", s.expert_intermediate * s.shared_experts));
+    }
+    return block;
+  };
   const int q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
   absl::Status st = add("model.embed_tokens.weight", {s.vocab, s.hidden}, 1.0f, 0.0f);
   for (int l = 0; l < s.layers && st.ok(); ++l) {
@@ -46,6 +95,10 @@ absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& s) {
       st.Update(add(p + "self_attn.q_norm.weight", {s.head_dim}, 0.2f, 1.0f));
       st.Update(add(p + "self_attn.k_norm.weight", {s.head_dim}, 0.2f, 1.0f));
     }
+    if (moe && l >= s.first_dense_layers) {
+      st.Update(moe_block(p));
+      continue;
+    }
     st.Update(add(p + "mlp.gate_proj.weight", {s.intermediate, s.hidden}, s.weight_scale, 0));
     st.Update(add(p + "mlp.up_proj.weight", {s.intermediate, s.hidden}, s.weight_scale, 0));
     st.Update(add(p + "mlp.down_proj.weight", {s.hidden, s.intermediate}, s.weight_scale, 0));
@@ -53,6 +106,7 @@ absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& s) {
   st.Update(add("model.norm.weight", {s.hidden}, 0.2f, 1.0f));
   if (!s.tie_embeddings) st.Update(add("lm_head.weight", {s.vocab, s.hidden}, s.weight_scale, 0));
   if (!st.ok()) return st;
+  if (s.edit_tensors) s.edit_tensors(&tensors);
   if (auto w = model::WriteSafetensorsFile(dir + "/model.safetensors", tensors); !w.ok()) return w;
 
   nlohmann::json config = {
@@ -72,6 +126,7 @@ absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& s) {
       {"bos_token_id", 1},
       {"eos_token_id", 2},
   };
+  if (moe) AddMoeKeys(s, &config);
   std::ofstream out(dir + "/config.json");
   out << config.dump(1);
   if (!out) return absl::InternalError(absl::StrCat("cannot write ", dir, "/config.json"));

@@ -4,10 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "worker/model/dtype.h"
+#include "worker/model/safetensors_writer.h"
 
 namespace tessera::runner {
 
@@ -25,6 +28,21 @@ struct TestModelSpec {
   model::DType dtype = model::DType::kF32;
   float weight_scale = 0.15f;
   uint64_t seed = 7;
+
+  // Mixture of experts, for "Qwen3MoeForCausalLM" (softmax routing) and
+  // "Glm4MoeForCausalLM" (sigmoid grouped routing with a correction bias,
+  // shared experts, q/k/v bias, q/k norm, partial RoPE 0.5).
+  int experts = 8;
+  int top_k = 2;
+  int expert_intermediate = 32;
+  int shared_experts = 1;  // GLM only
+  int groups = 1;          // GLM only
+  int topk_groups = 1;     // GLM only
+  double routed_scaling = 1.0;
+  bool norm_topk_prob = true;
+  int first_dense_layers = 0;  // Qwen: mlp_only_layers = [0, n); GLM: first_k_dense_replace
+  // Called on the tensors before they are written (to craft a router, ...).
+  std::function<void(std::vector<model::TensorToWrite>*)> edit_tensors;
 };
 
 // A bf16 model big enough that a decode step takes visible time on one CPU
