@@ -187,6 +187,10 @@ int RunDoctor(const std::vector<char*>&) {
                 absl::StrJoin(kernels::KnownBackends(f.flag), ", ").c_str(),
                 std::string(f.description).c_str());
   }
+  std::printf(
+      "  --%-20s tensor, expert  (how tensor-parallel ranks split MoE experts: a slice "
+      "of every expert, or whole experts per rank)\n",
+      "moe_parallel");
   if (failures > 0) {
     std::fprintf(stderr, "error: %d device(s) cannot run Tessera's kernels; see above\n", failures);
     return 1;

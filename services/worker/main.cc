@@ -41,6 +41,11 @@ ABSL_FLAG(std::string, all_reduce_backend, "auto",
           "Backend for the all-reduce between tensor-parallel ranks (p2p, nccl, ...), or auto");
 ABSL_FLAG(int, tensor_parallel_size, 1,
           "Tensor-parallel ranks the model is sharded over (CPU: one thread per rank)");
+ABSL_FLAG(std::string, moe_parallel, "tensor",
+          "How tensor-parallel ranks split a mixture-of-experts model's routed experts: tensor "
+          "(a slice of every expert per rank) or expert (whole experts per rank)");
+ABSL_FLAG(std::string, moe_backend, "auto",
+          "Backend for mixture-of-experts routing and expert MLPs, or auto");
 ABSL_FLAG(int, block_size, 16, "Tokens per KV-cache block");
 ABSL_FLAG(int, kv_cache_blocks, 0, "KV-cache blocks; 0 = from --kv_cache_memory_mb");
 ABSL_FLAG(int, kv_cache_memory_mb, 512, "KV-cache size when --kv_cache_blocks is 0");
@@ -97,7 +102,9 @@ int main(int argc, char** argv) {
                  {"attention_backend", absl::GetFlag(FLAGS_attention_backend)},
                  {"norm_backend", absl::GetFlag(FLAGS_norm_backend)},
                  {"sampling_backend", absl::GetFlag(FLAGS_sampling_backend)},
-                 {"all_reduce_backend", absl::GetFlag(FLAGS_all_reduce_backend)}};
+                 {"all_reduce_backend", absl::GetFlag(FLAGS_all_reduce_backend)},
+                 {"moe_backend", absl::GetFlag(FLAGS_moe_backend)}};
+  lo.moe_parallel = absl::GetFlag(FLAGS_moe_parallel);
   for (const auto& [flag, value] : lo.backends) {
     if (auto s = tessera::kernels::ValidateBackendOverride(flag, value); !s.ok()) {
       return ts::StartupError(s);

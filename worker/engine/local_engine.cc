@@ -302,12 +302,17 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineO
     } else {
       parallel::TensorParallelOptions tpo;
       tpo.tensor_parallel_size = tp;
+      auto moe_mode = parallel::ParseMoeParallelism(o.moe_parallel);
+      if (!moe_mode.ok()) return moe_mode.status();
+      tpo.moe_parallelism = *moe_mode;
       ro.num_threads = o.cpu_threads > 0 ? std::max(1, o.cpu_threads / tp) : 0;
       tpo.rank = ro;
       auto runner = parallel::TensorParallelRunner::Create(local->model.get(), tpo);
       if (!runner.ok()) return runner.status();
       LogInfo("tensor parallelism on CPU ranks",
-              {{"ranks", tp}, {"all_reduce", local->kernels->BackendOf(kernels::Op::kAllReduce)}});
+              {{"ranks", tp},
+               {"all_reduce", local->kernels->BackendOf(kernels::Op::kAllReduce)},
+               {"moe_parallel", o.moe_parallel}});
       model_runner = std::move(*runner);
     }
   }

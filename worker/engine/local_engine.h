@@ -27,8 +27,8 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <vector>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/cpu_backend.h"
@@ -89,6 +89,10 @@ struct LocalEngineOptions {
   // the model, on the CPU or on N GPUs ("cuda": the first N by PCI bus id,
   // or "cuda:<bus id>,<bus id>,...").
   int tensor_parallel_size = 1;
+  // How tensor-parallel CPU ranks split the routed experts of MoE layers:
+  // "tensor" (a slice of every expert) or "expert" (whole experts per rank);
+  // see worker/parallel/shard_plan.h.
+  std::string moe_parallel = "tensor";
   int block_size = 16;
   int64_t kv_cache_blocks = 0;       // 0 = from kv_cache_memory_mb (CPU) or gpu_memory_fraction
   double gpu_memory_fraction = 0.9;  // CUDA: of the memory left after weights, for the KV cache
