@@ -288,15 +288,8 @@ TEST_P(CpuModelRunnerTest, MalformedTreesAreRejected) {
 // logits are bitwise identical whether it is computed alone, in a batch,
 // after a chunked prefill or as a decode step. Uses bf16 weights and sizes
 // past the SIMD widths so the vector paths run.
-TEST(CpuModelRunnerInvarianceTest, LogitsAreBitwiseIndependentOfBatchingAndChunking) {
+void ExpectBitwiseIndependentOfBatchingAndChunking(const TestModelSpec& spec) {
   std::string dir = TempDir();
-  TestModelSpec spec;
-  spec.hidden = 256;
-  spec.intermediate = 512;
-  spec.heads = 8;
-  spec.kv_heads = 2;
-  spec.head_dim = 32;
-  spec.dtype = model::DType::kBF16;
   ASSERT_TRUE(WriteTestModel(dir, spec).ok());
   auto m = model::LoadModel(dir);
   ASSERT_TRUE(m.ok()) << m.status();
@@ -347,9 +340,40 @@ TEST(CpuModelRunnerInvarianceTest, LogitsAreBitwiseIndependentOfBatchingAndChunk
   EXPECT_EQ(run(decode), want) << "decode step";
 }
 
+TestModelSpec InvarianceSpec(const std::string& architecture) {
+  TestModelSpec spec;
+  spec.architecture = architecture;
+  spec.hidden = 256;
+  spec.intermediate = 512;
+  spec.heads = 8;
+  spec.kv_heads = 2;
+  spec.head_dim = 32;
+  spec.dtype = model::DType::kBF16;
+  // MoE: experts wide enough for the SIMD paths, grouped GLM routing.
+  spec.experts = 16;
+  spec.top_k = 4;
+  spec.expert_intermediate = 96;
+  spec.groups = 4;
+  spec.topk_groups = 2;
+  return spec;
+}
+
+TEST(CpuModelRunnerInvarianceTest, LogitsAreBitwiseIndependentOfBatchingAndChunking) {
+  ExpectBitwiseIndependentOfBatchingAndChunking(InvarianceSpec("Qwen3ForCausalLM"));
+}
+
+// Tokens grouped by expert run as GEMMs of varying row counts; the same
+// guarantee holds because the GEMM's rows do not depend on their count and
+// a token's experts are combined in a fixed order.
+TEST(CpuModelRunnerInvarianceTest, MoeLogitsAreBitwiseIndependentOfBatchingAndChunking) {
+  ExpectBitwiseIndependentOfBatchingAndChunking(InvarianceSpec("Qwen3MoeForCausalLM"));
+  ExpectBitwiseIndependentOfBatchingAndChunking(InvarianceSpec("Glm4MoeForCausalLM"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, CpuModelRunnerTest,
                          ::testing::Values("Qwen3ForCausalLM", "Qwen2ForCausalLM",
-                                           "LlamaForCausalLM"));
+                                           "LlamaForCausalLM", "Qwen3MoeForCausalLM",
+                                           "Glm4MoeForCausalLM"));
 
 }  // namespace
 }  // namespace tessera::runner
