@@ -1,0 +1,48 @@
+// The prefill path of the MoE experts: grouped GEMMs over the experts'
+// row groups (moe_grouping.h), our own bf16 mma.sync kernel (fp32
+// accumulate), reading the groups' row offsets from device memory.
+//
+//   MoeGemmGateUp: act[r, n] = silu(bf16(x[tok(r)] . gate_e[n])) *
+//                  bf16(x[tok(r)] . up_e[n])     (gate and up in one pass)
+//   MoeGemmDown:   y[r, h] = bf16(act[r] . down_e[h])
+// The same results as moe_gemv.h's (up to fp32 summation order).
+//
+// Why our own kernel: cuBLAS's grouped GEMM takes every group's m on the
+// host, and the counts exist only on the device (reading them back would
+// synchronise every step and break CUDA graphs). The grid is sized for the
+// worst case (MoeMaxGemmTiles M tiles: every expert's last tile may be
+// partial) and a CTA whose tile slot is past the step's tiles exits at its
+// first instruction, so experts without tokens cost (almost) nothing.
+// Tiles of 128 rows x 128 columns x 64 k, 8 warps of 64 x 32, a 3-stage
+// cp.async pipeline with swizzled shared memory and ldmatrix; mma.sync
+// rather than wgmma keeps one kernel for every arch of the build (sm_80 ..
+// sm_120). Gate/up tiles hold 64 gate and the matching 64 up rows, so the
+// SiLU-mul runs in the epilogue and the 2I-wide product never reaches
+// memory.
+//
+// Shapes: MoeGroupedGemmSupports (H % 128 == 0, I % 64 == 0); other shapes
+// take the GEMV path.
+//
+// Thread-safety: enqueues on `stream`.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/cuda_types.h"
+#include "kernels/cuda/moe_expert_weights.h"
+#include "kernels/cuda/moe_grouping.h"
+
+namespace tessera::kernels::cuda {
+
+bool MoeGroupedGemmSupports(int64_t hidden, int64_t inter);
+
+// x bf16 [num_tokens, H]; act bf16 [g.max_tokens * k, I].
+absl::Status MoeGemmGateUp(const Bf16* x, int64_t num_tokens, const MoeExpertWeights& w,
+                           const MoeGroups& g, Bf16* act, CudaStream stream);
+
+// act bf16 [rows, I] as MoeGemmGateUp wrote it; y bf16 [g.max_tokens * k, H].
+absl::Status MoeGemmDown(const Bf16* act, int64_t num_tokens, const MoeExpertWeights& w,
+                         const MoeGroups& g, Bf16* y, CudaStream stream);
+
+}  // namespace tessera::kernels::cuda
