@@ -176,6 +176,22 @@ void AddCudaCandidates(Registry* registry) {
             },
             [](const DeviceDescription&) { return std::string("one rank: nothing to reduce"); }});
         break;
+      case Op::kMoeRouting:
+        s = registry->Add(Candidate{
+            S(kCudaBackend), op, &CudaKernelsWhyNot, [](const DeviceDescription& d) {
+              return absl::StrCat("device-side softmax / grouped sigmoid top-k (no host sync); ",
+                                  CudaBackendDetails(d));
+            }});
+        break;
+      case Op::kMoeExperts:
+        s = registry->Add(
+            Candidate{S(kCudaBackend), op, &CudaKernelsWhyNot, [](const DeviceDescription& d) {
+                        return absl::StrCat(
+                            "experts grouped on the device; GEMV up to 64 tokens, mma.sync "
+                            "grouped GEMM above; fp32 combine; ",
+                            CudaBackendDetails(d));
+                      }});
+        break;
       default:
         s = registry->Add(Candidate{S(kCudaBackend), op, &CudaKernelsWhyNot, details});
         break;
