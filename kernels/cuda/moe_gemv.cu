@@ -18,15 +18,21 @@ constexpr int kStride = 32 * 8;  // elements per warp step
 
 __device__ __forceinline__ float RoundBf16(float v) { return Bf16BitsToFloat(FloatToBf16Bits(v)); }
 
-// sum + dot(w, x) over 8 bf16 pairs, in element order.
-__device__ __forceinline__ float Dot8(float sum, uint4 w, uint4 x) {
-  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-  const uint32_t xs[4] = {x.x, x.y, x.z, x.w};
+// The 8 bf16 of a 16-byte vector as floats (unpacked once, then reused for
+// every row of a pass: the conversions cost as much as the FMAs).
+__device__ __forceinline__ void Unpack8(uint4 v, float (&f)[8]) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    sum = fmaf(__uint_as_float(ws[i] << 16), __uint_as_float(xs[i] << 16), sum);
-    sum = fmaf(__uint_as_float(ws[i] & 0xffff0000u), __uint_as_float(xs[i] & 0xffff0000u), sum);
+    f[2 * i] = __uint_as_float(u[i] << 16);
+    f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
   }
+}
+
+// sum + dot(w, x) over 8 values, in element order.
+__device__ __forceinline__ float Dot8(float sum, const float (&w)[8], const float (&x)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) sum = fmaf(w[i], x[i], sum);
   return sum;
 }
 
@@ -75,11 +81,14 @@ __global__ void __launch_bounds__(kThreads) MoeGemvGateUpKernel(GateUpArgs a) {
     float sg[kRowsPerPass] = {}, su[kRowsPerPass] = {};
 #pragma unroll 2
     for (int64_t k = lane * 8; k < H; k += kStride) {
-      const uint4 wg = LoadWeight(gate + k), wu = LoadWeight(up + k);
+      float wg[8], wu[8];
+      Unpack8(LoadWeight(gate + k), wg);
+      Unpack8(LoadWeight(up + k), wu);
 #pragma unroll
       for (int i = 0; i < kRowsPerPass; ++i) {
         if (i >= count) break;
-        const uint4 xv = LoadInput(x[i] + k);
+        float xv[8];
+        Unpack8(LoadInput(x[i] + k), xv);
         sg[i] = Dot8(sg[i], wg, xv);
         su[i] = Dot8(su[i], wu, xv);
       }
@@ -118,11 +127,14 @@ __global__ void __launch_bounds__(kThreads) MoeGemvDownKernel(DownArgs a) {
     float s[kRowsPerPass] = {};
 #pragma unroll 2
     for (int64_t k = lane * 8; k < I; k += kStride) {
-      const uint4 wv = LoadWeight(down + k);
+      float wv[8];
+      Unpack8(LoadWeight(down + k), wv);
 #pragma unroll
       for (int i = 0; i < kRowsPerPass; ++i) {
         if (i >= count) break;
-        s[i] = Dot8(s[i], wv, LoadInput(act + i * I + k));
+        float av[8];
+        Unpack8(LoadInput(act + i * I + k), av);
+        s[i] = Dot8(s[i], wv, av);
       }
     }
 #pragma unroll
