@@ -123,8 +123,12 @@ struct TileSources {
   }
 };
 
-// acc += the warp's 64 x 32 block of one stage's A . B^T.
-__device__ __forceinline__ void ComputeStage(const uint16_t* stage, float (&acc)[4][4][4]) {
+// acc += the warp's 64 x 32 block of one stage's A . B^T. Row blocks of 16
+// at or past `valid` (the tile's rows that belong to the expert) are
+// skipped: a partial last tile (on average half of one per expert) then
+// costs the tensor cores only its real rows. The test is warp-uniform.
+__device__ __forceinline__ void ComputeStage(const uint16_t* stage, int valid,
+                                             float (&acc)[4][4][4]) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wm = warp >> 2, wn = warp & 3;
   const uint16_t* sa = stage;
@@ -134,6 +138,7 @@ __device__ __forceinline__ void ComputeStage(const uint16_t* stage, float (&acc)
     uint32_t af[4][4], bf[2][4];
 #pragma unroll
     for (int mi = 0; mi < 4; ++mi) {
+      if (wm * 64 + mi * 16 >= valid) break;
       Ldsm4(af[mi], sa + Swizzle(wm * 64 + mi * 16 + (lane & 15), kk * 2 + (lane >> 4)));
     }
 #pragma unroll
@@ -143,6 +148,7 @@ __device__ __forceinline__ void ComputeStage(const uint16_t* stage, float (&acc)
     }
 #pragma unroll
     for (int mi = 0; mi < 4; ++mi) {
+      if (wm * 64 + mi * 16 >= valid) break;
 #pragma unroll
       for (int ni = 0; ni < 4; ++ni) {
         Mma16816(acc[mi][ni], af[mi], bf[ni >> 1][(ni & 1) * 2], bf[ni >> 1][(ni & 1) * 2 + 1]);
@@ -212,7 +218,7 @@ __global__ void __launch_bounds__(kThreads) MoeGemmKernel(GemmArgs args) {
     const int next = kt + kStages - 1;
     if (next < k_tiles) src.Load(smem + (next % kStages) * kStageElems, next);
     CpAsyncCommit();
-    ComputeStage(smem + (kt % kStages) * kStageElems, acc);
+    ComputeStage(smem + (kt % kStages) * kStageElems, m_end - m0, acc);
   }
   StoreTile<kGateUp>(args, acc, m0, m_end);
 }
