@@ -93,23 +93,34 @@ void WriteTokenizer(const std::string& dir) {
   const char* specials[] = {"<pad>", "<s>", "<|endoftext|>"};
   for (int i = 0; i < 3; ++i) {
     vocab[specials[i]] = i;
-    added.push_back({{"id", i}, {"content", specials[i]}, {"single_word", false},
-                     {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+    added.push_back({{"id", i},
+                     {"content", specials[i]},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
                      {"special", true}});
   }
   int id = 256 + kByteBase;
   for (const char* t : kAdded) {
     const bool special = std::string(t).rfind("<|", 0) == 0;
     vocab[t] = id;
-    added.push_back({{"id", id++}, {"content", t}, {"single_word", false}, {"lstrip", false},
-                     {"rstrip", false}, {"normalized", false}, {"special", special}});
+    added.push_back({{"id", id++},
+                     {"content", t},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", special}});
   }
   json tj = {
       {"version", "1.0"},
       {"added_tokens", added},
       {"normalizer", nullptr},
       {"pre_tokenizer",
-       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
+       {{"type", "ByteLevel"},
+        {"add_prefix_space", false},
+        {"trim_offsets", false},
         {"use_regex", false}}},
       {"post_processor", nullptr},
       {"decoder", {{"type", "ByteLevel"}}},
@@ -117,12 +128,9 @@ void WriteTokenizer(const std::string& dir) {
        {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}, {"byte_fallback", false}}},
   };
   std::ofstream(dir + "/tokenizer.json") << tj.dump();
-  json config = {{"chat_template", kTemplate},
-                 {"bos_token", nullptr},
-                 {"eos_token", "<|endoftext|>"},
-                 {"pad_token", "<pad>"},
-                 {"add_bos_token", false},
-                 {"add_eos_token", false}};
+  json config = {{"chat_template", kTemplate},   {"bos_token", nullptr},
+                 {"eos_token", "<|endoftext|>"}, {"pad_token", "<pad>"},
+                 {"add_bos_token", false},       {"add_eos_token", false}};
   std::ofstream(dir + "/tokenizer_config.json") << config.dump();
   std::ofstream(dir + "/config.json") << json({{"model_type", "qwen3"}}).dump();
 }
@@ -145,21 +153,22 @@ std::string WriteChatModel(const std::string& dir, bool with_script, const std::
     EXPECT_TRUE(ids.ok());
     replies.push_back(*ids);
   }
-  json script = {{"replies", replies},
-                 {"switch_tokens", {*(*tok)->TokenToId("<tools>"),
-                                    *(*tok)->TokenToId("<tool_response>")}}};
+  json script = {
+      {"replies", replies},
+      {"switch_tokens", {*(*tok)->TokenToId("<tools>"), *(*tok)->TokenToId("<tool_response>")}}};
   std::ofstream(dir + "/script.json") << script.dump();
   return absl::StrCat("--simulate=", spec, ",script=", dir, "/script.json");
 }
 
 ChatCluster StartChatCluster(int workers, std::vector<std::string> router_args, bool with_script,
-                             const std::string& sim_extra, const std::string& api_key) {
+                             const std::string& sim_extra, const std::string& api_key,
+                             std::vector<std::string> worker_args) {
   ChatCluster c;
   c.model_dir = MakeTempDir();
-  const std::string sim = WriteChatModel(c.model_dir, with_script, sim_extra);
+  worker_args.insert(worker_args.begin(), WriteChatModel(c.model_dir, with_script, sim_extra));
   router_args.push_back("--tokenizer=" + c.model_dir);
   router_args.push_back("--http_listen=127.0.0.1:0");
-  c.cluster = StartCluster(workers, {sim}, std::move(router_args), api_key);
+  c.cluster = StartCluster(workers, worker_args, std::move(router_args), api_key);
   EXPECT_GT(c.http_port(), 0);
   return c;
 }
@@ -168,8 +177,8 @@ namespace {
 
 std::string BuildRequest(const std::string& method, const std::string& path,
                          const std::string& body, const std::map<std::string, std::string>& h) {
-  std::string req = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\n",
-                                 "Connection: close\r\n");
+  std::string req =
+      absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\n", "Connection: close\r\n");
   if (!body.empty() || method == "POST") {
     absl::StrAppend(&req, "Content-Type: application/json\r\nContent-Length: ", body.size(),
                     "\r\n");
@@ -206,8 +215,8 @@ std::string Dechunk(const std::string& raw) {
 
 }  // namespace
 
-absl::StatusOr<HttpResponse> HttpCall(int port, const std::string& method,
-                                      const std::string& path, const std::string& body,
+absl::StatusOr<HttpResponse> HttpCall(int port, const std::string& method, const std::string& path,
+                                      const std::string& body,
                                       const std::map<std::string, std::string>& headers) {
   absl::StatusOr<int> fd = ConnectLoopback(port);
   if (!fd.ok()) return fd.status();

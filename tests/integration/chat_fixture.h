@@ -46,11 +46,13 @@ struct ChatCluster {
 };
 
 // `workers` simulated workers on the chat model, a router serving it with
-// HTTP; `router_args` are added.
+// HTTP; `router_args` are added to the router's flags, `worker_args` to each
+// worker's (e.g. --max_num_seqs).
 ChatCluster StartChatCluster(int workers = 1, std::vector<std::string> router_args = {},
                              bool with_script = true,
                              const std::string& sim_extra = "decode_step_us=1000",
-                             const std::string& api_key = "");
+                             const std::string& api_key = "",
+                             std::vector<std::string> worker_args = {});
 
 struct HttpResponse {
   int status = 0;
@@ -59,8 +61,8 @@ struct HttpResponse {
 };
 
 // One request on a fresh connection; the whole response.
-absl::StatusOr<HttpResponse> HttpCall(int port, const std::string& method,
-                                      const std::string& path, const std::string& body,
+absl::StatusOr<HttpResponse> HttpCall(int port, const std::string& method, const std::string& path,
+                                      const std::string& body,
                                       const std::map<std::string, std::string>& headers = {});
 
 // The `data:` payloads of an SSE body, in order ("[DONE]" included).
