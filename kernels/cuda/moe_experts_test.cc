@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/moe_gemv.h"
 #include "kernels/cuda/moe_grouped_gemm.h"
 #include "kernels/cuda/moe_grouping.h"
 
@@ -328,6 +329,62 @@ TEST(CudaMoeExpertsTest, OutputDoesNotDependOnTheRoutersOrder) {
     std::swap(swapped.weights[t * 3], swapped.weights[t * 3 + 2]);
   }
   for (MoeExpertsPath path : Paths(p)) EXPECT_EQ(RunGpu(p, path), RunGpu(swapped, path));
+}
+
+// Each stage of the two paths on the same groups, so that a failure above
+// names the kernel: gate/up (act) and down (y) of the GEMV and the GEMM
+// agree to bf16 roundings, and the GEMV's act matches the host's.
+TEST(CudaMoeExpertsTest, GemvAndGroupedGemmStagesAgree) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  const Problem p = RandomProblem(300, 256, 128, 8, 2, 8, 100);
+  DeviceProblem d(p, MoeExpertsPath::kGemv, p.tokens);
+  DeviceBuffer base = Zeros(sizeof(int32_t) * MoeGroupsInts(p.tokens, p.top_k, p.experts));
+  const MoeGroups g = CarveMoeGroups(base.as<int32_t>(), p.tokens, p.top_k, p.experts);
+  ASSERT_TRUE(MoeGroupByExpert(d.args.ids, p.tokens, 0, g, nullptr).ok());
+  const int64_t rows = p.tokens * p.top_k;
+  DeviceBuffer act_gemv = Zeros(sizeof(Bf16) * rows * p.inter);
+  DeviceBuffer act_gemm = Zeros(sizeof(Bf16) * rows * p.inter);
+  DeviceBuffer y_gemv = Zeros(sizeof(Bf16) * rows * p.hidden);
+  DeviceBuffer y_gemm = Zeros(sizeof(Bf16) * rows * p.hidden);
+  const MoeExpertWeights& w = d.args.experts;
+  ASSERT_TRUE(MoeGemvGateUp(d.args.x, p.tokens, w, g, act_gemv.as<Bf16>(), nullptr).ok());
+  ASSERT_TRUE(MoeGemmGateUp(d.args.x, p.tokens, w, g, act_gemm.as<Bf16>(), nullptr).ok());
+  const std::vector<float> act = FromBf16(Download<Bf16>(act_gemv, rows * p.inter));
+  {
+    SCOPED_TRACE("gate/up: grouped GEMM vs GEMV");
+    ExpectClose(FromBf16(Download<Bf16>(act_gemm, rows * p.inter)), act);
+  }
+  // The host's act of every row of expert 0 .. 7 in grouped (expert, token) order.
+  std::vector<float> want_act;
+  for (int e = 0; e < p.experts; ++e) {
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      for (int j = 0; j < p.top_k; ++j) {
+        if (p.ids[t * p.top_k + j] != e) continue;
+        for (int64_t n = 0; n < p.inter; ++n) {
+          const float* gr = &p.gate_up[(e * 2 * p.inter + n) * p.hidden];
+          const float* ur = gr + p.inter * p.hidden;
+          double gs = 0, us = 0;
+          for (int64_t h = 0; h < p.hidden; ++h) {
+            gs += double{p.x[t * p.hidden + h]} * gr[h];
+            us += double{p.x[t * p.hidden + h]} * ur[h];
+          }
+          const float gb = RoundBf16(static_cast<float>(gs)),
+                      ub = RoundBf16(static_cast<float>(us));
+          want_act.push_back(RoundBf16(gb / (1.0f + std::exp(-gb)) * ub));
+        }
+      }
+    }
+  }
+  {
+    SCOPED_TRACE("gate/up: GEMV vs host");
+    ExpectClose(act, want_act);
+  }
+  // Down from the same act on both paths.
+  ASSERT_TRUE(MoeGemvDown(act_gemv.as<Bf16>(), p.tokens, w, g, y_gemv.as<Bf16>(), nullptr).ok());
+  ASSERT_TRUE(MoeGemmDown(act_gemv.as<Bf16>(), p.tokens, w, g, y_gemm.as<Bf16>(), nullptr).ok());
+  SCOPED_TRACE("down: grouped GEMM vs GEMV");
+  ExpectClose(FromBf16(Download<Bf16>(y_gemm, rows * p.hidden)),
+              FromBf16(Download<Bf16>(y_gemv, rows * p.hidden)));
 }
 
 // Captured once, replayed with other ids and weights in the same buffers:
