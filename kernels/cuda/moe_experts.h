@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "kernels/cuda/cuda_types.h"
 #include "kernels/cuda/moe_expert_weights.h"
+#include "kernels/cuda/moe_grouped_gemm.h"
 
 namespace tessera::kernels::cuda {
 
@@ -44,6 +45,7 @@ struct MoeExpertsArgs {
   size_t workspace_bytes = 0;
   int64_t max_tokens = 0;  // what the workspace was sized for
   MoeExpertsPath path = MoeExpertsPath::kAuto;
+  MoeGemmKernelKind gemm_kernel = MoeGemmKernelKind::kAuto;  // the grouped GEMM's
 };
 
 size_t MoeExpertsWorkspaceBytes(int64_t max_tokens, int top_k, const MoeExpertWeights& experts);

@@ -1,6 +1,7 @@
 // The CUDA MoE expert kernels: grouping by expert against a host counting
 // sort, and the whole expert block (grouping, GEMV or grouped GEMM,
-// combine) against a straightforward host computation, on the edge cases
+// combine; the grouped GEMM with both its kernels, mma.sync and, on SM 9.0,
+// wgmma) against a straightforward host computation, on the edge cases
 // of issue #33: one token, more tokens than experts, every token to one
 // expert (several GEMM tiles), experts with no token (their weights are
 // NaN, so reading them would show), expert parallelism, shared experts,
@@ -119,12 +120,19 @@ std::vector<float> Reference(const Problem& p) {
   return out;
 }
 
+// A way to run the expert block: a path and, for the grouped GEMM, its kernel.
+struct Variant {
+  MoeExpertsPath path;
+  MoeGemmKernelKind kernel;
+  const char* name;
+};
+
 // The problem's buffers on the device and one MoeExperts call over them.
 struct DeviceProblem {
   DeviceBuffer x, gate_up, down, ids, weights, shared, out, workspace;
   MoeExpertsArgs args;
 
-  DeviceProblem(const Problem& p, MoeExpertsPath path, int64_t max_tokens) {
+  DeviceProblem(const Problem& p, Variant variant, int64_t max_tokens) {
     x = Upload(ToBf16(p.x));
     gate_up = Upload(ToBf16(p.gate_up));
     down = Upload(ToBf16(p.down));
@@ -143,7 +151,8 @@ struct DeviceProblem {
     args.shared = p.shared.empty() ? nullptr : shared.as<Bf16>();
     args.out = out.as<Bf16>();
     args.max_tokens = max_tokens;
-    args.path = path;
+    args.path = variant.path;
+    args.gemm_kernel = variant.kernel;
     args.workspace_bytes = MoeExpertsWorkspaceBytes(max_tokens, p.top_k, args.experts);
     workspace = Zeros(args.workspace_bytes);
     args.workspace = workspace.data();
@@ -154,8 +163,8 @@ struct DeviceProblem {
   }
 };
 
-std::vector<float> RunGpu(const Problem& p, MoeExpertsPath path) {
-  DeviceProblem d(p, path, p.tokens + 3);  // a workspace larger than the step
+std::vector<float> RunGpu(const Problem& p, Variant variant) {
+  DeviceProblem d(p, variant, p.tokens + 3);  // a workspace larger than the step
   const absl::Status s = MoeExperts(d.args, nullptr);
   EXPECT_TRUE(s.ok()) << s;
   return d.Output(p.tokens, p.hidden);
@@ -172,18 +181,27 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want) 
   }
 }
 
-// Every path that can run the problem's shapes.
-std::vector<MoeExpertsPath> Paths(const Problem& p) {
-  std::vector<MoeExpertsPath> paths = {MoeExpertsPath::kGemv};
-  if (MoeGroupedGemmSupports(p.hidden, p.inter)) paths.push_back(MoeExpertsPath::kGroupedGemm);
-  return paths;
+constexpr Variant kGemv{MoeExpertsPath::kGemv, MoeGemmKernelKind::kAuto, "gemv"};
+constexpr Variant kGemmMmaSync{MoeExpertsPath::kGroupedGemm, MoeGemmKernelKind::kMmaSync,
+                               "grouped gemm, mma.sync"};
+constexpr Variant kGemmAuto{MoeExpertsPath::kGroupedGemm, MoeGemmKernelKind::kAuto,
+                            "grouped gemm, auto (wgmma on SM 9.0)"};
+
+// Every variant that can run the problem's shapes.
+std::vector<Variant> Variants(const Problem& p) {
+  std::vector<Variant> v = {kGemv};
+  if (MoeGroupedGemmSupports(p.hidden, p.inter)) {
+    v.push_back(kGemmMmaSync);
+    v.push_back(kGemmAuto);
+  }
+  return v;
 }
 
 void ExpectMatchesReference(const Problem& p) {
   const std::vector<float> want = Reference(p);
-  for (MoeExpertsPath path : Paths(p)) {
-    SCOPED_TRACE(path == MoeExpertsPath::kGemv ? "gemv" : "grouped gemm");
-    ExpectClose(RunGpu(p, path), want);
+  for (Variant v : Variants(p)) {
+    SCOPED_TRACE(v.name);
+    ExpectClose(RunGpu(p, v), want);
   }
 }
 
@@ -302,7 +320,10 @@ TEST(CudaMoeExpertsTest, ExpertsWithoutTokensAreNotRead) {
     std::fill_n(p.gate_up.begin() + e * 2 * p.inter * p.hidden, 2 * p.inter * p.hidden, nan);
     std::fill_n(p.down.begin() + e * p.hidden * p.inter, p.hidden * p.inter, nan);
   }
-  for (MoeExpertsPath path : Paths(p)) ExpectClose(RunGpu(p, path), want);
+  for (Variant v : Variants(p)) {
+    SCOPED_TRACE(v.name);
+    ExpectClose(RunGpu(p, v), want);
+  }
 }
 
 TEST(CudaMoeExpertsTest, ExpertParallelRankSumsOnlyItsExperts) {
@@ -328,7 +349,7 @@ TEST(CudaMoeExpertsTest, OutputDoesNotDependOnTheRoutersOrder) {
     std::swap(swapped.ids[t * 3], swapped.ids[t * 3 + 2]);
     std::swap(swapped.weights[t * 3], swapped.weights[t * 3 + 2]);
   }
-  for (MoeExpertsPath path : Paths(p)) EXPECT_EQ(RunGpu(p, path), RunGpu(swapped, path));
+  for (Variant v : Variants(p)) EXPECT_EQ(RunGpu(p, v), RunGpu(swapped, v)) << v.name;
 }
 
 // Each stage of the two paths on the same groups, so that a failure above
@@ -337,7 +358,7 @@ TEST(CudaMoeExpertsTest, OutputDoesNotDependOnTheRoutersOrder) {
 TEST(CudaMoeExpertsTest, GemvAndGroupedGemmStagesAgree) {
   TESSERA_REQUIRE_CUDA_DEVICE();
   const Problem p = RandomProblem(300, 256, 128, 8, 2, 8, 100);
-  DeviceProblem d(p, MoeExpertsPath::kGemv, p.tokens);
+  DeviceProblem d(p, kGemv, p.tokens);
   DeviceBuffer base = Zeros(sizeof(int32_t) * MoeGroupsInts(p.tokens, p.top_k, p.experts));
   const MoeGroups g = CarveMoeGroups(base.as<int32_t>(), p.tokens, p.top_k, p.experts);
   ASSERT_TRUE(MoeGroupByExpert(d.args.ids, p.tokens, 0, g, nullptr).ok());
@@ -348,10 +369,12 @@ TEST(CudaMoeExpertsTest, GemvAndGroupedGemmStagesAgree) {
   DeviceBuffer y_gemm = Zeros(sizeof(Bf16) * rows * p.hidden);
   const MoeExpertWeights& w = d.args.experts;
   ASSERT_TRUE(MoeGemvGateUp(d.args.x, p.tokens, w, g, act_gemv.as<Bf16>(), nullptr).ok());
-  ASSERT_TRUE(MoeGemmGateUp(d.args.x, p.tokens, w, g, act_gemm.as<Bf16>(), nullptr).ok());
   const std::vector<float> act = FromBf16(Download<Bf16>(act_gemv, rows * p.inter));
-  {
-    SCOPED_TRACE("gate/up: grouped GEMM vs GEMV");
+  for (Variant v : {kGemmMmaSync, kGemmAuto}) {
+    SCOPED_TRACE(testing::Message() << "gate/up: " << v.name << " vs GEMV");
+    ASSERT_TRUE(MemsetDevice(act_gemm.data(), 0, act_gemm.size()).ok());
+    ASSERT_TRUE(
+        MoeGemmGateUp(d.args.x, p.tokens, w, g, act_gemm.as<Bf16>(), nullptr, v.kernel).ok());
     ExpectClose(FromBf16(Download<Bf16>(act_gemm, rows * p.inter)), act);
   }
   // The host's act of every row of expert 0 .. 7 in grouped (expert, token) order.
@@ -381,19 +404,25 @@ TEST(CudaMoeExpertsTest, GemvAndGroupedGemmStagesAgree) {
   }
   // Down from the same act on both paths.
   ASSERT_TRUE(MoeGemvDown(act_gemv.as<Bf16>(), p.tokens, w, g, y_gemv.as<Bf16>(), nullptr).ok());
-  ASSERT_TRUE(MoeGemmDown(act_gemv.as<Bf16>(), p.tokens, w, g, y_gemm.as<Bf16>(), nullptr).ok());
-  SCOPED_TRACE("down: grouped GEMM vs GEMV");
-  ExpectClose(FromBf16(Download<Bf16>(y_gemm, rows * p.hidden)),
-              FromBf16(Download<Bf16>(y_gemv, rows * p.hidden)));
+  const std::vector<float> y = FromBf16(Download<Bf16>(y_gemv, rows * p.hidden));
+  for (Variant v : {kGemmMmaSync, kGemmAuto}) {
+    SCOPED_TRACE(testing::Message() << "down: " << v.name << " vs GEMV");
+    ASSERT_TRUE(MemsetDevice(y_gemm.data(), 0, y_gemm.size()).ok());
+    ASSERT_TRUE(
+        MoeGemmDown(act_gemv.as<Bf16>(), p.tokens, w, g, y_gemm.as<Bf16>(), nullptr, v.kernel)
+            .ok());
+    ExpectClose(FromBf16(Download<Bf16>(y_gemm, rows * p.hidden)), y);
+  }
 }
 
 // Captured once, replayed with other ids and weights in the same buffers:
 // the grouping and both GEMM launches read the new counts on the device.
 TEST(CudaMoeExpertsTest, ReplaysACapturedGraphWithNewRouting) {
   TESSERA_REQUIRE_CUDA_DEVICE();
-  for (MoeExpertsPath path : {MoeExpertsPath::kGemv, MoeExpertsPath::kGroupedGemm}) {
+  for (Variant v : {kGemv, kGemmMmaSync, kGemmAuto}) {
+    SCOPED_TRACE(v.name);
     Problem p = RandomProblem(160, 256, 128, 16, 4, 16, 90);
-    DeviceProblem d(p, path, p.tokens);
+    DeviceProblem d(p, v, p.tokens);
     absl::StatusOr<Stream> stream = Stream::Create();
     ASSERT_TRUE(stream.ok()) << stream.status();
     ASSERT_TRUE(MoeExperts(d.args, stream->get()).ok());  // warm up outside the capture

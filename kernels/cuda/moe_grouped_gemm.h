@@ -13,11 +13,12 @@
 // worst case (MoeMaxGemmTiles M tiles: every expert's last tile may be
 // partial) and a CTA whose tile slot is past the step's tiles exits at its
 // first instruction, so experts without tokens cost (almost) nothing.
-// Tiles of 128 rows x 128 columns x 64 k, 8 warps of 64 x 32, a 3-stage
-// cp.async pipeline with swizzled shared memory and ldmatrix; mma.sync
-// rather than wgmma keeps one kernel for every arch of the build (sm_80 ..
-// sm_120). Gate/up tiles hold 64 gate and the matching 64 up rows, so the
-// SiLU-mul runs in the epilogue and the 2I-wide product never reaches
+// Tiles of 128 rows x 128 columns x 64 k, a 3-stage cp.async pipeline
+// with swizzled shared memory. Two kernels share the tiles and loads: on
+// SM 9.0 two warpgroups issue wgmma m64n128k16 from shared memory (the
+// sm_90a image); elsewhere 8 warps of 64 x 32 use ldmatrix + mma.sync, one
+// kernel for every other arch of the build (sm_80 .. sm_120). Gate/up tiles hold 64 gate and the
+// matching 64 up rows, so the SiLU-mul runs in the epilogue and the 2I-wide product never reaches
 // memory.
 //
 // Shapes: MoeGroupedGemmSupports (H % 128 == 0, I % 64 == 0); other shapes
@@ -37,12 +38,18 @@ namespace tessera::kernels::cuda {
 
 bool MoeGroupedGemmSupports(int64_t hidden, int64_t inter);
 
+// Which tensor-core instructions: kAuto = wgmma on SM 9.0, mma.sync
+// elsewhere. kWgmma on another device is FAILED_PRECONDITION.
+enum class MoeGemmKernelKind { kAuto, kMmaSync, kWgmma };
+
 // x bf16 [num_tokens, H]; act bf16 [g.max_tokens * k, I].
 absl::Status MoeGemmGateUp(const Bf16* x, int64_t num_tokens, const MoeExpertWeights& w,
-                           const MoeGroups& g, Bf16* act, CudaStream stream);
+                           const MoeGroups& g, Bf16* act, CudaStream stream,
+                           MoeGemmKernelKind kernel = MoeGemmKernelKind::kAuto);
 
 // act bf16 [rows, I] as MoeGemmGateUp wrote it; y bf16 [g.max_tokens * k, H].
 absl::Status MoeGemmDown(const Bf16* act, int64_t num_tokens, const MoeExpertWeights& w,
-                         const MoeGroups& g, Bf16* y, CudaStream stream);
+                         const MoeGroups& g, Bf16* y, CudaStream stream,
+                         MoeGemmKernelKind kernel = MoeGemmKernelKind::kAuto);
 
 }  // namespace tessera::kernels::cuda

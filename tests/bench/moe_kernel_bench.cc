@@ -3,7 +3,8 @@
 // weights and random router logits (softmax top-8, renormalised):
 //   - the whole routed-expert block (MoeExperts: grouping, gate/up +
 //     SiLU-mul, down, combine) at T = 1, 8, 64 through the GEMV path and
-//     T = 64, 4096 through the grouped GEMM, and each stage alone;
+//     T = 64, 4096 through the grouped GEMM (its mma.sync kernel and the
+//     default, wgmma on SM 9.0), and each stage alone;
 //   - routing (MoeRoute) at every T.
 // Each result reports the bytes of the experts the step selected (each
 // read once) over the time, as a fraction of a device-to-device copy's
@@ -159,7 +160,8 @@ Step MakeStep(int64_t tokens, const Layers& layers, CudaStream s) {
   return st;
 }
 
-MoeExpertsArgs ExpertsArgs(const Step& st, const MoeExpertWeights& w, MoeExpertsPath path) {
+MoeExpertsArgs ExpertsArgs(const Step& st, const MoeExpertWeights& w, MoeExpertsPath path,
+                           MoeGemmKernelKind kernel) {
   MoeExpertsArgs a;
   a.x = st.x.as<Bf16>();
   a.num_tokens = st.tokens;
@@ -172,11 +174,13 @@ MoeExpertsArgs ExpertsArgs(const Step& st, const MoeExpertWeights& w, MoeExperts
   a.workspace_bytes = st.workspace.size();
   a.max_tokens = st.tokens;
   a.path = path;
+  a.gemm_kernel = kernel;
   return a;
 }
 
 // Seconds of each stage alone (on the step's own groups and scratch).
-nlohmann::json StageTimes(const Step& st, const Layers& layers, bool gemm, CudaStream s) {
+nlohmann::json StageTimes(const Step& st, const Layers& layers, bool gemm, MoeGemmKernelKind kernel,
+                          CudaStream s) {
   const int64_t rows = st.tokens * kTopK;
   DeviceBuffer act = Allocate(rows * kInter * sizeof(Bf16));
   DeviceBuffer y = Allocate(rows * kHidden * sizeof(Bf16));
@@ -186,14 +190,15 @@ nlohmann::json StageTimes(const Step& st, const Layers& layers, bool gemm, CudaS
       1e6 * TimeIt(s, [&](int) { return MoeGroupByExpert(st.ids.as<int32_t>(), T, 0, st.g, s); });
   j["gate_up_us"] =
       1e6 * TimeIt(s, [&](int i) {
-        return gemm ? MoeGemmGateUp(st.x.as<Bf16>(), T, layers.At(i), st.g, act.as<Bf16>(), s)
+        return gemm ? MoeGemmGateUp(st.x.as<Bf16>(), T, layers.At(i), st.g, act.as<Bf16>(), s,
+                                    kernel)
                     : MoeGemvGateUp(st.x.as<Bf16>(), T, layers.At(i), st.g, act.as<Bf16>(), s);
       });
-  j["down_us"] = 1e6 * TimeIt(s, [&](int i) {
-                   return gemm
-                              ? MoeGemmDown(act.as<Bf16>(), T, layers.At(i), st.g, y.as<Bf16>(), s)
-                              : MoeGemvDown(act.as<Bf16>(), T, layers.At(i), st.g, y.as<Bf16>(), s);
-                 });
+  j["down_us"] =
+      1e6 * TimeIt(s, [&](int i) {
+        return gemm ? MoeGemmDown(act.as<Bf16>(), T, layers.At(i), st.g, y.as<Bf16>(), s, kernel)
+                    : MoeGemvDown(act.as<Bf16>(), T, layers.At(i), st.g, y.as<Bf16>(), s);
+      });
   const MoeCombineArgs c{
       y.as<Bf16>(), st.ids.as<int32_t>(), st.weights.as<float>(), &st.g, nullptr, T,
       kHidden,      st.out.as<Bf16>()};
@@ -201,17 +206,19 @@ nlohmann::json StageTimes(const Step& st, const Layers& layers, bool gemm, CudaS
   return j;
 }
 
-nlohmann::json Measure(const Step& st, const Layers& layers, MoeExpertsPath path, double copy_bw,
-                       CudaStream s) {
+nlohmann::json Measure(const Step& st, const Layers& layers, MoeExpertsPath path,
+                       MoeGemmKernelKind kernel, double copy_bw, CudaStream s) {
   const double sec =
-      TimeIt(s, [&](int i) { return MoeExperts(ExpertsArgs(st, layers.At(i), path), s); });
+      TimeIt(s, [&](int i) { return MoeExperts(ExpertsArgs(st, layers.At(i), path, kernel), s); });
   const double bytes =
       static_cast<double>(st.selected_experts) * 3 * kInter * kHidden * sizeof(Bf16);
   const double flops = static_cast<double>(st.tokens) * kTopK * 3 * 2 * kHidden * kInter;
   const bool gemm = path == MoeExpertsPath::kGroupedGemm;
   nlohmann::json j;
   j["tokens"] = st.tokens;
-  j["path"] = gemm ? "grouped_gemm" : "gemv";
+  j["path"] = !gemm                                   ? "gemv"
+              : kernel == MoeGemmKernelKind::kMmaSync ? "grouped_gemm_mma_sync"
+                                                      : "grouped_gemm_auto";
   j["us"] = sec * 1e6;
   j["selected_experts"] = st.selected_experts;
   j["selected_bytes"] = bytes;
@@ -222,7 +229,7 @@ nlohmann::json Measure(const Step& st, const Layers& layers, MoeExpertsPath path
   j["tflops"] = flops / sec * 1e-12;
   j["fraction_of_989_tflops"] = flops / sec / kNominalBf16;
   j["fraction_of_785_tflops"] = flops / sec / kIssueBf16Peak;
-  j["stages"] = StageTimes(st, layers, gemm, s);
+  j["stages"] = StageTimes(st, layers, gemm, kernel, s);
   return j;
 }
 
@@ -246,9 +253,14 @@ void Run() {
                       st.weights.as<float>(), s);
     });
     routing.push_back({{"tokens", tokens}, {"us", route_sec * 1e6}});
-    if (tokens <= 64) results.push_back(Measure(st, layers, MoeExpertsPath::kGemv, copy_bw, s));
+    if (tokens <= 64) {
+      results.push_back(
+          Measure(st, layers, MoeExpertsPath::kGemv, MoeGemmKernelKind::kAuto, copy_bw, s));
+    }
     if (tokens >= 64) {
-      results.push_back(Measure(st, layers, MoeExpertsPath::kGroupedGemm, copy_bw, s));
+      for (MoeGemmKernelKind k : {MoeGemmKernelKind::kMmaSync, MoeGemmKernelKind::kAuto}) {
+        results.push_back(Measure(st, layers, MoeExpertsPath::kGroupedGemm, k, copy_bw, s));
+      }
     }
   }
   nlohmann::json doc;
