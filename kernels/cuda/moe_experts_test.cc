@@ -263,11 +263,19 @@ TEST(CudaMoeGroupingTest, MatchesAStableCountingSort) {
   ExpectGrouping(p.ids, 333, 4, 0, 16);
   // Expert parallelism: experts 4 .. 11 held here; the other pairs get no row.
   ExpectGrouping(p.ids, 333, 4, 4, 8);
+  // The same on the one-CTA kernel (40 tokens: 160 pairs).
+  const std::vector<int32_t> few(p.ids.begin(), p.ids.begin() + 160);
+  ExpectGrouping(few, 40, 4, 0, 16);
+  ExpectGrouping(few, 40, 4, 4, 8);
 }
 
 TEST(CudaMoeGroupingTest, EveryTokenToOneExpertAndEmptyExperts) {
   TESSERA_REQUIRE_CUDA_DEVICE();
-  ExpectGrouping(std::vector<int32_t>(1000, 5), 1000, 1, 0, 8);  // 8 tiles of expert 5
+  // (Up to 1024 pairs run the one-CTA kernel, more the per-expert kernels.)
+  ExpectGrouping(std::vector<int32_t>(1000, 5), 1000, 1, 0, 8);     // 8 tiles of expert 5
+  ExpectGrouping(std::vector<int32_t>(3000, 5), 3000, 1, 0, 8);     // 24 tiles
+  ExpectGrouping(std::vector<int32_t>(1024, 0), 1024, 1, 0, 1024);  // the largest one-CTA case
+  ExpectGrouping(std::vector<int32_t>(1025, 0), 1025, 1, 0, 1024);
   std::vector<int32_t> two;
   for (int t = 0; t < 300; ++t) two.insert(two.end(), {6, 1});
   ExpectGrouping(two, 300, 2, 0, 64);

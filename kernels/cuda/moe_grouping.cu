@@ -1,10 +1,18 @@
-// Grouping of (token, slot) pairs by expert (moe_grouping.h), in two
-// launches of one CTA per local expert: the first counts each expert's pairs
-// (and clears pair_row), the second derives the expert's offsets from all
-// counts and writes its rows with a block-wide scan over the pairs, which
-// keeps them in pair order. No atomics: the result is deterministic. Each
-// CTA reads all T*k ids; at T = 4096, k = 8 that is 128 KiB from L2 per
-// CTA, a few microseconds in all.
+// Grouping of (token, slot) pairs by expert (moe_grouping.h). No atomics:
+// the result is deterministic.
+//
+// Up to kSmallPairs pairs and experts (decode steps): one CTA, one launch
+// (a launch boundary costs about as much as the whole grouping there).
+// Thread p ranks pair p among the earlier pairs of its expert and thread e
+// counts expert e, both by a pass over the ids in shared memory (broadcast
+// reads); block scans give the offsets, tile starts and active slots.
+//
+// Above: two launches of one CTA per local expert. The first counts each
+// expert's pairs (and clears pair_row), the second derives the expert's
+// offsets from all counts and writes its rows with a block-wide scan over
+// the pairs, which keeps them in pair order. Each CTA reads all T*k ids; at
+// T = 4096, k = 8 that is 128 KiB from L2 per CTA, a few microseconds in
+// all.
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -92,6 +100,51 @@ __global__ void __launch_bounds__(kThreads) PlaceKernel(GroupArgs a) {
   }
 }
 
+constexpr int kSmallPairs = 1024;  // also the small kernel's threads
+
+// The whole grouping in one CTA of kSmallPairs threads; pairs and
+// num_experts <= kSmallPairs.
+__global__ void __launch_bounds__(kSmallPairs) SmallGroupKernel(GroupArgs a) {
+  __shared__ int32_t local[kSmallPairs];  // local expert of each pair, -1 if not held
+  __shared__ int32_t first_row[kSmallPairs];
+  __shared__ int32_t scan[33];
+  const int t = threadIdx.x;
+  const MoeGroups& g = a.g;
+  const int32_t id = t < a.pairs ? a.ids[t] - a.first_expert : -1;
+  local[t] = id >= 0 && id < g.num_experts ? id : -1;
+  __syncthreads();
+  int32_t count = 0, rank = 0;
+  for (int q = 0; q < a.pairs; ++q) {
+    const int32_t e = local[q];
+    count += e == t;
+    rank += q < t && e == local[t];
+  }
+  if (t >= g.num_experts) count = 0;
+  int32_t rows = 0, tiles = 0, active = 0;
+  const int32_t start = BlockExclusiveScan(count, scan, &rows);
+  const int32_t my_tiles = (count + kMoeGroupTileRows - 1) / kMoeGroupTileRows;
+  const int32_t tile0 = BlockExclusiveScan(my_tiles, scan, &tiles);
+  const int32_t slot = BlockExclusiveScan(static_cast<int32_t>(count > 0), scan, &active);
+  if (t < g.num_experts) {
+    g.counts[t] = count;
+    g.offsets[t] = start;
+    g.tile_start[t] = tile0;
+    first_row[t] = start;
+    if (count > 0) g.active[1 + slot] = t;
+  }
+  if (t == 0) {
+    g.offsets[g.num_experts] = rows;
+    g.tile_start[g.num_experts] = tiles;
+    g.active[0] = active;
+  }
+  __syncthreads();
+  if (t >= a.pairs) return;
+  const int32_t e = local[t];
+  const int32_t row = e >= 0 ? first_row[e] + rank : -1;
+  g.pair_row[t] = row;
+  if (row >= 0) g.row_token[row] = t / g.top_k;
+}
+
 }  // namespace
 
 int64_t MoeGroupsInts(int64_t max_tokens, int top_k, int num_experts) {
@@ -142,6 +195,10 @@ absl::Status MoeGroupByExpert(const int32_t* ids, int64_t num_tokens, int32_t fi
   // Launched even for zero tokens: the offsets and the active count must
   // say "no rows" for the expert kernels that follow.
   const GroupArgs args{ids, static_cast<int32_t>(num_tokens * g.top_k), first_expert, g};
+  if (args.pairs <= kSmallPairs && g.num_experts <= kSmallPairs) {
+    SmallGroupKernel<<<1, kSmallPairs, 0, AsCuda(stream)>>>(args);
+    return CheckLastLaunch("MoeGroupByExpert");
+  }
   CountKernel<<<g.num_experts, kThreads, 0, AsCuda(stream)>>>(args);
   if (absl::Status s = CheckLastLaunch("MoeGroupByExpert count"); !s.ok()) return s;
   PlaceKernel<<<g.num_experts, kThreads, 0, AsCuda(stream)>>>(args);
