@@ -218,7 +218,7 @@ __device__ __forceinline__ uint16_t* AlignedSmem() {
 }
 
 template <bool kGateUp>
-__global__ void __launch_bounds__(kThreads) MoeGemmKernel(GemmArgs args) {
+__device__ __forceinline__ void MmaSyncGemm(const GemmArgs& args) {
   int expert;
   int32_t m0, m_end;
   if (!FindTile(args.g, &expert, &m0, &m_end)) return;
@@ -240,6 +240,11 @@ __global__ void __launch_bounds__(kThreads) MoeGemmKernel(GemmArgs args) {
     ComputeStage(smem + (kt % kStages) * kStageElems, m_end - m0, acc);
   }
   StoreTile<kGateUp>(args, acc, m0, m_end);
+}
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(kThreads) MoeGemmKernel(GemmArgs args) {
+  MmaSyncGemm<kGateUp>(args);
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -337,8 +342,9 @@ __device__ __forceinline__ void StoreWgTile(const GemmArgs& args, const float (&
 // cp.async group lands, fence.proxy.async makes the generic-proxy writes
 // visible to wgmma (async proxy); each stage's wgmmas are waited for before
 // the next barrier, so the prefetch into that stage cannot race them.
-// Built only into the sm_90a image; elsewhere it traps (never launched:
-// UseWgmma).
+// The wgmma body is built only into the sm_90a image; any other image of
+// it (an SM 9.0 device running, say, a plain sm_90 build) runs the mma.sync
+// body instead, so the choice can never give wrong results.
 template <bool kGateUp>
 __global__ void __launch_bounds__(kThreads) MoeGemmSm90Kernel(GemmArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -367,7 +373,7 @@ __global__ void __launch_bounds__(kThreads) MoeGemmSm90Kernel(GemmArgs args) {
   }
   StoreWgTile<kGateUp>(args, d, wg, m0, m_end);
 #else
-  __trap();
+  MmaSyncGemm<kGateUp>(args);
 #endif
 }
 
