@@ -25,6 +25,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/moe_experts.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/moe_gemv.h"
@@ -358,6 +359,46 @@ TEST(CudaMoeExpertsTest, OutputDoesNotDependOnTheRoutersOrder) {
     std::swap(swapped.weights[t * 3], swapped.weights[t * 3 + 2]);
   }
   for (Variant v : Variants(p)) EXPECT_EQ(RunGpu(p, v), RunGpu(swapped, v)) << v.name;
+}
+
+// The CPU op of Op::kMoeExperts (kernels/cpu/moe_experts.h: fp32 through,
+// the same weight layout and combine order) on the same inputs: the GPU's
+// bf16 roundings put it within 3e-2 of the largest output, while a layout
+// difference (gate/up order, expert ids, transposes) would be O(1) off.
+TEST(CudaMoeExpertsTest, MatchesTheCpuOpWithinBf16Roundings) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  Problem p = RandomProblem(40, 256, 128, 8, 4, 16, 110);
+  p.first_expert = 4;  // experts 4 .. 11 held here
+  std::vector<cpu::WeightMatrix> gate_up, down;
+  for (int e = 0; e < p.experts; ++e) {
+    gate_up.push_back(
+        {&p.gate_up[e * 2 * p.inter * p.hidden], cpu::DType::kF32, 2 * p.inter, p.hidden});
+    down.push_back({&p.down[e * p.hidden * p.inter], cpu::DType::kF32, p.hidden, p.inter});
+  }
+  std::vector<float> want(p.tokens * p.hidden);
+  cpu::MoeExpertsArgs a;
+  a.x = p.x.data();
+  a.num_tokens = p.tokens;
+  a.hidden = p.hidden;
+  a.gate_up = gate_up;
+  a.down = down;
+  a.first_expert = p.first_expert;
+  a.ids = p.ids.data();
+  a.weights = p.weights.data();
+  a.top_k = p.top_k;
+  a.out = want.data();
+  ASSERT_TRUE(cpu::ValidateMoeExperts(a).ok());
+  cpu::reference::MoeExperts(a);
+  float scale = 0;
+  for (float v : want) scale = std::max(scale, std::fabs(v));
+  ASSERT_GT(scale, 0.1f);
+  for (Variant v : Variants(p)) {
+    SCOPED_TRACE(v.name);
+    const std::vector<float> got = RunGpu(p, v);
+    float worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+    EXPECT_LT(worst, 3e-2f * scale);
+  }
 }
 
 // Each stage of the two paths on the same groups, so that a failure above
