@@ -6,11 +6,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "boost/asio/io_context.hpp"
 #include "boost/asio/ip/tcp.hpp"
 #include "boost/asio/steady_timer.hpp"
 #include "boost/beast/core.hpp"
 #include "boost/beast/http.hpp"
+#include "services/common/tcp_accept.h"
 
 namespace tessera::services {
 namespace {
@@ -90,19 +92,10 @@ struct HttpExposer::Impl {
   std::thread thread;
 
   void Accept() {
-    acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
-      if (ec == asio::error::operation_aborted) return;
-      if (ec) {
-        // Out of descriptors, say: try again shortly instead of spinning.
-        retry.expires_after(std::chrono::milliseconds(50));
-        retry.async_wait([this](beast::error_code) { Accept(); });
-        return;
-      }
-      if (open.load() < kMaxConnections) {
-        open.fetch_add(1);
-        std::make_shared<Session>(std::move(socket), &render, &open)->Run();
-      }  // else: the socket closes as it goes out of scope
-      Accept();
+    AcceptForever(&acceptor, &retry, [this](tcp::socket socket) {
+      if (open.load() >= kMaxConnections) return;  // the socket closes here
+      open.fetch_add(1);
+      std::make_shared<Session>(std::move(socket), &render, &open)->Run();
     });
   }
 };
@@ -114,38 +107,13 @@ HttpExposer::~HttpExposer() {
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
-int HttpExposer::port() const {
-  beast::error_code ec;
-  tcp::endpoint ep = impl_->acceptor.local_endpoint(ec);
-  return ec ? 0 : ep.port();
-}
+int HttpExposer::port() const { return BoundPort(impl_->acceptor); }
 
 absl::StatusOr<std::unique_ptr<HttpExposer>> HttpExposer::Start(const std::string& address,
                                                                 Render render) {
-  auto fail = [&](const std::string& why) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ", why));
-  };
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return fail("expected host:port");
-  std::string host = address.substr(0, colon);
-  const std::string port = address.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  if (host.empty()) host = "0.0.0.0";
   auto impl = std::make_unique<Impl>();
+  RETURN_IF_ERROR(Listen(address, "metrics", &impl->acceptor));
   impl->render = std::move(render);
-  beast::error_code ec;
-  tcp::resolver resolver(impl->io);
-  auto endpoints = resolver.resolve(host, port, tcp::resolver::passive, ec);
-  if (ec || endpoints.empty()) return fail(absl::StrCat("cannot resolve it: ", ec.message()));
-  const tcp::endpoint endpoint = *endpoints.begin();
-  tcp::acceptor& acceptor = impl->acceptor;
-  acceptor.open(endpoint.protocol(), ec);
-  if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-  if (!ec) acceptor.bind(endpoint, ec);
-  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return fail(ec.message());
   impl->Accept();
   impl->thread = std::thread([io = &impl->io] { io->run(); });
   return std::unique_ptr<HttpExposer>(new HttpExposer(std::move(impl)));

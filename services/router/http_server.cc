@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "boost/asio/bind_executor.hpp"
 #include "boost/asio/dispatch.hpp"
 #include "boost/asio/io_context.hpp"
@@ -19,6 +20,7 @@
 #include "boost/asio/write.hpp"
 #include "boost/beast/core.hpp"
 #include "boost/beast/http.hpp"
+#include "services/common/tcp_accept.h"
 
 namespace tessera::services {
 namespace {
@@ -472,21 +474,12 @@ void ExchangeImpl::OnClientClose(std::function<void()> on_close) {
 }  // namespace
 
 void HttpServer::Impl::Accept() {
-  acceptor.async_accept(asio::make_strand(io), [this](beast::error_code ec, tcp::socket socket) {
-    if (ec == asio::error::operation_aborted) return;
-    if (ec) {
-      // Out of descriptors, say: try again shortly instead of spinning.
-      retry.expires_after(std::chrono::milliseconds(50));
-      retry.async_wait([this](beast::error_code) { Accept(); });
-      return;
-    }
-    if (open.load() < options.max_connections) {
-      open.fetch_add(1);
-      beast::error_code ignored;
-      socket.set_option(tcp::no_delay(true), ignored);
-      std::make_shared<Connection>(std::move(socket), this)->Run();
-    }  // else: the socket closes as it goes out of scope
-    Accept();
+  AcceptForever(&acceptor, &retry, [this](tcp::socket socket) {
+    if (open.load() >= options.max_connections) return;  // the socket closes here
+    open.fetch_add(1);
+    beast::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    std::make_shared<Connection>(std::move(socket), this)->Run();
   });
 }
 
@@ -497,43 +490,17 @@ HttpServer::~HttpServer() {
   for (std::thread& t : impl_->threads) t.join();
 }
 
-int HttpServer::port() const {
-  beast::error_code ec;
-  tcp::endpoint ep = impl_->acceptor.local_endpoint(ec);
-  return ec ? 0 : ep.port();
-}
+int HttpServer::port() const { return BoundPort(impl_->acceptor); }
 
 int HttpServer::open_connections() const { return impl_->open.load(); }
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions options,
                                                               Handler handler) {
-  const std::string address = options.listen;
-  auto fail = [&](const std::string& why) {
-    return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", address, ": ", why));
-  };
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return fail("expected host:port");
-  std::string host = address.substr(0, colon);
-  const std::string port = address.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  if (host.empty()) host = "0.0.0.0";
   const int threads = std::max(1, options.threads);
   auto impl = std::make_unique<Impl>(threads);
+  RETURN_IF_ERROR(Listen(options.listen, "HTTP", &impl->acceptor));
   impl->options = std::move(options);
   impl->handler = std::move(handler);
-  beast::error_code ec;
-  tcp::resolver resolver(impl->io);
-  auto endpoints = resolver.resolve(host, port, tcp::resolver::passive, ec);
-  if (ec || endpoints.empty()) return fail(absl::StrCat("cannot resolve it: ", ec.message()));
-  const tcp::endpoint endpoint = *endpoints.begin();
-  tcp::acceptor& acceptor = impl->acceptor;
-  acceptor.open(endpoint.protocol(), ec);
-  if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-  if (!ec) acceptor.bind(endpoint, ec);
-  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return fail(ec.message());
   impl->Accept();
   for (int i = 0; i < threads; ++i) {
     impl->threads.emplace_back([io = &impl->io] { io->run(); });
