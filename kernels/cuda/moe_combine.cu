@@ -1,9 +1,9 @@
 // MoE combine (moe_combine.h): one CTA per token. Thread 0 orders the
-// token's held pairs by expert id (k <= kMoeMaxTopK, an insertion sort);
-// then every thread sums 8 columns at a time over them.
+// token's held pairs by expert id (moe_detail::OrderTokenPairs); then
+// every thread sums 8 columns at a time over them.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/moe_combine.h"
-#include "kernels/cuda/moe_routing.h"
+#include "kernels/cuda/moe_device.cuh"
 
 namespace tessera::kernels::cuda {
 namespace {
@@ -21,28 +21,6 @@ struct CombineKernelArgs {
   Bf16* out;
 };
 
-// The token's held pairs in ascending expert order: rows[i], w[i]; returns
-// how many.
-__device__ int OrderPairs(const CombineKernelArgs& a, int32_t* rows, float* w) {
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * a.top_k;
-  int32_t id[kMoeMaxTopK];
-  int n = 0;
-  for (int j = 0; j < a.top_k; ++j) {
-    const int32_t row = a.pair_row[base + j];
-    if (row < 0) continue;
-    int i = n++;
-    for (; i > 0 && id[i - 1] > a.ids[base + j]; --i) {
-      id[i] = id[i - 1];
-      rows[i] = rows[i - 1];
-      w[i] = w[i - 1];
-    }
-    id[i] = a.ids[base + j];
-    rows[i] = row;
-    w[i] = a.weights[base + j];
-  }
-  return n;
-}
-
 __device__ __forceinline__ void AddScaled(float (&acc)[8], float w, uint4 v) {
   const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -53,16 +31,20 @@ __device__ __forceinline__ void AddScaled(float (&acc)[8], float w, uint4 v) {
 }
 
 __global__ void __launch_bounds__(kThreads) MoeCombineKernel(CombineKernelArgs a) {
-  __shared__ int32_t rows[kMoeMaxTopK];
-  __shared__ float w[kMoeMaxTopK];
+  __shared__ moe_detail::OrderedPair pairs[kMoeMaxTopK];
   __shared__ int count;
-  if (threadIdx.x == 0) count = OrderPairs(a, rows, w);
+  if (threadIdx.x == 0) {
+    const int32_t* pair_row = a.pair_row + static_cast<int64_t>(blockIdx.x) * a.top_k;
+    count = moe_detail::OrderTokenPairs(
+        a.ids, a.weights, a.top_k, blockIdx.x, [&](int j) { return pair_row[j]; }, pairs);
+  }
   __syncthreads();
   const int64_t t = blockIdx.x;
   for (int64_t c = threadIdx.x * 8; c < a.hidden; c += kThreads * 8) {
     float acc[8] = {};
     for (int i = 0; i < count; ++i) {
-      AddScaled(acc, w[i], *reinterpret_cast<const uint4*>(a.y + rows[i] * a.hidden + c));
+      AddScaled(acc, pairs[i].weight,
+                *reinterpret_cast<const uint4*>(a.y + pairs[i].row * a.hidden + c));
     }
     if (a.shared != nullptr) {
       AddScaled(acc, 1.0f, *reinterpret_cast<const uint4*>(a.shared + t * a.hidden + c));

@@ -5,6 +5,7 @@
 #include "kernels/cuda/moe_gemv.h"
 #include "kernels/cuda/moe_grouped_gemm.h"
 #include "kernels/cuda/moe_grouping.h"
+#include "kernels/cuda/moe_pair_gemv.h"
 #include "kernels/cuda/moe_routing.h"
 
 namespace tessera::kernels::cuda {
@@ -52,6 +53,13 @@ absl::Status CheckArgs(const MoeExpertsArgs& a) {
   return absl::OkStatus();
 }
 
+absl::Status RunPairs(const MoeExpertsArgs& a, Bf16* act, CudaStream stream) {
+  const MoePairGemvArgs p{a.x,       a.num_tokens, a.ids, a.weights, a.top_k, a.first_expert,
+                          a.experts, a.shared,     act,   a.out};
+  if (absl::Status s = MoePairGemvGateUp(p, stream); !s.ok()) return s;
+  return MoePairGemvDownCombine(p, stream);
+}
+
 }  // namespace
 
 size_t MoeExpertsWorkspaceBytes(int64_t max_tokens, int top_k, const MoeExpertWeights& experts) {
@@ -59,6 +67,7 @@ size_t MoeExpertsWorkspaceBytes(int64_t max_tokens, int top_k, const MoeExpertWe
 }
 
 MoeExpertsPath MoeExpertsPathFor(int64_t num_tokens, const MoeExpertWeights& experts) {
+  if (num_tokens <= kMoePairGemvMaxTokens) return MoeExpertsPath::kGemvPairs;
   if (num_tokens <= kMoeGemvMaxTokens || !MoeGroupedGemmSupports(experts.hidden, experts.inter)) {
     return MoeExpertsPath::kGemv;
   }
@@ -70,6 +79,10 @@ absl::Status MoeExperts(const MoeExpertsArgs& a, CudaStream stream) {
   if (a.num_tokens == 0) return absl::OkStatus();
   const WorkspaceLayout l = Layout(a.max_tokens, a.top_k, a.experts);
   char* base = static_cast<char*>(a.workspace);
+  const MoeExpertsPath path =
+      a.path == MoeExpertsPath::kAuto ? MoeExpertsPathFor(a.num_tokens, a.experts) : a.path;
+  if (path == MoeExpertsPath::kGemvPairs)
+    return RunPairs(a, reinterpret_cast<Bf16*>(base + l.act), stream);
   const MoeGroups g = CarveMoeGroups(reinterpret_cast<int32_t*>(base + l.groups), a.max_tokens,
                                      a.top_k, a.experts.num_experts);
   Bf16* act = reinterpret_cast<Bf16*>(base + l.act);
@@ -77,8 +90,6 @@ absl::Status MoeExperts(const MoeExpertsArgs& a, CudaStream stream) {
   if (absl::Status s = MoeGroupByExpert(a.ids, a.num_tokens, a.first_expert, g, stream); !s.ok()) {
     return s;
   }
-  const MoeExpertsPath path =
-      a.path == MoeExpertsPath::kAuto ? MoeExpertsPathFor(a.num_tokens, a.experts) : a.path;
   absl::Status s;
   if (path == MoeExpertsPath::kGroupedGemm) {
     s = MoeGemmGateUp(a.x, a.num_tokens, a.experts, g, act, stream, a.gemm_kernel);

@@ -6,7 +6,9 @@
 //      (moe_gemv.h) for few tokens, the grouped GEMM (moe_grouped_gemm.h)
 //      for many;
 //   3. MoeCombine: the weighted sum in fp32 (+ shared experts), bf16 out.
-// Experts that receive no token read no weights.
+// Experts that receive no token read no weights. At one token the
+// pair-major path (moe_pair_gemv.h) skips 1. and fuses 3. into the down
+// GEMV: two kernels after routing instead of four, the same bits.
 //
 // The workspace holds the groups and the bf16 intermediates act [T*k, I]
 // and y [T*k, H], sized for max_tokens (MoeExpertsWorkspaceBytes).
@@ -25,10 +27,12 @@
 
 namespace tessera::kernels::cuda {
 
-enum class MoeExpertsPath { kAuto, kGemv, kGroupedGemm };
+enum class MoeExpertsPath { kAuto, kGemvPairs, kGemv, kGroupedGemm };
 
-// kAuto takes the GEMV path up to this many tokens (and for shapes the
-// grouped GEMM does not tile), the grouped GEMM above.
+// kAuto: the pair-major GEMVs up to kMoePairGemvMaxTokens tokens, the
+// grouped GEMVs up to kMoeGemvMaxTokens (and for shapes the grouped GEMM
+// does not tile), the grouped GEMM above.
+inline constexpr int64_t kMoePairGemvMaxTokens = 1;
 inline constexpr int64_t kMoeGemvMaxTokens = 64;
 
 struct MoeExpertsArgs {

@@ -182,6 +182,8 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want) 
   }
 }
 
+constexpr Variant kGemvPairs{MoeExpertsPath::kGemvPairs, MoeGemmKernelKind::kAuto,
+                             "pair-major gemv"};
 constexpr Variant kGemv{MoeExpertsPath::kGemv, MoeGemmKernelKind::kAuto, "gemv"};
 constexpr Variant kGemmMmaSync{MoeExpertsPath::kGroupedGemm, MoeGemmKernelKind::kMmaSync,
                                "grouped gemm, mma.sync"};
@@ -190,7 +192,7 @@ constexpr Variant kGemmAuto{MoeExpertsPath::kGroupedGemm, MoeGemmKernelKind::kAu
 
 // Every variant that can run the problem's shapes.
 std::vector<Variant> Variants(const Problem& p) {
-  std::vector<Variant> v = {kGemv};
+  std::vector<Variant> v = {kGemvPairs, kGemv};
   if (MoeGroupedGemmSupports(p.hidden, p.inter)) {
     v.push_back(kGemmMmaSync);
     v.push_back(kGemmAuto);
@@ -304,6 +306,8 @@ TEST(CudaMoeExpertsTest, ShapesTheGemmDoesNotTileTakeTheGemv) {
   ExpectMatchesReference(p);
   EXPECT_EQ(MoeExpertsPathFor(1000, MoeExpertWeights{nullptr, nullptr, 6, 72, 40}),
             MoeExpertsPath::kGemv);
+  EXPECT_EQ(MoeExpertsPathFor(1, MoeExpertWeights{nullptr, nullptr, 6, 72, 40}),
+            MoeExpertsPath::kGemvPairs);
 }
 
 TEST(CudaMoeExpertsTest, EveryTokenToOneExpert) {
@@ -464,11 +468,26 @@ TEST(CudaMoeExpertsTest, GemvAndGroupedGemmStagesAgree) {
   }
 }
 
+// The pair-major path computes every row as the grouped GEMV does and sums
+// in the same order: equal bits, also with shared experts and pairs held
+// elsewhere, and when tokens share experts.
+TEST(CudaMoeExpertsTest, PairGemvEqualsTheGroupedGemvBitwise) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  Problem one = RandomProblem(1, 256, 128, 16, 8, 16, 120);
+  Problem ep = RandomProblem(7, 384, 192, 8, 4, 16, 121);
+  ep.first_expert = 8;
+  ep.shared = RandomBf16Floats(ep.tokens * ep.hidden, 122);
+  Problem odd = RandomProblem(5, 72, 40, 6, 3, 6, 123);  // 15 pairs on 6 experts
+  for (const Problem* p : {&one, &ep, &odd}) {
+    EXPECT_EQ(RunGpu(*p, kGemvPairs), RunGpu(*p, kGemv)) << p->tokens << " tokens";
+  }
+}
+
 // Captured once, replayed with other ids and weights in the same buffers:
 // the grouping and both GEMM launches read the new counts on the device.
 TEST(CudaMoeExpertsTest, ReplaysACapturedGraphWithNewRouting) {
   TESSERA_REQUIRE_CUDA_DEVICE();
-  for (Variant v : {kGemv, kGemmMmaSync, kGemmAuto}) {
+  for (Variant v : {kGemvPairs, kGemv, kGemmMmaSync, kGemmAuto}) {
     SCOPED_TRACE(v.name);
     Problem p = RandomProblem(160, 256, 128, 16, 4, 16, 90);
     DeviceProblem d(p, v, p.tokens);

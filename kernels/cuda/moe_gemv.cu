@@ -6,42 +6,18 @@
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/moe_device.cuh"
 #include "kernels/cuda/moe_gemv.h"
 
 namespace tessera::kernels::cuda {
 namespace {
 
+using namespace moe_detail;  // NOLINT(build/namespaces): this file's device helpers
+
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRowsPerPass = 8;
 constexpr int kStride = 32 * 8;  // elements per warp step
-
-__device__ __forceinline__ float RoundBf16(float v) { return Bf16BitsToFloat(FloatToBf16Bits(v)); }
-
-// The 8 bf16 of a 16-byte vector as floats (unpacked once, then reused for
-// every row of a pass: the conversions cost as much as the FMAs).
-__device__ __forceinline__ void Unpack8(uint4 v, float (&f)[8]) {
-  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(u[i] << 16);
-    f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-  }
-}
-
-// sum + dot(w, x) over 8 values, in element order.
-__device__ __forceinline__ float Dot8(float sum, const float (&w)[8], const float (&x)[8]) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) sum = fmaf(w[i], x[i], sum);
-  return sum;
-}
-
-__device__ __forceinline__ uint4 LoadWeight(const Bf16* p) {
-  return __ldcs(reinterpret_cast<const uint4*>(p));
-}
-__device__ __forceinline__ uint4 LoadInput(const Bf16* p) {
-  return __ldg(reinterpret_cast<const uint4*>(p));
-}
 
 // The expert of grid slot blockIdx.y and its grouped rows; false when the
 // slot has no expert this step.

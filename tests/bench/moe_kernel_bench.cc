@@ -2,7 +2,9 @@
 // shapes (hidden 2048, 128 experts, top-8, expert width 768), random bf16
 // weights and random router logits (softmax top-8, renormalised):
 //   - the whole routed-expert block (MoeExperts: grouping, gate/up +
-//     SiLU-mul, down, combine) at T = 1, 8, 64 through the GEMV path and
+//     SiLU-mul, down, combine) at T = 1, 8 through the pair-major GEMVs
+//     (no grouping, down fused with the combine), T = 1, 8, 64 through the
+//     grouped GEMVs and
 //     T = 64, 4096 through the grouped GEMM (its mma.sync kernel and the
 //     default, wgmma on SM 9.0), and each stage alone;
 //   - routing (MoeRoute) at every T.
@@ -216,7 +218,8 @@ nlohmann::json Measure(const Step& st, const Layers& layers, MoeExpertsPath path
   const bool gemm = path == MoeExpertsPath::kGroupedGemm;
   nlohmann::json j;
   j["tokens"] = st.tokens;
-  j["path"] = !gemm                                   ? "gemv"
+  j["path"] = path == MoeExpertsPath::kGemvPairs      ? "gemv_pairs"
+              : !gemm                                 ? "gemv"
               : kernel == MoeGemmKernelKind::kMmaSync ? "grouped_gemm_mma_sync"
                                                       : "grouped_gemm_auto";
   j["us"] = sec * 1e6;
@@ -229,7 +232,7 @@ nlohmann::json Measure(const Step& st, const Layers& layers, MoeExpertsPath path
   j["tflops"] = flops / sec * 1e-12;
   j["fraction_of_989_tflops"] = flops / sec / kNominalBf16;
   j["fraction_of_785_tflops"] = flops / sec / kIssueBf16Peak;
-  j["stages"] = StageTimes(st, layers, gemm, kernel, s);
+  if (path != MoeExpertsPath::kGemvPairs) j["stages"] = StageTimes(st, layers, gemm, kernel, s);
   return j;
 }
 
@@ -253,6 +256,10 @@ void Run() {
                       st.weights.as<float>(), s);
     });
     routing.push_back({{"tokens", tokens}, {"us", route_sec * 1e6}});
+    if (tokens <= 8) {
+      results.push_back(
+          Measure(st, layers, MoeExpertsPath::kGemvPairs, MoeGemmKernelKind::kAuto, copy_bw, s));
+    }
     if (tokens <= 64) {
       results.push_back(
           Measure(st, layers, MoeExpertsPath::kGemv, MoeGemmKernelKind::kAuto, copy_bw, s));
