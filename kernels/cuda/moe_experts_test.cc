@@ -505,6 +505,7 @@ TEST(CudaMoeExpertsTest, ReplaysACapturedGraphWithNewRouting) {
     ASSERT_TRUE(CopyToDevice(d.ids.data(), p.ids.data(), p.ids.size() * sizeof(int32_t)).ok());
     ASSERT_TRUE(
         CopyToDevice(d.weights.data(), p.weights.data(), p.weights.size() * sizeof(float)).ok());
+    ASSERT_TRUE(Synchronize(nullptr).ok());  // the graph's stream does not wait for the default one
     ASSERT_TRUE(graph.Launch(stream->get()).ok());
     ASSERT_TRUE(Synchronize(stream->get()).ok());
     ExpectClose(d.Output(p.tokens, p.hidden), Reference(p));

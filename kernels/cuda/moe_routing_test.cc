@@ -4,8 +4,9 @@
 // a run inside a captured CUDA graph. Validation cases run on the host.
 //
 // Tolerances: expert ids must be equal (random logits have no near-ties at
-// fp32 resolution); weights within 2e-6 relative (expf vs the host's exp
-// and the softmax denominator's tree-ordered sum).
+// fp32 resolution); weights within 4e-6 relative (expf vs the host's exp,
+// and the softmax denominator summed in a tree instead of in sequence:
+// about sqrt(E) ulps apart).
 #include "kernels/cuda/moe_routing.h"
 
 #include <cmath>
@@ -70,7 +71,7 @@ void ExpectSameRouting(const Routed& got, const Routed& want) {
   ASSERT_EQ(got.ids.size(), want.ids.size());
   EXPECT_EQ(got.ids, want.ids);
   for (size_t i = 0; i < want.weights.size(); ++i) {
-    EXPECT_NEAR(got.weights[i], want.weights[i], 2e-6 * std::fabs(want.weights[i]) + 1e-12)
+    EXPECT_NEAR(got.weights[i], want.weights[i], 4e-6 * std::fabs(want.weights[i]) + 1e-12)
         << "pair " << i;
   }
 }
@@ -178,6 +179,7 @@ TEST(CudaMoeRoutingTest, RunsInACapturedGraph) {
   // New logits in the same buffer: the replay routes them.
   logits = RandomFloats(16 * 64, 6, -2.f, 2.f);
   ASSERT_TRUE(CopyToDevice(dlogits.data(), logits.data(), logits.size() * sizeof(float)).ok());
+  ASSERT_TRUE(Synchronize(nullptr).ok());  // the graph's stream does not wait for the default one
   ASSERT_TRUE(graph.Launch(stream->get()).ok());
   ASSERT_TRUE(Synchronize(stream->get()).ok());
   ExpectSameRouting(Routed{Download<int32_t>(dids, 64), Download<float>(dw, 64)},
