@@ -38,6 +38,8 @@ bins=(
   kernels/cuda/cuda_ops_test
   kernels/cuda/cuda_gemm_test
   kernels/cuda/cuda_gemv_test
+  kernels/cuda/cuda_moe_routing_test
+  kernels/cuda/cuda_moe_experts_test
   worker/sampling/cuda_sampling_test
   kernels/cuda/cuda_decode_rope_test
   kernels/cuda/cuda_p2p_all_reduce_test
@@ -45,6 +47,7 @@ bins=(
   kernels/cuda/prefill_attention_sm90_test
   worker/runner/cuda/cuda_model_runner_test
   tests/bench/cuda_ops_bench
+  tests/bench/moe_kernel_bench
   tests/bench/gemm_search_bench
   tests/bench/paged_attention_bench
   tests/bench/gpu_decode_bench

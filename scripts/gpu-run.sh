@@ -77,7 +77,7 @@ for t in json.load(open(sys.argv[2]))["tests"]:
 # tests/gpu_test_main.cc). The two-GPU tests run where there are two GPUs.
 for t in arch_test cuda_selection_test cuda_ops_test cuda_gemm_test cuda_gemv_test cuda_sampling_test \
          cuda_decode_rope_test paged_attention_test prefill_attention_sm90_test \
-         cuda_model_runner_test; do
+         cuda_moe_routing_test cuda_moe_experts_test cuda_model_runner_test; do
   mapfile -t args < <(ctest_args "$t")
   step "tests/$t" 300 env TESSERA_REQUIRE_GPU=1 "$BIN/$t" "${args[@]}" \
     --gtest_output="json:$OUT/tests/$t.json"
@@ -142,6 +142,7 @@ if [[ "$QUICK" != "--quick" ]]; then
     --batch=16 --requests=16 --tree_branching=3 --tree_depth=2 \
     --out="$OUT/bench/spec_decode_h200_trees.json"
   step_json bench/cuda_ops 120 "$BIN/cuda_ops_bench"
+  step_json bench/moe_kernels 120 "$BIN/moe_kernel_bench"
   step_json bench/gemm_search 240 "$BIN/gemm_search_bench" --max_configs=3000 --bases=2
   step_json bench/paged_attention 120 "$BIN/paged_attention_bench"
   step bench/sdpa_reference 180 python3 tests/gpu/sdpa_reference.py --out="$OUT/bench/sdpa_reference.json"

@@ -8,6 +8,7 @@ tests/bench/results/, each with the command that produced it:
   paged_attention_h200.json   decode/prefill attention kernels, prefill next
                               to torch SDPA on the same shapes
   cuda_ops_h200.json          kernel microbenchmarks
+  moe_kernels_h200.json       the CUDA MoE kernels at Qwen3-30B-A3B shapes
   gpu_tp_h200x2.json          TP=1 vs TP=2 per all-reduce backend (2 GPUs)
   gpu_tp_trace_h200x2.json    the same steps kernel by kernel (CUPTI trace)
   gpu_tp_tuning_h200x2.json   what GEMM autotuning adds to a batch's first step
@@ -134,6 +135,11 @@ def wrap(out, results, src, name, command, notes=None, drop=()):
 def ops(out, results):
     wrap(out, results, "bench/cuda_ops.json", "cuda_ops_h200.json",
          "bash scripts/gpu-run.sh OUT (tests/bench/cuda_ops_bench)")
+
+
+def moe_kernels(out, results):
+    wrap(out, results, "bench/moe_kernels.json", "moe_kernels_h200.json",
+         "bash scripts/gpu-run.sh OUT (tests/bench/moe_kernel_bench)")
 
 
 def gemm_search(out, results):
@@ -296,7 +302,7 @@ def main():
     out = sys.argv[1]
     results = sys.argv[2] if len(sys.argv) > 2 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results")
-    for step in (decode, attention, ops, gemm_search, tensor_parallel, tensor_parallel_trace,
+    for step in (decode, attention, ops, moe_kernels, gemm_search, tensor_parallel, tensor_parallel_trace,
                  tensor_parallel_tuning, tensor_parallel_sampling, tensor_parallel_shard,
                  decode_qwen3, speculative,
                  speculative_trees, router, generate_parity, doctor):
