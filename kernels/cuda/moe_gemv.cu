@@ -127,6 +127,16 @@ dim3 Grid(int64_t columns, int64_t num_tokens, const MoeGroups& g) {
   return dim3(static_cast<unsigned>((columns + kWarps - 1) / kWarps), static_cast<unsigned>(slots));
 }
 
+// grid.y holds one slot per expert with rows: at most 65535.
+absl::Status CheckSlots(int64_t num_tokens, const MoeGroups& g, absl::string_view what) {
+  const int64_t slots = MoeMaxActiveExperts(num_tokens, g.top_k, g.num_experts);
+  if (slots > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", slots, " expert slots exceed the grid's 65535"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status MoeGemvGateUp(const Bf16* x, int64_t num_tokens, const MoeExpertWeights& w,
@@ -135,6 +145,7 @@ absl::Status MoeGemvGateUp(const Bf16* x, int64_t num_tokens, const MoeExpertWei
     return s;
   }
   if (num_tokens == 0) return absl::OkStatus();
+  if (absl::Status s = CheckSlots(num_tokens, g, "MoeGemvGateUp"); !s.ok()) return s;
   MoeGemvGateUpKernel<<<Grid(w.inter, num_tokens, g), kThreads, 0, AsCuda(stream)>>>(
       GateUpArgs{x, w, g, act});
   return CheckLastLaunch("MoeGemvGateUp");
@@ -146,6 +157,7 @@ absl::Status MoeGemvDown(const Bf16* act, int64_t num_tokens, const MoeExpertWei
     return s;
   }
   if (num_tokens == 0) return absl::OkStatus();
+  if (absl::Status s = CheckSlots(num_tokens, g, "MoeGemvDown"); !s.ok()) return s;
   MoeGemvDownKernel<<<Grid(w.hidden, num_tokens, g), kThreads, 0, AsCuda(stream)>>>(
       DownArgs{act, w, g, y});
   return CheckLastLaunch("MoeGemvDown");
