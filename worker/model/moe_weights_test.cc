@@ -2,6 +2,7 @@
 // fixtures transformers saved, the errors for missing or misshapen tensors,
 // and GLM-4.5's multi-token-prediction layers, which are skipped.
 #include <cstdlib>
+#include <numeric>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -85,7 +86,9 @@ TEST(MoeWeightsTest, FixturesBindEveryExpertOfTheSparseLayers) {
       EXPECT_EQ(lw.moe->experts[3].down_proj.shape, (std::vector<int64_t>{64, 32}));
       EXPECT_EQ(lw.moe->correction_bias.has_value(), glm);
       EXPECT_EQ(lw.moe->shared.has_value(), glm);
-      if (glm) EXPECT_EQ(lw.moe->shared->gate_proj.shape, (std::vector<int64_t>{32, 64}));
+      if (glm) {
+        EXPECT_EQ(lw.moe->shared->gate_proj.shape, (std::vector<int64_t>{32, 64}));
+      }
     }
   }
 }
@@ -129,6 +132,51 @@ TEST(MoeWeightsTest, MultiTokenPredictionLayersAreSkippedNotAnError) {
       Msg(BindModelWeights(c, *ckpt).status()),
       HasSubstr("\"model.layers.3.enorm.weight\" belongs to layer 3 but the config has "
                 "num_hidden_layers = 2 (and 1 multi-token-prediction layer(s) after them)"));
+}
+
+// The fused [E, 2J, H] / [E, H, J] layout binds too: each expert's views
+// are its slabs, gate rows first.
+TEST(MoeWeightsTest, FusedExpertTensorsBindAsPerExpertViews) {
+  const ModelConfig c = SmallGlm();
+  const int64_t E = 8, J = 6, H = 16;
+  std::vector<float> gate_up(E * 2 * J * H), down(E * H * J);
+  std::iota(gate_up.begin(), gate_up.end(), 0.0f);
+  std::iota(down.begin(), down.end(), 0.0f);
+  std::unique_ptr<Checkpoint> ckpt = MakeCheckpoint(c, [&](std::vector<TensorToWrite>* t) {
+    std::erase_if(*t, [](const TensorToWrite& w) {
+      return w.name.starts_with("model.layers.1.mlp.experts.");
+    });
+    t->push_back(*MakeTensor("model.layers.1.mlp.experts.gate_up_proj", DType::kF32, {E, 2 * J, H},
+                             gate_up));
+    t->push_back(*MakeTensor("model.layers.1.mlp.experts.down_proj", DType::kF32, {E, H, J}, down));
+  });
+  ASSERT_NE(ckpt, nullptr);
+  absl::StatusOr<ModelWeights> w = BindModelWeights(c, *ckpt);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_TRUE(w->unused_tensors.empty());
+  const ExpertWeights& e3 = w->layers[1].moe->experts[3];
+  EXPECT_EQ(e3.gate_proj.shape, (std::vector<int64_t>{J, H}));
+  EXPECT_EQ(e3.up_proj.shape, (std::vector<int64_t>{J, H}));
+  EXPECT_EQ(e3.down_proj.shape, (std::vector<int64_t>{H, J}));
+  auto first = [](const TensorView& v) { return (*ToFloat32(v))[0]; };
+  EXPECT_EQ(first(e3.gate_proj), static_cast<float>(3 * 2 * J * H));
+  EXPECT_EQ(first(e3.up_proj), static_cast<float>(3 * 2 * J * H + J * H));
+  EXPECT_EQ(first(e3.down_proj), static_cast<float>(3 * H * J));
+  EXPECT_EQ(ToFloat32(e3.up_proj)->back(), static_cast<float>(4 * 2 * J * H - 1));
+
+  // A fused tensor of the wrong shape is an error naming it.
+  ckpt = MakeCheckpoint(c, [&](std::vector<TensorToWrite>* t) {
+    std::erase_if(*t, [](const TensorToWrite& w) {
+      return w.name.starts_with("model.layers.1.mlp.experts.");
+    });
+    t->push_back(*MakeTensor("model.layers.1.mlp.experts.gate_up_proj", DType::kF32, {E, 2 * J, H},
+                             gate_up));
+    t->push_back(*MakeTensor("model.layers.1.mlp.experts.down_proj", DType::kF32, {E, J, H}, down));
+  });
+  ASSERT_NE(ckpt, nullptr);
+  EXPECT_THAT(Msg(BindModelWeights(c, *ckpt).status()),
+              HasSubstr("tensor \"model.layers.1.mlp.experts.down_proj\" has shape [8, 6, 16] but "
+                        "the config needs [8, 16, 6]"));
 }
 
 struct BrokenTensor {

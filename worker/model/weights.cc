@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -48,6 +49,7 @@ class Binder {
   }
 
   void MarkUsed(const std::string& name) { used_.insert(name); }
+  bool Has(const std::string& name) const { return checkpoint_.Find(name) != nullptr; }
   bool Used(const std::string& name) const { return used_.contains(name); }
 
  private:
@@ -146,6 +148,46 @@ absl::Status BindSwiGlu(Binder& b, int64_t l, std::string_view prefix, int64_t H
   return absl::OkStatus();
 }
 
+// Expert e's [rows, cols] matrix inside a fused [E, rows, cols] tensor, and
+// rows [start, start + len) of it.
+absl::StatusOr<TensorView> ExpertSlab(const TensorView& fused, int64_t e, int64_t start,
+                                      int64_t len) {
+  absl::StatusOr<TensorView> slab = SliceRows(fused, e, 1);
+  if (!slab.ok()) return slab.status();
+  slab->shape.erase(slab->shape.begin());
+  absl::StatusOr<TensorView> rows = SliceRows(*slab, start, len);
+  if (rows.ok()) rows->name = Cat(fused.name, "[", e, "][", start, ":", start + len, "]");
+  return rows;
+}
+
+// The fused layout transformers' Experts modules hold in memory (and some
+// conversions save): mlp.experts.gate_up_proj [E, 2J, H] (gate rows first,
+// as gate_up.chunk(2) splits them) and mlp.experts.down_proj [E, H, J].
+absl::Status BindFusedExperts(const ModelConfig& c, Binder& b, int64_t l, MoeWeights* out) {
+  const MoeConfig& m = *c.moe;
+  const int64_t E = m.num_experts, J = m.intermediate_size, H = c.hidden_size;
+  TensorView gate_up, down;
+  if (absl::Status s = b.Bind(LayerName(l, "mlp.experts.gate_up_proj"), {E, 2 * J, H}, &gate_up);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = b.Bind(LayerName(l, "mlp.experts.down_proj"), {E, H, J}, &down); !s.ok()) {
+    return s;
+  }
+  out->experts.resize(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    ExpertWeights& w = out->experts[e];
+    for (auto [view, fused, start, len] :
+         {std::tuple{&w.gate_proj, &gate_up, int64_t{0}, J}, std::tuple{&w.up_proj, &gate_up, J, J},
+          std::tuple{&w.down_proj, &down, int64_t{0}, H}}) {
+      absl::StatusOr<TensorView> slab = ExpertSlab(*fused, e, start, len);
+      if (!slab.ok()) return slab.status();
+      *view = *std::move(slab);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status BindMoe(const ModelConfig& c, Binder& b, int64_t l, MoeWeights* out) {
   const MoeConfig& m = *c.moe;
   const int64_t H = c.hidden_size;
@@ -159,12 +201,16 @@ absl::Status BindMoe(const ModelConfig& c, Binder& b, int64_t l, MoeWeights* out
       !s.ok()) {
     return s;
   }
-  out->experts.resize(static_cast<size_t>(m.num_experts));
-  for (int64_t e = 0; e < m.num_experts; ++e) {
-    if (absl::Status s =
-            BindSwiGlu(b, l, Cat("mlp.experts.", e, "."), H, m.intermediate_size, &out->experts[e]);
-        !s.ok()) {
-      return s;
+  if (b.Has(LayerName(l, "mlp.experts.gate_up_proj"))) {
+    if (absl::Status s = BindFusedExperts(c, b, l, out); !s.ok()) return s;
+  } else {
+    out->experts.resize(static_cast<size_t>(m.num_experts));
+    for (int64_t e = 0; e < m.num_experts; ++e) {
+      if (absl::Status s = BindSwiGlu(b, l, Cat("mlp.experts.", e, "."), H, m.intermediate_size,
+                                      &out->experts[e]);
+          !s.ok()) {
+        return s;
+      }
     }
   }
   if (m.shared_intermediate_size() == 0) return absl::OkStatus();

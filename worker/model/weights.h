@@ -27,6 +27,10 @@
 //       mlp.experts.<e>.{gate,up}_proj.weight [J, H], .down_proj.weight [H, J]
 //       mlp.shared_experts.{gate,up}_proj.weight [S, H], .down_proj [H, S]
 //                                                (when S > 0)
+//     or, instead of the per-expert tensors, the fused layout of
+//     transformers' in-memory Experts module: mlp.experts.gate_up_proj
+//     [E, 2J, H] (gate rows first) and mlp.experts.down_proj [E, H, J];
+//     each expert's views then point into those tensors.
 //     Head h of q occupies rows [h*D, (h+1)*D) of q_proj; query head h reads
 //     key/value head h / (num_attention_heads / num_key_value_heads).
 //   - RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight (Llama/Qwen: weight as
