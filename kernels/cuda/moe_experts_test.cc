@@ -28,6 +28,7 @@
 #include "kernels/cpu/moe_experts.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/device_query.h"
 #include "kernels/cuda/moe_gemv.h"
 #include "kernels/cuda/moe_grouped_gemm.h"
 #include "kernels/cuda/moe_grouping.h"
@@ -481,6 +482,36 @@ TEST(CudaMoeExpertsTest, PairGemvEqualsTheGroupedGemvBitwise) {
   for (const Problem* p : {&one, &ep, &odd}) {
     EXPECT_EQ(RunGpu(*p, kGemvPairs), RunGpu(*p, kGemv)) << p->tokens << " tokens";
   }
+}
+
+// kWgmma runs on SM 9.0 (the H200) and gives the mma.sync kernel's act up
+// to fp32 summation order; elsewhere it is refused, never silently replaced.
+TEST(CudaMoeExpertsTest, WgmmaKernelRunsOnSm90AndIsRefusedElsewhere) {
+  TESSERA_REQUIRE_CUDA_DEVICE();
+  const CudaQueryResult q = QueryCudaDevices();
+  ASSERT_FALSE(q.info.devices.empty()) << q.note;
+  const bool sm90 = q.info.devices[0].sm_major == 9 && q.info.devices[0].sm_minor == 0;
+  const Problem p = RandomProblem(200, 256, 128, 8, 2, 8, 130);
+  DeviceProblem d(p, kGemv, p.tokens);
+  DeviceBuffer base = Zeros(sizeof(int32_t) * MoeGroupsInts(p.tokens, p.top_k, p.experts));
+  const MoeGroups g = CarveMoeGroups(base.as<int32_t>(), p.tokens, p.top_k, p.experts);
+  ASSERT_TRUE(MoeGroupByExpert(d.args.ids, p.tokens, 0, g, nullptr).ok());
+  const int64_t rows = p.tokens * p.top_k;
+  DeviceBuffer mma = Zeros(sizeof(Bf16) * rows * p.inter);
+  DeviceBuffer wg = Zeros(sizeof(Bf16) * rows * p.inter);
+  const MoeExpertWeights& w = d.args.experts;
+  ASSERT_TRUE(
+      MoeGemmGateUp(d.args.x, p.tokens, w, g, mma.as<Bf16>(), nullptr, MoeGemmKernelKind::kMmaSync)
+          .ok());
+  const absl::Status s =
+      MoeGemmGateUp(d.args.x, p.tokens, w, g, wg.as<Bf16>(), nullptr, MoeGemmKernelKind::kWgmma);
+  if (!sm90) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    return;
+  }
+  ASSERT_TRUE(s.ok()) << s;
+  ExpectClose(FromBf16(Download<Bf16>(wg, rows * p.inter)),
+              FromBf16(Download<Bf16>(mma, rows * p.inter)));
 }
 
 // Captured once, replayed with other ids and weights in the same buffers:
