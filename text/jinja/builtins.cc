@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "text/jinja/js_string.h"
 #include "base/status_macros.h"
+#include "text/jinja/js_string.h"
 
 namespace tessera::text::jinja {
 namespace {
@@ -36,7 +36,7 @@ std::vector<std::string> CodePoints(absl::string_view s) {
   size_t pos = 0;
   while (pos < s.size()) {
     const size_t start = pos;
-    DecodeUtf8(s, &pos);
+    DecodeUtf8Next(s, &pos);
     out.emplace_back(s.substr(start, pos - start));
   }
   return out;
@@ -47,7 +47,7 @@ std::u16string ToUtf16(absl::string_view s) {
   std::u16string out;
   size_t pos = 0;
   while (pos < s.size()) {
-    const char32_t cp = DecodeUtf8(s, &pos);
+    const char32_t cp = DecodeUtf8Next(s, &pos);
     if (cp >= 0x10000) {
       out.push_back(static_cast<char16_t>(0xD800 + ((cp - 0x10000) >> 10)));
       out.push_back(static_cast<char16_t>(0xDC00 + ((cp - 0x10000) & 0x3FF)));
@@ -88,7 +88,7 @@ std::string TitleCase(absl::string_view s) {
 absl::StatusOr<std::string> Capitalize(absl::string_view s) {
   if (s.empty()) return std::string();
   size_t pos = 0;
-  const char32_t first = DecodeUtf8(s, &pos);
+  const char32_t first = DecodeUtf8Next(s, &pos);
   if (first >= 0x10000) return std::string(s);  // charAt(0) is half a surrogate pair
   ASSIGN_OR_RETURN(std::string head, JsToUpper(s.substr(0, pos)));
   return absl::StrCat(head, s.substr(pos));
@@ -123,7 +123,7 @@ std::string Replace(absl::string_view s, absl::string_view from, absl::string_vi
       }
       if (pos >= s.size()) break;
       const size_t start = pos;
-      DecodeUtf8(s, &pos);
+      DecodeUtf8Next(s, &pos);
       absl::StrAppend(&out, s.substr(start, pos - start));
     }
     return out;
@@ -155,14 +155,14 @@ absl::StatusOr<Value> Split(const std::string& s, const ValueList& args,
     while (pos < text.size()) {
       // Skip whitespace, then take the run of non-whitespace.
       size_t next = pos;
-      if (IsJsWhitespace(DecodeUtf8(text, &next))) {
+      if (IsJsWhitespace(DecodeUtf8Next(text, &next))) {
         pos = next;
         continue;
       }
       const size_t start = pos;
       while (pos < text.size()) {
         next = pos;
-        if (IsJsWhitespace(DecodeUtf8(text, &next))) break;
+        if (IsJsWhitespace(DecodeUtf8Next(text, &next))) break;
         pos = next;
       }
       if (maxsplit != -1 && static_cast<double>(parts.size()) >= maxsplit) {
@@ -214,7 +214,8 @@ absl::StatusOr<Value> StartsOrEndsWith(const std::string& s, const ValueList& ar
 absl::StatusOr<Value> StringReplace(const std::string& s, const ValueList& args,
                                     const BuiltinLimits& limits) {
   if (args.size() < 2) return Err("replace() requires at least two arguments");
-  if (!(args[0].is_string() && args[1].is_string())) return Err("replace() arguments must be strings");
+  if (!(args[0].is_string() && args[1].is_string()))
+    return Err("replace() arguments must be strings");
   Value count = Value::Null();
   if (args.size() > 2) {
     if (args[2].kind() == Value::Kind::kKwargs) {
@@ -224,12 +225,14 @@ absl::StatusOr<Value> StringReplace(const std::string& s, const ValueList& args,
       count = args[2];
     }
   }
-  if (!(count.is_int() || count.is_null())) return Err("replace() count argument must be a number or null");
+  if (!(count.is_int() || count.is_null()))
+    return Err("replace() count argument must be a number or null");
   std::optional<double> n;
   if (count.is_int()) n = count.number();
   // Bound the result before building it.
-  const int64_t hits = args[0].str().empty() ? CodePointCount(s) + 1
-                                             : static_cast<int64_t>(s.size() / args[0].str().size());
+  const int64_t hits = args[0].str().empty()
+                           ? CodePointCount(s) + 1
+                           : static_cast<int64_t>(s.size() / args[0].str().size());
   if (static_cast<int64_t>(s.size()) + hits * static_cast<int64_t>(args[1].str().size()) >
       limits.max_string_bytes * 2) {
     return absl::ResourceExhaustedError("replace() would build a string past the size limit");
@@ -492,7 +495,8 @@ absl::StatusOr<Value> SelectItems(bool select, const Value& operand, const Value
   for (const Value& item : operand.list()) {
     bool result = item.Truthy();
     if (!args.empty()) {
-      ASSIGN_OR_RETURN(result, ApplyTest(args[0].str(), item, args.size() > 1 ? &args[1] : nullptr));
+      ASSIGN_OR_RETURN(result,
+                       ApplyTest(args[0].str(), item, args.size() > 1 ? &args[1] : nullptr));
     }
     if (result == select) out.push_back(item);
   }
@@ -596,8 +600,8 @@ absl::StatusOr<Value> NamedFilter(absl::string_view name, const Value& operand,
 }
 
 absl::StatusOr<Value> CalledFilter(absl::string_view name, const Value& operand,
-                                   const ValueList& args, const ValueMap& kwargs,
-                                   bool literal_args, const BuiltinLimits& limits) {
+                                   const ValueList& args, const ValueMap& kwargs, bool literal_args,
+                                   const BuiltinLimits& limits) {
   const std::string n(name);
   auto kw = [&](absl::string_view key) -> const Value* { return kwargs.Find(key); };
   if (n == "tojson") return JsonFilter(operand, kwargs, limits);
@@ -624,7 +628,7 @@ absl::StatusOr<Value> CalledFilter(absl::string_view name, const Value& operand,
   }
   if (n == "int" || n == "float") {
     const bool is_int = n == "int";
-    Value fallback = !args.empty() ? args[0]
+    Value fallback = !args.empty()   ? args[0]
                      : kw("default") ? *kw("default")
                                      : (is_int ? Value::Int(0) : Value::Float(0));
     if (operand.is_string()) {
@@ -641,7 +645,8 @@ absl::StatusOr<Value> CalledFilter(absl::string_view name, const Value& operand,
   }
   if (n == "default") {
     Value fallback = !args.empty() ? args[0] : Value::String("");
-    Value boolean = args.size() > 1 ? args[1] : (kw("boolean") ? *kw("boolean") : Value::Bool(false));
+    Value boolean =
+        args.size() > 1 ? args[1] : (kw("boolean") ? *kw("boolean") : Value::Bool(false));
     if (!boolean.is_bool()) return Err("`default` filter flag must be a boolean");
     if (operand.is_undefined() || (boolean.bool_value() && !operand.Truthy())) return fallback;
     return operand;
@@ -670,7 +675,8 @@ absl::StatusOr<Value> CalledFilter(absl::string_view name, const Value& operand,
     if (n == "map") {
       const Value* attr = kw("attribute");
       if (attr == nullptr) {
-        return Unsupported("`map` expressions without `attribute` set are not currently supported.");
+        return Unsupported(
+            "`map` expressions without `attribute` set are not currently supported.");
       }
       if (!attr->is_string()) return Err("attribute must be a string");
       const Value* fallback = kw("default");
@@ -685,8 +691,10 @@ absl::StatusOr<Value> CalledFilter(absl::string_view name, const Value& operand,
     return Err(absl::StrCat("Unknown ArrayValue filter: ", n));
   }
   if (n == "round" && operand.is_number()) {
-    const Value precision = !args.empty() ? args[0] : (kw("precision") ? *kw("precision") : Value::Int(0));
-    const Value method = args.size() > 1 ? args[1] : (kw("method") ? *kw("method") : Value::String("common"));
+    const Value precision =
+        !args.empty() ? args[0] : (kw("precision") ? *kw("precision") : Value::Int(0));
+    const Value method =
+        args.size() > 1 ? args[1] : (kw("method") ? *kw("method") : Value::String("common"));
     if (!precision.is_int() || precision.number() < 0 || precision.number() > 15) {
       return Err("round precision must be an integer from 0 to 15");
     }
@@ -760,7 +768,8 @@ absl::StatusOr<int> CompareValues(const Value& a, const Value& b, bool case_sens
     return x < y ? -1 : (x > y ? 1 : 0);
   }
   if (a.kind() != b.kind()) {
-    return Err(absl::StrCat("Cannot compare different types: ", a.TypeName(), " and ", b.TypeName()));
+    return Err(
+        absl::StrCat("Cannot compare different types: ", a.TypeName(), " and ", b.TypeName()));
   }
   if (!a.is_string()) return Err(absl::StrCat("Cannot compare type: ", a.TypeName()));
   std::string x = a.str();
@@ -775,8 +784,8 @@ absl::StatusOr<int> CompareValues(const Value& a, const Value& b, bool case_sens
 }
 
 absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& operand, bool called,
-                                  const ValueList& args, const ValueMap& kwargs,
-                                  bool literal_args, const BuiltinLimits& limits) {
+                                  const ValueList& args, const ValueMap& kwargs, bool literal_args,
+                                  const BuiltinLimits& limits) {
   if (!called) {
     if (name == "safe") return operand;
     if (name == "tojson") {

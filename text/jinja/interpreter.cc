@@ -12,10 +12,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "text/jinja/builtins.h"
 #include "text/jinja/js_string.h"
 #include "text/jinja/lexer.h"
-#include "base/status_macros.h"
 
 namespace tessera::text::jinja {
 
@@ -64,8 +64,9 @@ void CollectSpecialNames(const Node& n, bool* kwargs, bool* varargs) {
   }
 }
 
-const char* const kMonths[] = {"January", "February", "March",     "April",   "May",      "June",
-                               "July",    "August",   "September", "October", "November", "December"};
+const char* const kMonths[] = {"January",   "February", "March",    "April",
+                               "May",       "June",     "July",     "August",
+                               "September", "October",  "November", "December"};
 
 std::string StrftimeJs(absl::string_view format, absl::Time now) {
   const absl::TimeZone tz = absl::LocalTimeZone();
@@ -78,14 +79,30 @@ std::string StrftimeJs(absl::string_view format, absl::Time now) {
     }
     const char f = format[i + 1];
     switch (f) {
-      case 'Y': absl::StrAppend(&out, c.year()); break;
-      case 'm': absl::StrAppendFormat(&out, "%02d", c.month()); break;
-      case 'd': absl::StrAppendFormat(&out, "%02d", c.day()); break;
-      case 'b': out += std::string(kMonths[c.month() - 1]).substr(0, 3); break;
-      case 'B': out += kMonths[c.month() - 1]; break;
-      case 'H': absl::StrAppendFormat(&out, "%02d", c.hour()); break;
-      case 'M': absl::StrAppendFormat(&out, "%02d", c.minute()); break;
-      case '%': out.push_back('%'); break;
+      case 'Y':
+        absl::StrAppend(&out, c.year());
+        break;
+      case 'm':
+        absl::StrAppendFormat(&out, "%02d", c.month());
+        break;
+      case 'd':
+        absl::StrAppendFormat(&out, "%02d", c.day());
+        break;
+      case 'b':
+        out += std::string(kMonths[c.month() - 1]).substr(0, 3);
+        break;
+      case 'B':
+        out += kMonths[c.month() - 1];
+        break;
+      case 'H':
+        absl::StrAppendFormat(&out, "%02d", c.hour());
+        break;
+      case 'M':
+        absl::StrAppendFormat(&out, "%02d", c.minute());
+        break;
+      case '%':
+        out.push_back('%');
+        break;
       default:
         out.push_back('%');
         continue;  // the next character is copied as it is
@@ -115,9 +132,9 @@ class Interpreter {
     }
     auto out = EvalBlock(program.body, globals);
     if (!out.ok() && IsLoopControl(out.status())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kErrorPrefix, DescribePosition(source_, control_offset_), ": ",
-          control_ == Control::kBreak ? "break" : "continue", " outside a loop"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(kErrorPrefix, DescribePosition(source_, control_offset_), ": ",
+                       control_ == Control::kBreak ? "break" : "continue", " outside a loop"));
     }
     return out;
   }
@@ -135,8 +152,8 @@ class Interpreter {
 
   absl::Status Error(const Node& n, absl::string_view what,
                      absl::StatusCode code = absl::StatusCode::kInvalidArgument) const {
-    return absl::Status(code,
-                        absl::StrCat(kErrorPrefix, DescribePosition(source_, n.offset), ": ", what));
+    return absl::Status(
+        code, absl::StrCat(kErrorPrefix, DescribePosition(source_, n.offset), ": ", what));
   }
   // Adds the position of `n` to an error that has none yet.
   absl::Status Annotate(const Node& n, const absl::Status& s) const {
@@ -155,8 +172,8 @@ class Interpreter {
   }
   absl::StatusOr<Value> CheckedString(const Node& n, std::string s) const {
     if (static_cast<int64_t>(s.size()) > limits_.max_output_bytes) {
-      return Exhausted(n, absl::StrCat("a string grew past the limit of ",
-                                       limits_.max_output_bytes, " bytes"));
+      return Exhausted(
+          n, absl::StrCat("a string grew past the limit of ", limits_.max_output_bytes, " bytes"));
     }
     return Value::String(std::move(s));
   }
@@ -171,30 +188,31 @@ class Interpreter {
 
   void SetupGlobals(Scope* g) {
     g->Set("namespace", Value::MakeFunction(MakeBuiltin("namespace", [](ValueList& args, Scope*) {
-      return MakeNamespace(args);
-    })));
+             return MakeNamespace(args);
+           })));
     g->Set("false", Value::Bool(false));
     g->Set("true", Value::Bool(true));
     g->Set("none", Value::Null());
     g->Set("raise_exception",
-           Value::MakeFunction(MakeBuiltin("raise_exception", [](ValueList& args, Scope*) -> absl::StatusOr<Value> {
-             std::string msg;
-             for (size_t i = 0; i < args.size(); ++i) {
-               auto s = ToOutputString(args[i]);
-               absl::StrAppend(&msg, i > 0 ? "," : "", s.ok() ? *s : std::string("?"));
-             }
-             return absl::InvalidArgumentError(absl::StrCat("raise_exception: ", msg));
-           })));
-    g->Set("range", Value::MakeFunction(MakeBuiltin("range", [this](ValueList& args, Scope*) {
-      return Range(args);
-    })));
+           Value::MakeFunction(
+               MakeBuiltin("raise_exception", [](ValueList& args, Scope*) -> absl::StatusOr<Value> {
+                 std::string msg;
+                 for (size_t i = 0; i < args.size(); ++i) {
+                   auto s = ToOutputString(args[i]);
+                   absl::StrAppend(&msg, i > 0 ? "," : "", s.ok() ? *s : std::string("?"));
+                 }
+                 return absl::InvalidArgumentError(absl::StrCat("raise_exception: ", msg));
+               })));
+    g->Set("range", Value::MakeFunction(MakeBuiltin(
+                        "range", [this](ValueList& args, Scope*) { return Range(args); })));
     g->Set("strftime_now",
-           Value::MakeFunction(MakeBuiltin("strftime_now", [this](ValueList& args, Scope*) -> absl::StatusOr<Value> {
-             if (args.empty() || !args[0].is_string()) {
-               return absl::InvalidArgumentError("strftime_now() needs a format string");
-             }
-             return Value::String(StrftimeJs(args[0].str(), now_));
-           })));
+           Value::MakeFunction(MakeBuiltin(
+               "strftime_now", [this](ValueList& args, Scope*) -> absl::StatusOr<Value> {
+                 if (args.empty() || !args[0].is_string()) {
+                   return absl::InvalidArgumentError("strftime_now() needs a format string");
+                 }
+                 return Value::String(StrftimeJs(args[0].str(), now_));
+               })));
     g->Set("True", Value::Bool(true));
     g->Set("False", Value::Bool(false));
     g->Set("None", Value::Null());
@@ -208,7 +226,8 @@ class Interpreter {
     }
     const size_t n = positional.size() - (kwargs ? 1 : 0);
     if (n > 1) {
-      return absl::InvalidArgumentError(absl::StrCat("namespace expected at most 1 argument, got ", n));
+      return absl::InvalidArgumentError(
+          absl::StrCat("namespace expected at most 1 argument, got ", n));
     }
     auto entries = std::make_shared<ValueMap>();
     if (n == 1) {
@@ -224,7 +243,7 @@ class Interpreter {
             size_t pos = 0;
             while (pos < pair.str().size()) {
               const size_t start = pos;
-              DecodeUtf8(pair.str(), &pos);
+              DecodeUtf8Next(pair.str(), &pos);
               kv.push_back(Value::String(pair.str().substr(start, pos - start)));
             }
           }
@@ -232,11 +251,13 @@ class Interpreter {
             return absl::InvalidArgumentError(
                 "namespace expected an object or an iterable of [key, value] pairs");
           }
-          if (!kv[0].is_string()) return absl::InvalidArgumentError("namespace keys must be strings");
+          if (!kv[0].is_string())
+            return absl::InvalidArgumentError("namespace keys must be strings");
           entries->Set(kv[0].str(), kv[1]);
         }
       } else {
-        return absl::InvalidArgumentError(absl::StrCat("'", source.TypeName(), "' object is not iterable"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("'", source.TypeName(), "' object is not iterable"));
       }
     }
     if (kwargs) {
@@ -253,7 +274,8 @@ class Interpreter {
       } else if (a.is_bool()) {
         nums.push_back(a.bool_value() ? 1 : 0);
       } else {
-        return absl::InvalidArgumentError(absl::StrCat("range() needs numbers, got ", a.TypeName()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("range() needs numbers, got ", a.TypeName()));
       }
     }
     if (nums.empty() || nums.size() > 3) {
@@ -309,8 +331,8 @@ class Interpreter {
   absl::StatusOr<Value> Eval(const Node& n, Scope& scope) {
     DepthGuard guard(this);
     if (depth_ > limits_.max_eval_depth) {
-      return Exhausted(n, absl::StrCat("evaluation nests deeper than ", limits_.max_eval_depth,
-                                       " levels"));
+      return Exhausted(
+          n, absl::StrCat("evaluation nests deeper than ", limits_.max_eval_depth, " levels"));
     }
     RETURN_IF_ERROR(Step(n));
     switch (n.kind) {
@@ -365,7 +387,8 @@ class Interpreter {
         for (size_t i = 0; i + 1 < n.list.size(); i += 2) {
           ASSIGN_OR_RETURN(Value key, Eval(*n.list[i], scope));
           if (!key.is_string()) {
-            return Error(*n.list[i], absl::StrCat("Object keys must be strings: got ", key.TypeName()));
+            return Error(*n.list[i],
+                         absl::StrCat("Object keys must be strings: got ", key.TypeName()));
           }
           ASSIGN_OR_RETURN(Value value, Eval(*n.list[i + 1], scope));
           map->Set(key.str(), std::move(value));
@@ -416,7 +439,8 @@ class Interpreter {
     for (const NodePtr& a : args) {
       if (a->kind == NodeKind::kSpread) {
         ASSIGN_OR_RETURN(Value v, Eval(*a->a, scope));
-        if (!v.is_list()) return Error(*a, absl::StrCat("Cannot unpack non-iterable type: ", v.TypeName()));
+        if (!v.is_list())
+          return Error(*a, absl::StrCat("Cannot unpack non-iterable type: ", v.TypeName()));
         for (const Value& e : v.list()) positional->push_back(e);
       } else if (a->kind != NodeKind::kKeywordArg && a->kind != NodeKind::kKeywordSpread) {
         ASSIGN_OR_RETURN(Value v, Eval(*a, scope));
@@ -426,7 +450,8 @@ class Interpreter {
     for (const NodePtr& a : args) {
       if (a->kind == NodeKind::kKeywordArg) {
         if (keywords->Find(a->text) != nullptr) {
-          return Error(*a, absl::StrCat("Got multiple values for keyword argument '", a->text, "'"));
+          return Error(*a,
+                       absl::StrCat("Got multiple values for keyword argument '", a->text, "'"));
         }
         ASSIGN_OR_RETURN(Value v, Eval(*a->a, scope));
         keywords->Set(a->text, std::move(v));
@@ -465,14 +490,16 @@ class Interpreter {
     return r;
   }
 
-  absl::StatusOr<Value> CallFunction(const Node& n, const Value& fn, ValueList& args, Scope& scope) {
+  absl::StatusOr<Value> CallFunction(const Node& n, const Value& fn, ValueList& args,
+                                     Scope& scope) {
     if (!fn.is_function()) {
-      return Error(n, absl::StrCat("Cannot call something that is not a function: got ", fn.TypeName()));
+      return Error(
+          n, absl::StrCat("Cannot call something that is not a function: got ", fn.TypeName()));
     }
     if (++call_depth_ > limits_.max_call_depth) {
       --call_depth_;
-      return Exhausted(n, absl::StrCat("macro calls nest deeper than ", limits_.max_call_depth,
-                                       " levels"));
+      return Exhausted(
+          n, absl::StrCat("macro calls nest deeper than ", limits_.max_call_depth, " levels"));
     }
     auto r = fn.function().call(args, &scope);
     --call_depth_;
@@ -484,7 +511,8 @@ class Interpreter {
     ValueList args;
     ValueMap kwargs;
     RETURN_IF_ERROR(EvalArguments(n.list, scope, &args, &kwargs));
-    if (kwargs.size() > 0) args.push_back(Value::Kwargs(std::make_shared<ValueMap>(std::move(kwargs))));
+    if (kwargs.size() > 0)
+      args.push_back(Value::Kwargs(std::make_shared<ValueMap>(std::move(kwargs))));
     ASSIGN_OR_RETURN(Value fn, Eval(*n.a, scope));
     return CallFunction(n, fn, args, scope);
   }
@@ -498,12 +526,14 @@ class Interpreter {
     size_t pos = 0;
     while (pos < s.size()) {
       const size_t start = pos;
-      const char32_t cp = DecodeUtf8(s, &pos);
+      const char32_t cp = DecodeUtf8Next(s, &pos);
       const int width = cp >= 0x10000 ? 2 : 1;
       if (static_cast<int64_t>(i) < unit + width) {
         if (width == 2) {
-          return Error(n, "indexing into a character outside the Basic Multilingual Plane "
-                          "is not supported", absl::StatusCode::kUnimplemented);
+          return Error(n,
+                       "indexing into a character outside the Basic Multilingual Plane "
+                       "is not supported",
+                       absl::StatusCode::kUnimplemented);
         }
         return Value::String(s.substr(start, pos - start));
       }
@@ -513,7 +543,8 @@ class Interpreter {
   }
 
   absl::StatusOr<Value> EvalSlice(const Node& n, const Value& object, Scope& scope) {
-    if (!(object.is_list() || object.is_string())) return Error(n, "Slice object must be an array or string");
+    if (!(object.is_list() || object.is_string()))
+      return Error(n, "Slice object must be an array or string");
     std::optional<double> parts[3];
     const NodePtr* nodes[3] = {&n.a, &n.b, &n.c};
     const char* names[3] = {"start", "stop", "step"};
@@ -521,7 +552,8 @@ class Interpreter {
       if (!*nodes[i]) continue;
       ASSIGN_OR_RETURN(Value v, Eval(**nodes[i], scope));
       if (v.is_undefined()) continue;
-      if (!v.is_int()) return Error(n, absl::StrCat("Slice ", names[i], " must be numeric or undefined"));
+      if (!v.is_int())
+        return Error(n, absl::StrCat("Slice ", names[i], " must be numeric or undefined"));
       parts[i] = v.number();
     }
     std::vector<std::string> chars;
@@ -531,7 +563,7 @@ class Interpreter {
       const std::string& s = object.str();
       while (pos < s.size()) {
         const size_t start = pos;
-        DecodeUtf8(s, &pos);
+        DecodeUtf8Next(s, &pos);
         chars.push_back(s.substr(start, pos - start));
       }
     }
@@ -577,7 +609,8 @@ class Interpreter {
     }
     if (object.is_attribute_container()) {
       if (!property.is_string()) {
-        return Error(n, absl::StrCat("Cannot access property with non-string: got ", property.TypeName()));
+        return Error(
+            n, absl::StrCat("Cannot access property with non-string: got ", property.TypeName()));
       }
       if (const Value* v = object.map().Find(property.str())) return *v;
       if (object.is_mapping()) return BuiltinMember(object, property.str(), builtin_limits_);
@@ -597,7 +630,8 @@ class Interpreter {
                                    property.TypeName()));
     }
     if (!property.is_string()) {
-      return Error(n, absl::StrCat("Cannot access property with non-string: got ", property.TypeName()));
+      return Error(
+          n, absl::StrCat("Cannot access property with non-string: got ", property.TypeName()));
     }
     return Value();  // other values have no members
   }
@@ -626,7 +660,8 @@ class Interpreter {
       if (right.is_undefined() && membership) return Value::Bool(op == "not in");
       return Error(n, absl::StrCat("Cannot perform operation ", op, " on undefined values"));
     }
-    if (left.is_null() || right.is_null()) return Error(n, "Cannot perform operation on null values");
+    if (left.is_null() || right.is_null())
+      return Error(n, "Cannot perform operation on null values");
     if (op == "~") {
       ASSIGN_OR_RETURN(std::string a, Concat(n, left));
       ASSIGN_OR_RETURN(std::string b, Concat(n, right));
@@ -639,14 +674,15 @@ class Interpreter {
       if (a == 0 && b < 0) return Error(n, "0.0 cannot be raised to a negative power");
       const double r = std::pow(a, b);
       if (!std::isfinite(r)) return Error(n, "Exponentiation result is not a finite real number");
-      const bool is_float = left.kind() == Value::Kind::kFloat ||
-                            right.kind() == Value::Kind::kFloat || b < 0;
+      const bool is_float =
+          left.kind() == Value::Kind::kFloat || right.kind() == Value::Kind::kFloat || b < 0;
       return is_float ? Value::Float(r) : Value::Int(r);
     }
     if (left.is_number() && right.is_number()) {
       const double a = left.number();
       const double b = right.number();
-      const bool is_float = left.kind() == Value::Kind::kFloat || right.kind() == Value::Kind::kFloat;
+      const bool is_float =
+          left.kind() == Value::Kind::kFloat || right.kind() == Value::Kind::kFloat;
       auto number = [is_float](double r) { return is_float ? Value::Float(r) : Value::Int(r); };
       if (op == "+") return number(a + b);
       if (op == "-") return number(a - b);
@@ -663,7 +699,8 @@ class Interpreter {
       if (op == ">=") return Value::Bool(a >= b);
     } else if (left.is_list() && right.is_list()) {
       if (op == "+") {
-        if (static_cast<int64_t>(left.list().size() + right.list().size()) > limits_.max_list_items) {
+        if (static_cast<int64_t>(left.list().size() + right.list().size()) >
+            limits_.max_list_items) {
           return Exhausted(n, "a list grew past the size limit");
         }
         ValueList items = left.list();
@@ -750,8 +787,9 @@ class Interpreter {
       for (const auto& [k, v] : iterable.map().entries()) keys.push_back(Value::String(k));
       iterable = Value::Array(std::move(keys));
     } else if (!iterable.is_list()) {
-      return Error(*iterable_node, absl::StrCat("Expected iterable or object type in for loop: got ",
-                                                iterable.TypeName()));
+      return Error(
+          *iterable_node,
+          absl::StrCat("Expected iterable or object type in for loop: got ", iterable.TypeName()));
     }
     const Node& target = *n.a;
     auto bind = [&](Scope& s, const Value& item) -> absl::Status {
@@ -763,8 +801,9 @@ class Interpreter {
         return Error(target, absl::StrCat("Cannot unpack non-iterable type: ", item.TypeName()));
       }
       if (item.list().size() != target.list.size()) {
-        return Error(target, absl::StrCat("Too ", target.list.size() > item.list().size() ? "few" : "many",
-                                          " items to unpack"));
+        return Error(target,
+                     absl::StrCat("Too ", target.list.size() > item.list().size() ? "few" : "many",
+                                  " items to unpack"));
       }
       for (size_t j = 0; j < target.list.size(); ++j) s.Set(target.list[j]->text, item.list()[j]);
       return absl::OkStatus();
@@ -880,19 +919,21 @@ class Interpreter {
       if (p->text == "varargs") uses_varargs = false;
     }
     const Node* node = &n;
-    scope.Set(n.text, Value::MakeFunction(MakeBuiltin(
-                          n.text, [this, node, uses_kwargs, uses_varargs](
-                                      ValueList& args, Scope* caller) -> absl::StatusOr<Value> {
-                            if (caller == nullptr) {
-                              return absl::InvalidArgumentError("a macro cannot be used as a filter");
-                            }
-                            Scope macro_scope(caller);
-                            RETURN_IF_ERROR(BindArguments(*node, absl::StrCat("'", node->text, "'"),
-                                                                node->list, uses_kwargs, uses_varargs,
-                                                                args, macro_scope));
-                            ASSIGN_OR_RETURN(std::string out, EvalBlock(node->body, macro_scope));
-                            return Value::String(std::move(out));
-                          })));
+    scope.Set(
+        n.text,
+        Value::MakeFunction(MakeBuiltin(
+            n.text,
+            [this, node, uses_kwargs, uses_varargs](ValueList& args,
+                                                    Scope* caller) -> absl::StatusOr<Value> {
+              if (caller == nullptr) {
+                return absl::InvalidArgumentError("a macro cannot be used as a filter");
+              }
+              Scope macro_scope(caller);
+              RETURN_IF_ERROR(BindArguments(*node, absl::StrCat("'", node->text, "'"), node->list,
+                                            uses_kwargs, uses_varargs, args, macro_scope));
+              ASSIGN_OR_RETURN(std::string out, EvalBlock(node->body, macro_scope));
+              return Value::String(std::move(out));
+            })));
     return Value::Null();
   }
 
@@ -906,14 +947,15 @@ class Interpreter {
     const Node* node = &n;
     Scope* defining = &scope;
     Value caller = Value::MakeFunction(MakeBuiltin(
-        "caller", [this, node, defining, alive, uses_kwargs, uses_varargs](
-                      ValueList& args, Scope*) -> absl::StatusOr<Value> {
+        "caller",
+        [this, node, defining, alive, uses_kwargs, uses_varargs](ValueList& args,
+                                                                 Scope*) -> absl::StatusOr<Value> {
           if (!*alive) {
             return absl::InvalidArgumentError("caller() used after its call block ended");
           }
           Scope block_scope(defining);
-          RETURN_IF_ERROR(BindArguments(*node, "None", node->list, uses_kwargs, uses_varargs,
-                                              args, block_scope));
+          RETURN_IF_ERROR(BindArguments(*node, "None", node->list, uses_kwargs, uses_varargs, args,
+                                        block_scope));
           ASSIGN_OR_RETURN(std::string out, EvalBlock(node->body, block_scope));
           return Value::String(std::move(out));
         }));

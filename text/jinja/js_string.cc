@@ -14,66 +14,22 @@
 
 namespace tessera::text::jinja {
 
-char32_t DecodeUtf8(absl::string_view s, size_t* pos) {
-  const auto b0 = static_cast<unsigned char>(s[*pos]);
-  if (b0 < 0x80) {
-    ++*pos;
-    return b0;
-  }
-  int len = 0;
-  char32_t cp = 0;
-  if ((b0 & 0xE0) == 0xC0) {
-    len = 2;
-    cp = b0 & 0x1F;
-  } else if ((b0 & 0xF0) == 0xE0) {
-    len = 3;
-    cp = b0 & 0x0F;
-  } else if ((b0 & 0xF8) == 0xF0) {
-    len = 4;
-    cp = b0 & 0x07;
-  } else {
-    ++*pos;
-    return 0xFFFD;
-  }
-  if (*pos + len > s.size()) {
-    ++*pos;
-    return 0xFFFD;
-  }
-  for (int i = 1; i < len; ++i) {
-    const auto b = static_cast<unsigned char>(s[*pos + i]);
-    if ((b & 0xC0) != 0x80) {
-      ++*pos;
-      return 0xFFFD;
-    }
-    cp = (cp << 6) | (b & 0x3F);
-  }
-  *pos += len;
-  return cp;
-}
-
-void AppendUtf8(char32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
 bool IsJsWhitespace(char32_t cp) {
   switch (cp) {
-    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D: case 0x20:
-    case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F:
-    case 0x205F: case 0x3000: case 0xFEFF:
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x20:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
+    case 0xFEFF:
       return true;
     default:
       return cp >= 0x2000 && cp <= 0x200A;
@@ -84,7 +40,7 @@ absl::string_view JsTrimStart(absl::string_view s) {
   size_t pos = 0;
   while (pos < s.size()) {
     size_t next = pos;
-    if (!IsJsWhitespace(DecodeUtf8(s, &next))) break;
+    if (!IsJsWhitespace(DecodeUtf8Next(s, &next))) break;
     pos = next;
   }
   return s.substr(pos);
@@ -95,7 +51,7 @@ absl::string_view JsTrimEnd(absl::string_view s) {
   size_t pos = 0;
   size_t end = 0;
   while (pos < s.size()) {
-    if (!IsJsWhitespace(DecodeUtf8(s, &pos))) end = pos;
+    if (!IsJsWhitespace(DecodeUtf8Next(s, &pos))) end = pos;
   }
   return s.substr(0, end);
 }
@@ -105,7 +61,7 @@ absl::string_view JsTrim(absl::string_view s) { return JsTrimEnd(JsTrimStart(s))
 int64_t Utf16Length(absl::string_view s) {
   int64_t n = 0;
   size_t pos = 0;
-  while (pos < s.size()) n += DecodeUtf8(s, &pos) >= 0x10000 ? 2 : 1;
+  while (pos < s.size()) n += DecodeUtf8Next(s, &pos) >= 0x10000 ? 2 : 1;
   return n;
 }
 
@@ -113,7 +69,7 @@ int64_t CodePointCount(absl::string_view s) {
   int64_t n = 0;
   size_t pos = 0;
   while (pos < s.size()) {
-    DecodeUtf8(s, &pos);
+    DecodeUtf8Next(s, &pos);
     ++n;
   }
   return n;
@@ -159,16 +115,31 @@ void AppendJsonString(absl::string_view s, bool ensure_ascii, std::string* out) 
   out->push_back('"');
   size_t pos = 0;
   while (pos < s.size()) {
-    const char32_t cp = DecodeUtf8(s, &pos);
+    const char32_t cp = DecodeUtf8Next(s, &pos);
     switch (cp) {
-      case '"': out->append("\\\""); continue;
-      case '\\': out->append("\\\\"); continue;
-      case '\b': out->append("\\b"); continue;
-      case '\f': out->append("\\f"); continue;
-      case '\n': out->append("\\n"); continue;
-      case '\r': out->append("\\r"); continue;
-      case '\t': out->append("\\t"); continue;
-      default: break;
+      case '"':
+        out->append("\\\"");
+        continue;
+      case '\\':
+        out->append("\\\\");
+        continue;
+      case '\b':
+        out->append("\\b");
+        continue;
+      case '\f':
+        out->append("\\f");
+        continue;
+      case '\n':
+        out->append("\\n");
+        continue;
+      case '\r':
+        out->append("\\r");
+        continue;
+      case '\t':
+        out->append("\\t");
+        continue;
+      default:
+        break;
     }
     if (cp < 0x20) {
       absl::StrAppendFormat(out, "\\u%04x", static_cast<unsigned>(cp));
@@ -301,8 +272,8 @@ locale_t Utf8Locale() {
 // Characters whose JavaScript case mapping is not the simple one-to-one
 // mapping (SpecialCasing.txt, plus context-dependent final sigma).
 bool HasSpecialUpper(char32_t cp) {
-  return cp == 0xDF || cp == 0x149 || cp == 0x1F0 || cp == 0x390 || cp == 0x3B0 ||
-         cp == 0x587 || (cp >= 0x1E96 && cp <= 0x1E9A) || (cp >= 0x1F50 && cp <= 0x1F56) ||
+  return cp == 0xDF || cp == 0x149 || cp == 0x1F0 || cp == 0x390 || cp == 0x3B0 || cp == 0x587 ||
+         (cp >= 0x1E96 && cp <= 0x1E9A) || (cp >= 0x1F50 && cp <= 0x1F56) ||
          (cp >= 0x1F80 && cp <= 0x1FFF) || (cp >= 0xFB00 && cp <= 0xFB06) ||
          (cp >= 0xFB13 && cp <= 0xFB17) || cp == 0x345;
 }
@@ -313,7 +284,7 @@ absl::StatusOr<std::string> MapCase(absl::string_view s, bool upper) {
   out.reserve(s.size());
   size_t pos = 0;
   while (pos < s.size()) {
-    char32_t cp = DecodeUtf8(s, &pos);
+    char32_t cp = DecodeUtf8Next(s, &pos);
     if (cp < 0x80) {
       if (upper && cp >= 'a' && cp <= 'z') cp -= 32;
       if (!upper && cp >= 'A' && cp <= 'Z') cp += 32;
@@ -321,17 +292,17 @@ absl::StatusOr<std::string> MapCase(absl::string_view s, bool upper) {
       continue;
     }
     if (upper ? HasSpecialUpper(cp) : HasSpecialLower(cp)) {
-      return absl::UnimplementedError(absl::StrFormat(
-          "%s of U+%04X is not supported (its mapping is not one to one)",
-          upper ? "upper-casing" : "lower-casing", static_cast<unsigned>(cp)));
+      return absl::UnimplementedError(
+          absl::StrFormat("%s of U+%04X is not supported (its mapping is not one to one)",
+                          upper ? "upper-casing" : "lower-casing", static_cast<unsigned>(cp)));
     }
     locale_t loc = Utf8Locale();
     if (loc == static_cast<locale_t>(0)) {
       return absl::UnimplementedError(
           "changing the case of non-ASCII text needs the C.UTF-8 locale, which is missing");
     }
-    const wint_t mapped = upper ? towupper_l(static_cast<wint_t>(cp), loc)
-                                : towlower_l(static_cast<wint_t>(cp), loc);
+    const wint_t mapped =
+        upper ? towupper_l(static_cast<wint_t>(cp), loc) : towlower_l(static_cast<wint_t>(cp), loc);
     AppendUtf8(static_cast<char32_t>(mapped), &out);
   }
   return out;

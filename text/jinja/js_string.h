@@ -14,17 +14,23 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "text/tokenizer/utf8.h"
 
 namespace tessera::text::jinja {
 
-// Decodes one code point at s[*pos] and advances *pos. Malformed bytes decode
-// as U+FFFD one byte at a time (the interpreter only sees valid UTF-8 from
-// JSON input and template source; this just keeps it total).
-char32_t DecodeUtf8(absl::string_view s, size_t* pos);
-void AppendUtf8(char32_t cp, std::string* out);
+// UTF-8 decoding and encoding are the tokenizer's (text/tokenizer/utf8.h):
+// DecodeUtf8Next(s, &pos) decodes the code point at s[pos] and advances pos,
+// U+FFFD for malformed bytes (the interpreter sees valid UTF-8 from JSON input
+// and template source; that keeps it total); AppendUtf8(cp, &out).
+// (This Abseil's string_view is not std::string_view, hence the wrapper.)
+inline char32_t DecodeUtf8Next(absl::string_view s, size_t* pos) {
+  return ::tessera::tokenizer::DecodeUtf8Next(std::string_view(s.data(), s.size()), pos);
+}
+using ::tessera::tokenizer::AppendUtf8;
 
 // JavaScript's WhiteSpace + LineTerminator set (what /\s/ and trim() use).
 bool IsJsWhitespace(char32_t cp);

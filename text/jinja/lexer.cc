@@ -80,7 +80,7 @@ Mapped TrimBlocks(const Mapped& in) {
 size_t WhitespaceAt(absl::string_view s, size_t i) {
   if (i >= s.size()) return 0;
   size_t next = i;
-  return IsJsWhitespace(DecodeUtf8(s, &next)) ? next - i : 0;
+  return IsJsWhitespace(DecodeUtf8Next(s, &next)) ? next - i : 0;
 }
 
 // If a `{% generation %}` / `{% endgeneration %}` tag (optionally with `-`)
@@ -202,8 +202,7 @@ class Lexer {
     const std::string& s = src_.text;
     while (pos_ < s.size()) {
       const bool after_tag = tokens_.empty() || Last() == TokenType::kCloseStatement ||
-                             Last() == TokenType::kCloseExpression ||
-                             Last() == TokenType::kComment;
+                             Last() == TokenType::kCloseExpression || Last() == TokenType::kComment;
       if (after_tag) {
         const size_t start = pos_;
         while (pos_ < s.size() &&
@@ -352,7 +351,7 @@ class Lexer {
       }
       size_t next = pos_;
       std::string ch;
-      AppendUtf8(DecodeUtf8(s, &next), &ch);
+      AppendUtf8(DecodeUtf8Next(s, &next), &ch);
       return Error(pos_, absl::StrCat("Unexpected character: ", ch));
     }
     return std::move(tokens_);
@@ -371,9 +370,8 @@ class Lexer {
     tokens_.push_back(Token{type, std::move(value), Origin(at)});
   }
   absl::Status Error(size_t at, absl::string_view what) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat("template syntax error at ", DescribePosition(original_, Origin(at)), ": ",
-                     what));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "template syntax error at ", DescribePosition(original_, Origin(at)), ": ", what));
   }
   void StripTrailingWhitespace() {
     if (tokens_.empty() || tokens_.back().type != TokenType::kText) return;
@@ -437,18 +435,36 @@ class Lexer {
           AppendUtf8(v, &out);
         } else {
           switch (e) {
-            case 'n': out.push_back('\n'); break;
-            case 't': out.push_back('\t'); break;
-            case 'r': out.push_back('\r'); break;
-            case 'b': out.push_back('\b'); break;
-            case 'f': out.push_back('\f'); break;
-            case 'v': out.push_back('\v'); break;
-            case '\'': out.push_back('\''); break;
-            case '"': out.push_back('"'); break;
-            case '\\': out.push_back('\\'); break;
+            case 'n':
+              out.push_back('\n');
+              break;
+            case 't':
+              out.push_back('\t');
+              break;
+            case 'r':
+              out.push_back('\r');
+              break;
+            case 'b':
+              out.push_back('\b');
+              break;
+            case 'f':
+              out.push_back('\f');
+              break;
+            case 'v':
+              out.push_back('\v');
+              break;
+            case '\'':
+              out.push_back('\'');
+              break;
+            case '"':
+              out.push_back('"');
+              break;
+            case '\\':
+              out.push_back('\\');
+              break;
             default:
-              return Error(pos_ - 1, absl::StrCat("Unexpected escaped character: ",
-                                                  std::string(1, e)));
+              return Error(pos_ - 1,
+                           absl::StrCat("Unexpected escaped character: ", std::string(1, e)));
           }
         }
         if (pos_ >= s.size()) return Error(start, "Unexpected end of input");
@@ -471,31 +487,56 @@ class Lexer {
 
 absl::string_view TokenTypeName(TokenType type) {
   switch (type) {
-    case TokenType::kText: return "Text";
-    case TokenType::kNumericLiteral: return "NumericLiteral";
-    case TokenType::kStringLiteral: return "StringLiteral";
-    case TokenType::kIdentifier: return "Identifier";
-    case TokenType::kEquals: return "Equals";
-    case TokenType::kOpenParen: return "OpenParen";
-    case TokenType::kCloseParen: return "CloseParen";
-    case TokenType::kOpenStatement: return "OpenStatement";
-    case TokenType::kCloseStatement: return "CloseStatement";
-    case TokenType::kOpenExpression: return "OpenExpression";
-    case TokenType::kCloseExpression: return "CloseExpression";
-    case TokenType::kOpenSquareBracket: return "OpenSquareBracket";
-    case TokenType::kCloseSquareBracket: return "CloseSquareBracket";
-    case TokenType::kOpenCurlyBracket: return "OpenCurlyBracket";
-    case TokenType::kCloseCurlyBracket: return "CloseCurlyBracket";
-    case TokenType::kComma: return "Comma";
-    case TokenType::kDot: return "Dot";
-    case TokenType::kColon: return "Colon";
-    case TokenType::kPipe: return "Pipe";
-    case TokenType::kAdditiveBinaryOperator: return "AdditiveBinaryOperator";
-    case TokenType::kMultiplicativeBinaryOperator: return "MultiplicativeBinaryOperator";
-    case TokenType::kExponentiationBinaryOperator: return "ExponentiationBinaryOperator";
-    case TokenType::kComparisonBinaryOperator: return "ComparisonBinaryOperator";
-    case TokenType::kUnaryOperator: return "UnaryOperator";
-    case TokenType::kComment: return "Comment";
+    case TokenType::kText:
+      return "Text";
+    case TokenType::kNumericLiteral:
+      return "NumericLiteral";
+    case TokenType::kStringLiteral:
+      return "StringLiteral";
+    case TokenType::kIdentifier:
+      return "Identifier";
+    case TokenType::kEquals:
+      return "Equals";
+    case TokenType::kOpenParen:
+      return "OpenParen";
+    case TokenType::kCloseParen:
+      return "CloseParen";
+    case TokenType::kOpenStatement:
+      return "OpenStatement";
+    case TokenType::kCloseStatement:
+      return "CloseStatement";
+    case TokenType::kOpenExpression:
+      return "OpenExpression";
+    case TokenType::kCloseExpression:
+      return "CloseExpression";
+    case TokenType::kOpenSquareBracket:
+      return "OpenSquareBracket";
+    case TokenType::kCloseSquareBracket:
+      return "CloseSquareBracket";
+    case TokenType::kOpenCurlyBracket:
+      return "OpenCurlyBracket";
+    case TokenType::kCloseCurlyBracket:
+      return "CloseCurlyBracket";
+    case TokenType::kComma:
+      return "Comma";
+    case TokenType::kDot:
+      return "Dot";
+    case TokenType::kColon:
+      return "Colon";
+    case TokenType::kPipe:
+      return "Pipe";
+    case TokenType::kAdditiveBinaryOperator:
+      return "AdditiveBinaryOperator";
+    case TokenType::kMultiplicativeBinaryOperator:
+      return "MultiplicativeBinaryOperator";
+    case TokenType::kExponentiationBinaryOperator:
+      return "ExponentiationBinaryOperator";
+    case TokenType::kComparisonBinaryOperator:
+      return "ComparisonBinaryOperator";
+    case TokenType::kUnaryOperator:
+      return "UnaryOperator";
+    case TokenType::kComment:
+      return "Comment";
   }
   return "?";
 }
@@ -514,7 +555,7 @@ std::string DescribePosition(absl::string_view source, int32_t offset) {
   const size_t end = std::min<size_t>(offset < 0 ? 0 : offset, source.size());
   size_t pos = 0;
   while (pos < end) {
-    const char32_t cp = DecodeUtf8(source, &pos);
+    const char32_t cp = DecodeUtf8Next(source, &pos);
     if (cp == '\n') {
       ++line;
       column = 1;

@@ -88,6 +88,19 @@ char32_t DecodeUtf8At(std::string_view text, size_t pos, int* len) {
          (char32_t{p[2] & 0x3Fu} << 6) | (p[3] & 0x3F);
 }
 
+char32_t DecodeUtf8Next(std::string_view text, size_t* pos) {
+  const auto* p = reinterpret_cast<const uint8_t*>(text.data()) + *pos;
+  const SequenceScan scan = ScanSequence(p, text.size() - *pos);
+  if (!scan.valid) {
+    *pos += static_cast<size_t>(scan.length);
+    return kReplacementChar;
+  }
+  int len = 0;
+  const char32_t cp = DecodeUtf8At(text, *pos, &len);
+  *pos += static_cast<size_t>(len);
+  return cp;
+}
+
 void AppendUtf8(char32_t cp, std::string* out) {
   if (cp < 0x80) {
     out->push_back(static_cast<char>(cp));

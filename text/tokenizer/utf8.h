@@ -1,4 +1,5 @@
-// UTF-8 helpers for the tokenizer: validation with the offending byte
+// UTF-8 helpers for the tokenizer and the Jinja interpreter (its own small
+// library, tessera_utf8): validation with the offending byte
 // offset, code point decoding/encoding, and lossy decoding that replaces each
 // maximal ill-formed subpart with U+FFFD (the policy of the WHATWG decoder,
 // Rust's String::from_utf8_lossy and so of Hugging Face tokenizers).
@@ -25,6 +26,12 @@ absl::Status ValidateUtf8(std::string_view text);
 // Decodes the code point that starts at text[pos] and stores its length in
 // *len. REQUIRES: `text` is valid UTF-8 and pos < text.size().
 char32_t DecodeUtf8At(std::string_view text, size_t pos, int* len);
+
+// Decodes the code point at text[*pos] and advances *pos past it. Total on
+// any input: an ill-formed or truncated sequence decodes as U+FFFD and *pos
+// skips its maximal subpart (as AppendUtf8Lossy replaces it). The Jinja
+// interpreter walks its strings with it. REQUIRES: *pos < text.size().
+char32_t DecodeUtf8Next(std::string_view text, size_t* pos);
 
 // Appends the UTF-8 encoding of `cp`. REQUIRES: cp is a Unicode scalar value.
 void AppendUtf8(char32_t cp, std::string* out);

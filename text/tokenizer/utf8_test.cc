@@ -1,6 +1,7 @@
 #include "text/tokenizer/utf8.h"
 
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -62,6 +63,30 @@ TEST(Utf8Test, EncodeDecodeRoundTripsEveryScalarValue) {
 
 // The example of "U+FFFD Substitution of Maximal Subparts" in chapter 3 of
 // the Unicode Standard: 61 F1 80 80 E1 80 C2 62 80 63 80 BF 64.
+// DecodeUtf8Next walks any bytes: valid code points as themselves, each
+// maximal ill-formed subpart as one U+FFFD, never past the end.
+TEST(Utf8Test, DecodeNextIsTotalAndSkipsMaximalSubparts) {
+  // "a", U+00E9, U+1F600, then a truncated 3-byte lead pair, a lone
+  // continuation byte, an overlong C0 80, and a 4-byte sequence cut short.
+  const std::string text =
+      "a\xC3\xA9\xF0\x9F\x98\x80\xE2\x82"
+      "b\x80\xC0\x80\xF0\x9F\x98";
+  std::vector<char32_t> got;
+  std::vector<size_t> ends;
+  for (size_t pos = 0; pos < text.size();) {
+    got.push_back(DecodeUtf8Next(text, &pos));
+    ends.push_back(pos);
+  }
+  EXPECT_EQ(got, (std::vector<char32_t>{'a', 0xE9, 0x1F600, kReplacementChar, 'b', kReplacementChar,
+                                        kReplacementChar, kReplacementChar, kReplacementChar}));
+  EXPECT_EQ(ends, (std::vector<size_t>{1, 3, 7, 9, 10, 11, 12, 13, 16}));
+  std::string lossy;
+  AppendUtf8Lossy(text, /*final=*/true, &lossy);
+  std::string walked;
+  for (char32_t cp : got) AppendUtf8(cp, &walked);
+  EXPECT_EQ(walked, lossy);
+}
+
 TEST(Utf8Test, LossyDecodingReplacesMaximalSubparts) {
   const std::string input = "\x61\xF1\x80\x80\xE1\x80\xC2\x62\x80\x63\x80\xBF\x64";
   const std::string expected =
