@@ -1,5 +1,5 @@
 // The prefill path of the MoE experts: grouped GEMMs over the experts'
-// row groups (moe_grouping.h), our own bf16 mma.sync kernel (fp32
+// row groups (moe_grouping.h), our own bf16 tensor-core kernels (fp32
 // accumulate), reading the groups' row offsets from device memory.
 //
 //   MoeGemmGateUp: act[r, n] = silu(bf16(x[tok(r)] . gate_e[n])) *
@@ -17,9 +17,11 @@
 // with swizzled shared memory. Two kernels share the tiles and loads: on
 // SM 9.0 two warpgroups issue wgmma m64n128k16 from shared memory (the
 // sm_90a image); elsewhere 8 warps of 64 x 32 use ldmatrix + mma.sync, one
-// kernel for every other arch of the build (sm_80 .. sm_120). Gate/up tiles hold 64 gate and the
-// matching 64 up rows, so the SiLU-mul runs in the epilogue and the 2I-wide product never reaches
-// memory.
+// kernel for every other arch of the build (sm_80 .. sm_120). Gate/up
+// tiles hold 64 gate rows and the matching 64 up rows, so the SiLU-mul
+// runs in the epilogue and the 2I-wide product never reaches memory. Rows
+// of a tile past its expert's end cost no tensor-core work (16-row blocks
+// on mma.sync, 64-row halves on wgmma).
 //
 // Shapes: MoeGroupedGemmSupports (H % 128 == 0, I % 64 == 0); other shapes
 // take the GEMV path.
