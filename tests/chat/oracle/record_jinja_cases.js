@@ -11,19 +11,11 @@
 "use strict";
 
 const fs = require("fs");
-const path = require("path");
-const { createRequire } = require("module");
+const { arg: argOf, requireFrom } = require("../../oracle/cli.js");
 
-function arg(name) {
-  const i = process.argv.indexOf(`--${name}`);
-  if (i < 0 || i + 1 >= process.argv.length) {
-    console.error(`record_jinja_cases.js: missing --${name}`);
-    process.exit(2);
-  }
-  return process.argv[i + 1];
-}
+const arg = (name) => argOf("record_jinja_cases.js", name);
 
-const req = createRequire(path.join(path.resolve(arg("modules")), "_anchor.js"));
+const req = requireFrom(arg("modules"));
 const { Template } = req("@huggingface/jinja");
 
 const CASES = [

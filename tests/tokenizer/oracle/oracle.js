@@ -10,27 +10,9 @@
 "use strict";
 
 const fs = require("fs");
-const path = require("path");
-const { createRequire } = require("module");
+const { corpusOracle } = require("../../oracle/cli.js");
 
-function arg(name) {
-  const i = process.argv.indexOf(`--${name}`);
-  if (i < 0 || i + 1 >= process.argv.length) {
-    console.error(`oracle.js: missing --${name}`);
-    process.exit(2);
-  }
-  return process.argv[i + 1];
-}
-
-const modules = path.resolve(arg("modules"));
-const corpusPath = arg("corpus");
-const outPath = arg("out");
-const req = createRequire(path.join(modules, "_oracle_anchor.js"));
-
-function version(pkg) {
-  // package.json is not in the packages' "exports", so read it by path.
-  return JSON.parse(fs.readFileSync(path.join(modules, pkg, "package.json"), "utf8")).version;
-}
+const { corpusPath, outPath, req, version } = corpusOracle("oracle.js");
 
 const corpus = fs
   .readFileSync(corpusPath, "utf8")
