@@ -17,23 +17,13 @@
 // mma.m16n8k16 A fragment, built from the S accumulators of column blocks
 // 2kk and 2kk + 1 of the same thread.
 //
-// PrefillSm90Kernel (kPlain, kPingPong), per key tile kt (three stages):
-// wait for tile kt's cp.async
-// group, fence.proxy.async (cp.async and zero-fill stores are generic-proxy
-// writes that wgmma reads through the async proxy), one __syncthreads, then
-// the prefetch of tile kt + 2 into the stage tile kt - 1 used (every
-// warpgroup waited for its wgmmas on that stage before the barrier), and
-// both warpgroups compute on tile kt. With the ping-pong schedule
-// warpgroup 1 starts its S product only once warpgroup 0's is
-// done (named barrier 1), so their softmax phases alternate with the other
-// warpgroup's tensor-core work, and warpgroup 0 issues its prefetch while
-// its S product runs.
-//
-// The warp-specialized schedules (PrefillSm90WsKernel, below; the default
-// is kWarpSpecPingPong) keep the same tiles, layouts and descriptors but
-// move the gather to a producer warpgroup synchronised through mbarriers,
-// and pipeline each consumer's softmax against its own P V product; see
-// the comment above that kernel.
+// PrefillSm90WsKernel (below) has a producer warpgroup that gathers K/V
+// through mbarriers while each consumer pipelines its softmax against its
+// own P V product and the two consumers' tensor-core sections alternate;
+// see the comment above that kernel. (Three other schedules, a plain one,
+// a ping-pong one without a producer and a warp-specialized one without
+// ping-pong, lost to it: tests/bench/results/paged_attention_h200.json,
+// 269 / 290 / 372 against 387 TFLOP/s at 2k tokens.)
 //
 // Thread-safety: see the header.
 #include "kernels/cuda/prefill_attention_sm90.h"
@@ -55,13 +45,9 @@ namespace {
 
 using namespace attention_detail;  // NOLINT(build/namespaces): device helpers of this file
 
-constexpr int kRows = 128;     // query rows per CTA (two warpgroups of 64)
-constexpr int kThreads = 256;  // two warpgroups
-constexpr int kKeys = 128;     // keys per K/V tile
+constexpr int kRows = 128;  // query rows per CTA (two warpgroups of 64)
+constexpr int kKeys = 128;  // keys per K/V tile
 constexpr int kStages = 3;
-using sm90_detail::Schedule;
-// The schedule PrefillAttentionSm90 runs (see sm90_detail::Schedule).
-constexpr Schedule kDefaultSchedule = Schedule::kWarpSpecPingPong;
 constexpr float kLog2e = 1.4426950408889634f;
 
 template <int D>
@@ -92,9 +78,6 @@ __device__ __forceinline__ void WgFence() {
 }
 __device__ __forceinline__ void WgCommit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void WgWaitAll() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
 __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -185,63 +168,6 @@ __device__ __forceinline__ void WgmmaPV<64>(float (&o)[32], const uint32_t (&a)[
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// The tiles' layout for LoadKvTile (paged_attention.cuh): column blocks of
-// 64 values, 128-byte swizzle (TileOffset).
-template <int R>
-struct Sm90Tile {
-  __device__ __forceinline__ int operator()(int row, int chunk) const {
-    return TileOffset<R>(row, chunk);
-  }
-};
-
-// Whole CTA: cp.async of keys [key0, key0 + kKeys) of K and V into the
-// swizzled tiles; keys >= key_end are zero-filled (their block table
-// entries are not read).
-template <int D>
-__device__ __forceinline__ void LoadKv(uint16_t* sk, uint16_t* sv, const KvSource& src, int key0,
-                                       int key_end) {
-  LoadKvTile<D, kKeys, kThreads>(sk, sv, src, key0, key_end, Sm90Tile<kKeys>());
-}
-
-// kPingPong: warpgroup 1 issues its S = Q K^T only after warpgroup 0's has
-// completed (named barrier 1: warpgroup 0 arrives, warpgroup 1 waits), so
-// one warpgroup's softmax overlaps the other's tensor-core work instead of
-// both computing softmax while the tensor cores idle. Only the schedule
-// changes, not the arithmetic.
-// LoadKv without branches (for code that runs while a wgmma is in flight:
-// ptxas serializes wgmma around divergent paths): every thread issues its
-// copies; keys >= key_end copy 0 source bytes (cp.async zero-fills) from
-// the address of key key_end - 1 (key_end >= 1), so no table entry past the
-// sequence is read. Past the last tile it fills a free stage with zeros.
-template <int D>
-__device__ __forceinline__ void LoadKvZfill(uint16_t* sk, uint16_t* sv, const KvSource& src,
-                                            int key0, int key_end) {
-  constexpr int kChunksPerRow = D / 8;
-  constexpr int kChunks = kKeys * kChunksPerRow;
-  static_assert(kChunks % kThreads == 0, "tile chunks must split evenly over the threads");
-  const int block_mask = (1 << src.block_shift) - 1;
-#pragma unroll
-  for (int i = 0; i < kChunks / kThreads; ++i) {
-    const int c = i * kThreads + static_cast<int>(threadIdx.x);
-    const int row = c / kChunksPerRow;
-    const int chunk = c % kChunksPerRow;
-    const int key = key0 + row;
-    const bool valid = key < key_end;
-    const int safe_key = valid ? key : key_end - 1;
-    const int64_t block = src.table[safe_key >> src.block_shift];
-    const int64_t slot = (block << src.block_shift) + (safe_key & block_mask);
-    const int64_t g = slot * src.slot_stride + src.head_offset + chunk * 8;
-    const int off = TileOffset<kKeys>(row, chunk);
-    const uint32_t bytes = valid ? 16u : 0u;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(sk + off)),
-                 "l"(src.k + g), "r"(bytes)
-                 : "memory");
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(sv + off)),
-                 "l"(src.v + g), "r"(bytes)
-                 : "memory");
-  }
-}
-
 // A CTA's query tile and where its keys come from.
 struct QueryTile {
   int seq, head, q_begin, row0, rows_valid, ctx_start;
@@ -285,240 +211,7 @@ __device__ __forceinline__ bool FindQueryTile(const PagedAttentionParams& p, int
   return true;
 }
 
-template <int D, bool kPingPong>
-__global__ void __launch_bounds__(kThreads, 1)
-    PrefillSm90Kernel(PagedAttentionParams p, int block_shift, int group, float scale_log2) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
-  constexpr int kKSteps = D / 16;      // k16 steps of S = Q K^T
-  constexpr int kPSteps = kKeys / 16;  // k16 steps of O += P V
-  constexpr int kStageElems = 2 * kKeys * D;
-  extern __shared__ uint4 smem_raw[];
-  const uint32_t raw_addr = SmemAddr(smem_raw);
-  uint16_t* const sq = reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(smem_raw) +
-                                                   ((1024 - (raw_addr & 1023)) & 1023));
-  uint16_t* const stages = sq + kRows * D;  // stage s: K at s * kStageElems, V kKeys * D after
-
-  QueryTile tile;
-  if (!FindQueryTile<D, kThreads>(p, block_shift, group, &tile)) return;
-  const int head = tile.head;
-  const int q_begin = tile.q_begin;
-  const int row0 = tile.row0;
-  const int rows_valid = tile.rows_valid;
-  const int ctx_start = tile.ctx_start;
-  const KvSource& src = tile.src;
-
-  const int wg = threadIdx.x >> 7;          // warpgroup: query rows 64 wg .. 64 wg + 63
-  const int warp = (threadIdx.x >> 5) & 3;  // warp inside the warpgroup
-  const int lane = threadIdx.x & 31;
-  const int g = lane >> 2;
-  const int t = lane & 3;
-
-  const int n_keys = ctx_start + row0 + rows_valid;  // keys the last valid row sees
-  const int n_tiles = (n_keys + kKeys - 1) / kKeys;
-
-  // Group 0: the query tile (rows past q_len are zero) and K/V tile 0;
-  // group 1: tile 1 (empty when there is none).
-  for (int c = threadIdx.x; c < kRows * (D / 8); c += kThreads) {
-    const int row = c / (D / 8);
-    const int chunk = c % (D / 8);
-    uint16_t* dst = sq + TileOffset<kRows>(row, chunk);
-    if (row < rows_valid) {
-      CpAsync16(dst, p.q + int64_t{q_begin + row0 + row} * p.q_token_stride + int64_t{head} * D +
-                         chunk * 8);
-    } else {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-    }
-  }
-  LoadKv<D>(stages, stages + kKeys * D, src, 0, n_keys);
-  CpAsyncCommit();
-  if (n_tiles > 1)
-    LoadKv<D>(stages + kStageElems, stages + kStageElems + kKeys * D, src, kKeys, n_keys);
-  CpAsyncCommit();
-
-  const int wg_row0 = wg * 64;
-  const bool wg_active = wg_row0 < rows_valid;
-  const int wg_first_pos = ctx_start + row0 + wg_row0;
-  const int wg_last_pos = wg_first_pos + 63;
-  const int pos0 = wg_first_pos + warp * 16 + g;  // this thread's rows: pos0 and pos0 + 8
-  const uint32_t q_addr = SmemAddr(sq) + wg_row0 * 128;
-  const uint32_t stages_addr = SmemAddr(stages);
-
-  float o[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  float s[kKeys / 2];
-#pragma unroll
-  for (int i = 0; i < kKeys / 2; ++i) s[i] = 0.f;
-  float m[2] = {kNegInf, kNegInf};
-  float l[2] = {0.f, 0.f};
-
-  for (int kt = 0; kt < n_tiles; ++kt) {
-    CpAsyncWait<1>();  // tile kt (and the query tile) landed for this thread's copies
-    FenceProxyAsync();
-    __syncthreads();  // ... and for everyone's; tile kt - 1 is no longer read
-
-    const int key0 = kt * kKeys;
-    const bool work = wg_active && key0 <= wg_last_pos;  // uniform over the warpgroup
-    const uint32_t k_addr = stages_addr + (kt % kStages) * kStageElems * 2;
-    const uint32_t v_addr = k_addr + kKeys * D * 2;
-
-    // Tile kt + 2 into the stage tile kt - 1 used (one commit group per
-    // iteration, empty past the end, so the wait above stays "all but 1").
-    auto prefetch = [&] {
-      if (kt + 2 < n_tiles) {
-        uint16_t* sk = stages + ((kt + 2) % kStages) * kStageElems;
-        LoadKv<D>(sk, sk + kKeys * D, src, (kt + 2) * kKeys, n_keys);
-      }
-      CpAsyncCommit();
-    };
-    // S = Q K^T: issue, then wait (other work may run in between).
-    auto issue_s = [&] {
-#pragma unroll
-      for (int i = 0; i < kKeys / 2; ++i) PinF(s[i]);
-      WgFence();
-#pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        const uint32_t col = ks >> 2;           // 64-column block
-        const uint32_t k_off = (ks & 3) * 32u;  // k16 step inside the 128-byte line
-        const uint64_t da = Desc(q_addr + col * (kRows * 128) + k_off, 16, 1024);
-        const uint64_t db = Desc(k_addr + col * (kKeys * 128) + k_off, 16, 1024);
-        WgmmaSS128(s, da, db, ks > 0 ? 1 : 0);
-      }
-      WgCommit();
-    };
-    auto wait_s = [&] {
-      WgWaitAll();
-#pragma unroll
-      for (int i = 0; i < kKeys / 2; ++i) PinF(s[i]);
-    };
-    if constexpr (kPingPong) {
-      // Both warpgroups pass barrier 1 on every iteration, working or not,
-      // so its phases stay matched. Warpgroup 0 gathers the next tile
-      // (branch-free) while its S product runs; warpgroup 1 gathers before
-      // waiting.
-      if (wg == 0) {
-        if (work) {
-          issue_s();
-          uint16_t* sk = stages + ((kt + 2) % kStages) * kStageElems;
-          LoadKvZfill<D>(sk, sk + kKeys * D, src, (kt + 2) * kKeys, n_keys);
-          CpAsyncCommit();
-          wait_s();
-        } else {
-          prefetch();
-        }
-        NamedBarArrive(1, kThreads);
-      } else {
-        prefetch();
-        NamedBarSync(1, kThreads);
-        if (work) {
-          issue_s();
-          wait_s();
-        }
-      }
-    } else {
-      prefetch();
-      if (work) {
-        issue_s();
-        wait_s();
-      }
-    }
-    if (!work) continue;
-
-    // Online softmax in log2 units on the accumulator layout.
-    const bool need_mask = key0 + kKeys - 1 > wg_first_pos;
-    // Maxima of the raw scores (scale > 0: see Validate), the scale folded
-    // into the exponent's FMA.
-    float mx[2] = {kNegInf, kNegInf};
-#pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = s[4 * j + e];
-        if (need_mask && key0 + 8 * j + 2 * t + (e & 1) > pos0 + 8 * (e >> 1)) v = kNegInf;
-        s[4 * j + e] = v;
-        mx[e >> 1] = fmaxf(mx[e >> 1], v);
-      }
-    }
-    float alpha[2];
-    float base[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      const float m_new = fmaxf(m[i], mx[i] * scale_log2);
-      base[i] = m_new == kNegInf ? 0.f : m_new;  // a fully masked row stays at 0 weight
-      alpha[i] = Ex2(m[i] - base[i]);
-      m[i] = m_new;
-    }
-    float row_sum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pe = Ex2(fmaf(s[4 * j + e], scale_log2, -base[e >> 1]));
-        s[4 * j + e] = pe;
-        row_sum[e >> 1] += pe;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + row_sum[i];
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      o[4 * j + 0] *= alpha[0];
-      o[4 * j + 1] *= alpha[0];
-      o[4 * j + 2] *= alpha[1];
-      o[4 * j + 3] *= alpha[1];
-    }
-    uint32_t pa[kPSteps][4];
-#pragma unroll
-    for (int kk = 0; kk < kPSteps; ++kk) {
-      pa[kk][0] = PackBf16x2(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = PackBf16x2(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = PackBf16x2(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = PackBf16x2(s[8 * kk + 6], s[8 * kk + 7]);
-#pragma unroll
-      for (int r = 0; r < 4; ++r) PinU(pa[kk][r]);
-    }
-
-    // O += P V.
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) PinF(o[i]);
-    WgFence();
-#pragma unroll
-    for (int kk = 0; kk < kPSteps; ++kk) {
-      const uint64_t dv = Desc(v_addr + kk * (16 * 128), kKeys * 128, 1024);
-      WgmmaPV<D>(o, pa[kk], dv);
-    }
-    WgCommit();
-    WgWaitAll();
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) PinF(o[i]);
-  }
-  CpAsyncWait<0>();
-
-  if (!wg_active) return;  // uniform over the warpgroup
-  const float sums[2] = {QuadSum(l[0]), QuadSum(l[1])};
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = wg_row0 + warp * 16 + g + 8 * i;
-    if (row >= rows_valid) continue;
-    const float inv = sums[i] > 0.f ? 1.f / sums[i] : 0.f;
-    uint16_t* dst = p.out + int64_t{q_begin + row0 + row} * p.out_token_stride + int64_t{head} * D;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      *reinterpret_cast<uint32_t*>(dst + 8 * j + 2 * t) =
-          PackBf16x2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-    }
-  }
-#else
-  // Built for another arch: the host never launches this (see
-  // PrefillAttentionSm90Available); trap if it happens anyway.
-  __trap();
-#endif
-}
-
-// --- Warp-specialized schedules (kWarpSpec, kWarpSpecPingPong) -------------
+// --- The warp-specialized ping-pong kernel ---------------------------------
 //
 // 384 threads: warpgroups 0 and 1 are the consumers (query rows 0..63 and
 // 64..127 of the tile), warpgroup 2 the producer. The producer gives most
@@ -571,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // broken phase protocol cannot hang the device; consumer threads that
 // timed out write NaN for their rows, which any parity check reports.
 //
-// kPingPong additionally orders the two consumers' issue sections (S_j and
+// The two consumers' issue sections are ordered too: issue sections (S_j and
 // P V of one iteration) with named barriers 1 and 2 (count 256: 128 syncing
 // + 128 arriving): consumer 1 arrives once on consumer 0's barrier up
 // front; each consumer syncs on its own barrier before its section and
@@ -659,7 +352,7 @@ __device__ __forceinline__ void WsGatherKv(uint32_t k_dst, uint32_t v_dst, const
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int D, bool kPingPong>
+template <int D>
 __global__ void __launch_bounds__(kWsThreads, 1)
     PrefillSm90WsKernel(PagedAttentionParams p, int block_shift, int group, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -869,16 +562,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int other_bar = 2 - cwg;  // the other's
 
   // Tile 0 (no P V to overlap yet).
-  if constexpr (kPingPong) {
-    if (cwg == 1) NamedBarArrive(1, 256);  // consumer 0 goes first
-  }
+  if (cwg == 1) NamedBarArrive(1, 256);  // consumer 0 goes first
   MbarWait<kMbarSuspendHintNs>(full(0), 0, kMbarTimeoutNs, timed_out);
   FenceProxyAsync();
-  if constexpr (kPingPong) NamedBarSync(my_bar, 256);
+  NamedBarSync(my_bar, 256);
   pin_s();
   WgFence();
   issue_s(0);
-  if constexpr (kPingPong) NamedBarArriveIf(!(cwg == 1 && n_tiles == 1), other_bar, 256);
+  NamedBarArriveIf(!(cwg == 1 && n_tiles == 1), other_bar, 256);
   WgWait<0>();
   pin_s();
   softmax(0, std::integral_constant<bool, true>{});
@@ -889,13 +580,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     MbarWait<kMbarSuspendHintNs>(full(j % kStages), (j / kStages) & 1, kMbarTimeoutNs,
                                  timed_out);  // K_j, V_j (V_{j-1} before)
     FenceProxyAsync();
-    if constexpr (kPingPong) NamedBarSync(my_bar, 256);
+    NamedBarSync(my_bar, 256);
     pin_s();
     pin_o_pa();
     WgFence();
     issue_s(j);
     issue_pv(j - 1);
-    if constexpr (kPingPong) NamedBarArriveIf(!(cwg == 1 && j == n_tiles - 1), other_bar, 256);
+    NamedBarArriveIf(!(cwg == 1 && j == n_tiles - 1), other_bar, 256);
     WgWait<1>();  // S_j done; P V may still run
     pin_s();
     softmax(j, masked);
@@ -978,26 +669,9 @@ absl::Status LaunchStatus(const char* what) {
 // FAILED_PRECONDITION unless the current device is SM 9.0 and runs an SM
 // 9.0 image of the kernel compiled from sm_90 PTX or newer (not a JIT of
 // older PTX, whose body is the trapping stub). Capture-safe.
-// The kernel function, threads and dynamic shared memory of a schedule.
-struct KernelConfig {
-  const void* fn;
-  int threads;
-  size_t smem;
-};
-
-template <int D, Schedule kSchedule>
-KernelConfig ConfigFor() {
-  if constexpr (kSchedule == Schedule::kPlain) {
-    return {reinterpret_cast<const void*>(&PrefillSm90Kernel<D, false>), kThreads, SmemBytes<D>()};
-  } else if constexpr (kSchedule == Schedule::kPingPong) {
-    return {reinterpret_cast<const void*>(&PrefillSm90Kernel<D, true>), kThreads, SmemBytes<D>()};
-  } else if constexpr (kSchedule == Schedule::kWarpSpec) {
-    return {reinterpret_cast<const void*>(&PrefillSm90WsKernel<D, false>), kWsThreads,
-            WsSmemBytes<D>()};
-  } else {
-    return {reinterpret_cast<const void*>(&PrefillSm90WsKernel<D, true>), kWsThreads,
-            WsSmemBytes<D>()};
-  }
+template <int D>
+const void* KernelFor() {
+  return reinterpret_cast<const void*>(&PrefillSm90WsKernel<D>);
 }
 
 absl::Status CheckDevice(const void* kernel) {
@@ -1035,10 +709,10 @@ absl::Status CheckDevice(const void* kernel) {
   return absl::OkStatus();
 }
 
-template <int D, Schedule kSchedule>
+template <int D>
 absl::Status Launch(const PagedAttentionParams& p, cudaStream_t stream) {
-  const KernelConfig config = ConfigFor<D, kSchedule>();
-  const size_t smem = config.smem;
+  const void* fn = KernelFor<D>();
+  const size_t smem = WsSmemBytes<D>();
   // The device checks and the shared-memory opt-in, once per device (bit
   // d of `ready`; devices past 63 are checked on every call).
   static std::atomic<uint64_t> ready{0};
@@ -1050,9 +724,9 @@ absl::Status Launch(const PagedAttentionParams& p, cudaStream_t stream) {
   }
   const uint64_t bit = device >= 0 && device < 64 ? uint64_t{1} << device : 0;
   if (bit == 0 || (ready.load(std::memory_order_acquire) & bit) == 0) {
-    if (absl::Status s = CheckDevice(config.fn); !s.ok()) return s;
+    if (absl::Status s = CheckDevice(fn); !s.ok()) return s;
     if (const cudaError_t err = cudaFuncSetAttribute(
-            config.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+            fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
         err != cudaSuccess) {
       (void)cudaGetLastError();
       return absl::InternalError(
@@ -1065,18 +739,7 @@ absl::Status Launch(const PagedAttentionParams& p, cudaStream_t stream) {
   const int block_shift = Log2IfPowerOfTwo(p.block_size);
   const int group = p.num_heads / p.num_kv_heads;
   const float scale_log2 = p.scale * kLog2e;
-  if constexpr (kSchedule == Schedule::kPlain) {
-    PrefillSm90Kernel<D, false>
-        <<<grid, kThreads, smem, stream>>>(p, block_shift, group, scale_log2);
-  } else if constexpr (kSchedule == Schedule::kPingPong) {
-    PrefillSm90Kernel<D, true><<<grid, kThreads, smem, stream>>>(p, block_shift, group, scale_log2);
-  } else if constexpr (kSchedule == Schedule::kWarpSpec) {
-    PrefillSm90WsKernel<D, false>
-        <<<grid, kWsThreads, smem, stream>>>(p, block_shift, group, scale_log2);
-  } else {
-    PrefillSm90WsKernel<D, true>
-        <<<grid, kWsThreads, smem, stream>>>(p, block_shift, group, scale_log2);
-  }
+  PrefillSm90WsKernel<D><<<grid, kWsThreads, smem, stream>>>(p, block_shift, group, scale_log2);
   return LaunchStatus("PrefillAttentionSm90 launch");
 }
 
@@ -1087,7 +750,7 @@ bool PrefillAttentionSm90Available(std::string* why) {
     if (why != nullptr) *why = std::move(reason);
     return false;
   };
-  if (absl::Status s = CheckDevice(ConfigFor<128, kDefaultSchedule>().fn); !s.ok()) {
+  if (absl::Status s = CheckDevice(KernelFor<128>()); !s.ok()) {
     return fail(std::string(s.message()));
   }
   int* flag = nullptr;
@@ -1118,48 +781,10 @@ bool PrefillAttentionSm90Supports(const PagedAttentionParams& p) {
 }
 
 absl::Status PrefillAttentionSm90(const PagedAttentionParams& p, CUstream_st* stream) {
-  return sm90_detail::PrefillAttentionSm90Variant(p, stream, kDefaultSchedule);
-}
-
-namespace sm90_detail {
-
-const char* ScheduleName(Schedule schedule) {
-  switch (schedule) {
-    case Schedule::kPlain:
-      return "plain";
-    case Schedule::kPingPong:
-      return "pingpong";
-    case Schedule::kWarpSpec:
-      return "warpspec";
-    case Schedule::kWarpSpecPingPong:
-      return "warpspec_pingpong";
-  }
-  return "unknown";
-}
-
-template <int D>
-absl::Status LaunchSchedule(const PagedAttentionParams& p, cudaStream_t stream, Schedule schedule) {
-  switch (schedule) {
-    case Schedule::kPlain:
-      return Launch<D, Schedule::kPlain>(p, stream);
-    case Schedule::kPingPong:
-      return Launch<D, Schedule::kPingPong>(p, stream);
-    case Schedule::kWarpSpec:
-      return Launch<D, Schedule::kWarpSpec>(p, stream);
-    case Schedule::kWarpSpecPingPong:
-      return Launch<D, Schedule::kWarpSpecPingPong>(p, stream);
-  }
-  return absl::InvalidArgumentError("PrefillAttentionSm90: unknown schedule");
-}
-
-absl::Status PrefillAttentionSm90Variant(const PagedAttentionParams& p, CUstream_st* stream,
-                                         Schedule schedule) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   if (p.num_seqs == 0 || p.max_query_len == 0) return absl::OkStatus();
-  if (p.head_dim == 64) return LaunchSchedule<64>(p, stream, schedule);
-  return LaunchSchedule<128>(p, stream, schedule);
+  if (p.head_dim == 64) return Launch<64>(p, stream);
+  return Launch<128>(p, stream);
 }
-
-}  // namespace sm90_detail
 
 }  // namespace tessera::kernels::cuda

@@ -19,10 +19,9 @@
 // shared-memory wgmma (both operands K-major), the online softmax runs on
 // the fp32 accumulators, and P goes back to the tensor cores as bf16
 // register fragments for O += P V (V N-major, transposed by the
-// instruction). The default schedule (kWarpSpecPingPong below) has a
-// producer warpgroup that gathers into an mbarrier ring while each consumer
-// overlaps its softmax with its own P V product and the two consumers'
-// tensor-core sections alternate. Only diagonal tiles are masked.
+// instruction). A producer warpgroup gathers into an mbarrier ring while
+// each consumer overlaps its softmax with its own P V product, and the two
+// consumers' tensor-core sections alternate. Only diagonal tiles are masked.
 //
 // Thread-safety: as PagedAttentionPrefill (reentrant; concurrent calls on
 // different streams need different outputs).
@@ -51,31 +50,5 @@ bool PrefillAttentionSm90Supports(const PagedAttentionParams& p);
 // this binary has no sm_90a code for the kernel. Does not synchronise; can
 // be captured in a CUDA graph.
 absl::Status PrefillAttentionSm90(const PagedAttentionParams& p, CUstream_st* stream);
-
-namespace sm90_detail {
-// The kernel's schedules (the arithmetic is the same; PrefillAttentionSm90
-// runs kDefaultSchedule in the .cu, kWarpSpecPingPong):
-//   kPlain: 256 threads, both warpgroups gather K/V with cp.async, one
-//     __syncthreads per key tile, S and P V each issued and waited for.
-//   kPingPong: kPlain, but warpgroup 1 issues S only after warpgroup 0's S
-//     finished, so one warpgroup's softmax overlaps the other's wgmma.
-//   kWarpSpec: 384 threads, a producer warpgroup gathers Q/K/V with cp.async
-//     completing on mbarriers (cp.async.mbarrier.arrive.noinc; a full/empty
-//     ring of three stages, registers moved to the
-//     consumers with setmaxnreg); each of the two consumer warpgroups issues
-//     S of tile j together with P V of tile j - 1 and runs tile j's softmax
-//     while P V is on the tensor cores.
-//   kWarpSpecPingPong: kWarpSpec, with the two consumers' issue sections
-//     alternating (named barriers), as kPingPong.
-enum class Schedule { kPlain, kPingPong, kWarpSpec, kWarpSpecPingPong };
-
-// Short name of a schedule ("plain", "pingpong", "warpspec",
-// "warpspec_pingpong"), for test names and benchmark fields.
-const char* ScheduleName(Schedule schedule);
-
-// For tests and benchmarks: PrefillAttentionSm90 with a given schedule.
-absl::Status PrefillAttentionSm90Variant(const PagedAttentionParams& p, CUstream_st* stream,
-                                         Schedule schedule);
-}  // namespace sm90_detail
 
 }  // namespace tessera::kernels::cuda

@@ -8,12 +8,9 @@
 // bf16 and P is rounded to bf16 before the P.V product, so
 // |gpu - ref| <= 2^-7 * max|v| + 1e-3.
 //
-// Every parity test runs with each schedule of the kernel
-// (sm90_detail::Schedule): /Plain, /PingPong, /WarpSpec and
-// /WarpSpecPingPong; a hang of one shows as its last "[ RUN ]" line (the
-// warp-specialized schedules' mbarrier waits give up after 4 s and those
-// threads write NaN rows, so a broken barrier protocol shows as mismatches
-// after a few seconds rather than a hang).
+// The kernel's mbarrier waits give up after 4 s and those threads write NaN
+// rows, so a broken barrier protocol shows as mismatches after a few
+// seconds rather than a hang.
 //
 // On a mismatch the test prints the first few bad elements with their
 // coordinates in the kernel's tiling (128-row query tile, warpgroup, warp,
@@ -151,9 +148,8 @@ int Compare(const Case& c, const std::vector<int32_t>& qsl, const std::vector<ui
   return bad;
 }
 
-// Runs case `c` through the wgmma kernel with schedule `schedule`
-// (sm90_detail::PrefillAttentionSm90Variant).
-void RunCase(const Case& c, uint32_t seed, sm90_detail::Schedule schedule) {
+// Runs case `c` through the wgmma kernel.
+void RunCase(const Case& c, uint32_t seed) {
   SCOPED_TRACE(c.name);
   std::mt19937 rng(seed);
   Problem pr;
@@ -196,7 +192,7 @@ void RunCase(const Case& c, uint32_t seed, sm90_detail::Schedule schedule) {
   EXPECT_EQ(bad_portable, 0) << "the portable control kernel disagrees with the reference";
 
   dout.Upload(fresh);
-  const absl::Status status = sm90_detail::PrefillAttentionSm90Variant(p, nullptr, schedule);
+  const absl::Status status = PrefillAttentionSm90(p, nullptr);
   ASSERT_TRUE(status.ok()) << status;
   const cudaError_t sync = cudaDeviceSynchronize();
   ASSERT_EQ(sync, cudaSuccess) << "kernel fault: " << cudaGetErrorString(sync);
@@ -213,25 +209,21 @@ void RunCase(const Case& c, uint32_t seed, sm90_detail::Schedule schedule) {
   if (c.via_graph) {
     // The call captured in a CUDA graph and replayed twice: bitwise the same.
     dout.Upload(fresh);
-    ExpectGraphReplayMatches(
-        [&](cudaStream_t stream) {
-          return sm90_detail::PrefillAttentionSm90Variant(p, stream, schedule);
-        },
-        dout, out);
+    ExpectGraphReplayMatches([&](cudaStream_t stream) { return PrefillAttentionSm90(p, stream); },
+                             dout, out);
   }
 }
 
 // --- Kernel parity (SM 9.0 with sm_90a code only) ------------------------------
 // Ordered from the simplest data path to the most general, so the first
-// failing test points at the broken piece. Each runs with every schedule,
-// the older (simpler) ones first.
+// failing test points at the broken piece.
 
-class PrefillAttentionSm90Parity : public ::testing::TestWithParam<sm90_detail::Schedule> {};
+class PrefillAttentionSm90Parity : public ::testing::Test {};
 
 // q = 0: every score is 0, so the output is the mean of V over the visible
 // keys. Exercises the K/V gather, the causal mask, the softmax bookkeeping
 // and the P.V wgmma (V descriptor, transpose, column blocks), but not Q.K^T.
-TEST_P(PrefillAttentionSm90Parity, UniformScoresIsolatePV) {
+TEST_F(PrefillAttentionSm90Parity, UniformScoresIsolatePV) {
   SKIP_UNLESS_SM90A();
   uint32_t seed = 10;
   for (int head_dim : {128, 64}) {
@@ -242,14 +234,14 @@ TEST_P(PrefillAttentionSm90Parity, UniformScoresIsolatePV) {
       c.seq_lens = {len};
       c.q_lens = {len};
       c.name = absl::StrCat("uniform d", head_dim, " prompt ", len);
-      RunCase(c, seed++, GetParam());
+      RunCase(c, seed++);
     }
   }
 }
 
 // One query tile against one key tile: the S = Q K^T wgmma and the register
 // hand-off of P, before multi-tile pipelining matters.
-TEST_P(PrefillAttentionSm90Parity, SingleTile) {
+TEST_F(PrefillAttentionSm90Parity, SingleTile) {
   SKIP_UNLESS_SM90A();
   uint32_t seed = 20;
   for (int head_dim : {128, 64}) {
@@ -259,12 +251,12 @@ TEST_P(PrefillAttentionSm90Parity, SingleTile) {
       c.seq_lens = {len};
       c.q_lens = {len};
       c.name = absl::StrCat("single tile d", head_dim, " prompt ", len);
-      RunCase(c, seed++, GetParam());
+      RunCase(c, seed++);
     }
   }
 }
 
-TEST_P(PrefillAttentionSm90Parity, SinglePrompts) {
+TEST_F(PrefillAttentionSm90Parity, SinglePrompts) {
   SKIP_UNLESS_SM90A();
   uint32_t seed = 200;
   for (int head_dim : {128, 64}) {
@@ -274,12 +266,12 @@ TEST_P(PrefillAttentionSm90Parity, SinglePrompts) {
       c.seq_lens = {len};
       c.q_lens = {len};
       c.name = absl::StrCat("prefill d", head_dim, " prompt ", len);
-      RunCase(c, seed++, GetParam());
+      RunCase(c, seed++);
     }
   }
 }
 
-TEST_P(PrefillAttentionSm90Parity, ChunksWithEarlierContext) {
+TEST_F(PrefillAttentionSm90Parity, ChunksWithEarlierContext) {
   SKIP_UNLESS_SM90A();
   struct Chunk {
     int context, q_len;
@@ -297,13 +289,13 @@ TEST_P(PrefillAttentionSm90Parity, ChunksWithEarlierContext) {
         c.q_lens = {ch.q_len};
         c.name = absl::StrCat("chunk ctx ", ch.context, " q ", ch.q_len, " bs ", block_size,
                               " kv heads ", kv_heads);
-        RunCase(c, seed++, GetParam());
+        RunCase(c, seed++);
       }
     }
   }
 }
 
-TEST_P(PrefillAttentionSm90Parity, MixedBatches) {
+TEST_F(PrefillAttentionSm90Parity, MixedBatches) {
   SKIP_UNLESS_SM90A();
   Case c;  // prompts, chunks, a decode-like token and an empty sequence together
   c.q_lens = {1, 5, 64, 130, 0, 77, 1, 260};
@@ -312,7 +304,7 @@ TEST_P(PrefillAttentionSm90Parity, MixedBatches) {
   c.out_stride_pad = 16;
   c.name = "mixed gqa4 d128 padded strides";
   c.via_graph = true;
-  RunCase(c, 400, GetParam());
+  RunCase(c, 400);
 
   Case mha = c;
   mha.num_heads = 4;
@@ -322,7 +314,7 @@ TEST_P(PrefillAttentionSm90Parity, MixedBatches) {
   mha.q_stride_pad = 0;
   mha.via_graph = false;
   mha.name = "mixed mha d64 bs32";
-  RunCase(mha, 401, GetParam());
+  RunCase(mha, 401);
 
   Case gqa8;
   gqa8.num_heads = 16;
@@ -331,7 +323,7 @@ TEST_P(PrefillAttentionSm90Parity, MixedBatches) {
   gqa8.q_lens = {300, 2, 90, 129};
   gqa8.seq_lens = {300, 1002, 150, 129};
   gqa8.name = "mixed gqa8 bs8";
-  RunCase(gqa8, 403, GetParam());
+  RunCase(gqa8, 403);
 
   // Cache blocks smaller than a gather pass (one row per block) and larger
   // than a key tile.
@@ -343,13 +335,13 @@ TEST_P(PrefillAttentionSm90Parity, MixedBatches) {
       odd.q_lens = {200, 1, 129};
       odd.seq_lens = {333, 300, 129};
       odd.name = absl::StrCat("mixed bs", block_size, " d", head_dim);
-      RunCase(odd, 404 + block_size + head_dim, GetParam());
+      RunCase(odd, 404 + block_size + head_dim);
     }
   }
 }
 
 // Larger q (scores spread wider): the online-softmax rescaling across tiles.
-TEST_P(PrefillAttentionSm90Parity, SharpScores) {
+TEST_F(PrefillAttentionSm90Parity, SharpScores) {
   SKIP_UNLESS_SM90A();
   Case c;
   c.q_range = 8.f;
@@ -358,27 +350,8 @@ TEST_P(PrefillAttentionSm90Parity, SharpScores) {
   c.q_lens = {700, 130};
   c.seq_lens = {700, 500};
   c.name = "sharp scores gqa4";
-  RunCase(c, 500, GetParam());
+  RunCase(c, 500);
 }
-
-INSTANTIATE_TEST_SUITE_P(Schedules, PrefillAttentionSm90Parity,
-                         ::testing::Values(sm90_detail::Schedule::kPlain,
-                                           sm90_detail::Schedule::kPingPong,
-                                           sm90_detail::Schedule::kWarpSpec,
-                                           sm90_detail::Schedule::kWarpSpecPingPong),
-                         [](const ::testing::TestParamInfo<sm90_detail::Schedule>& info) {
-                           switch (info.param) {
-                             case sm90_detail::Schedule::kPlain:
-                               return std::string("Plain");
-                             case sm90_detail::Schedule::kPingPong:
-                               return std::string("PingPong");
-                             case sm90_detail::Schedule::kWarpSpec:
-                               return std::string("WarpSpec");
-                             case sm90_detail::Schedule::kWarpSpecPingPong:
-                               return std::string("WarpSpecPingPong");
-                           }
-                           return std::string("Unknown");
-                         });
 
 // --- Validation (no device needed) -------------------------------------------
 
