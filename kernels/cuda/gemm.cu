@@ -181,8 +181,7 @@ struct GemmContext::Impl {
   void* flush = nullptr;
   size_t flush_bytes = 0;
   bool flush_tried = false;
-  GemmTuningFlush flush_kind = GemmTuningFlush::kRead;  // SetAutotuneFlush
-  int flush_blocks = 0;                                 // SMs x 4 for the read
+  int flush_blocks = 0;  // SMs x 4 for the read
 
   void FreeFlush() {
     if (flush != nullptr) cudaFree(flush);
@@ -351,11 +350,7 @@ struct GemmContext::Impl {
   }
 
   // One flush of L2 before timed run `i` (flush != nullptr).
-  absl::Status Flush(int i, CudaStream stream) {
-    if (flush_kind == GemmTuningFlush::kWrite) {
-      return CudaError(cudaMemsetAsync(flush, i & 0xff, flush_bytes, AsCuda(stream)),
-                       "GEMM autotune flush");
-    }
+  absl::Status Flush(CudaStream stream) {
     return ReadThroughL2(flush, flush_bytes, flush_blocks, static_cast<int*>(workspace), stream);
   }
 
@@ -376,8 +371,8 @@ struct GemmContext::Impl {
     // qkv or o_proj) already there, and pick for that. So each timed run
     // follows a flush of twice the L2 size (where that much memory can be
     // had for the tuning). In a step, L2 holds what the kernels before
-    // read (mostly weights), clean lines, so the flush reads (kRead): a
-    // flush that writes (kWrite) leaves dirty lines whose write-back then
+    // read (mostly weights), clean lines, so the flush reads: a flush that
+    // writes (measured, then removed) leaves dirty lines whose write-back then
     // competes with the timed GEMM, which slowed the decode shapes by
     // 13-31% on the H200 and changed the pick for some of them
     // (tests/bench/results/gemm_search_h200.json).
@@ -414,7 +409,7 @@ struct GemmContext::Impl {
       cudaError_t err = cudaSuccess;
       absl::Status flushed;
       for (int i = 0; i < kAutotuneReps && err == cudaSuccess && flushed.ok(); ++i) {
-        if (flush != nullptr) flushed = Flush(i, stream);
+        if (flush != nullptr) flushed = Flush(stream);
         if (!flushed.ok()) break;
         err = cudaEventRecord(start, AsCuda(stream));
         if (err == cudaSuccess && run() != CUBLAS_STATUS_SUCCESS) err = cudaErrorUnknown;
@@ -582,11 +577,6 @@ void GemmContext::SetAutotune(int64_t max_m) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->autotune_max_m = max_m;
   if (max_m <= 0) impl_->FreeFlush();  // the window closed
-}
-
-void GemmContext::SetAutotuneFlush(GemmTuningFlush kind) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->flush_kind = kind;
 }
 
 void GemmContext::SetAutotuneCandidates(int candidates) {

@@ -70,13 +70,10 @@ class GemmTuningTable {
   std::unique_ptr<Impl> impl_;
 };
 
-enum class GemmTuningFlush { kRead, kWrite };
-
 // Reads `bytes` (a multiple of 16) of device memory at `buf` through L2,
 // not L1, with `blocks` CTAs, so that L2 ends up holding clean lines of it
-// only: the flush GemmContext's tuning runs before each timed GEMM
-// (GemmTuningFlush::kRead). `sink` (device, 4 bytes) is written only for a
-// sum of the words that a buffer of zeros never has.
+// only: the flush GemmContext's tuning runs before each timed GEMM. `sink` (device, 4 bytes) is
+// written only for a sum of the words that a buffer of zeros never has.
 absl::Status ReadThroughL2(const void* buf, size_t bytes, int blocks, int* sink, CudaStream stream);
 
 class GemmContext {
@@ -99,7 +96,7 @@ class GemmContext {
   // m <= max_m that has not been tuned yet is: of the algorithms cuBLASLt's
   // heuristic offers (up to SetAutotuneCandidates' number), each is timed
   // on the call's own operands, every run after an L2 flush (a step streams
-  // its weights from HBM; SetAutotuneFlush), and the fastest is kept for
+  // its weights from HBM), and the fastest is kept for
   // the shape from then on (a one-time cost of a few hundred GEMMs and
   // flushes, milliseconds per shape; during stream capture nothing can be
   // timed, and the shape keeps the heuristic's first choice for good).
@@ -113,10 +110,6 @@ class GemmContext {
   // (clamped to 1 .. kGemmMaxAutotuneCandidates); applies to shapes first
   // seen after the call. Default kGemmAutotuneCandidates.
   void SetAutotuneCandidates(int candidates);
-  // How the tuner empties L2 before each timed run: kRead (default) reads
-  // twice the L2 size, leaving clean lines as a decode step's earlier
-  // kernels do; kWrite writes it (benchmarks compare the picks).
-  void SetAutotuneFlush(GemmTuningFlush kind);
   // Tunes through `table` from now on (null: alone).
   void ShareTuning(std::shared_ptr<GemmTuningTable> table);
   // Shapes this context timed candidates for itself (not those it took

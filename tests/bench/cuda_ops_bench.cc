@@ -97,11 +97,6 @@ void Run() {
   // m = 64 also through a context that tunes cuBLASLt's algorithm per shape.
   std::unique_ptr<GemmContext> tuned = Must(GemmContext::Create(), "GemmContext::Create");
   tuned->SetAutotune(64);
-  // And through one that tunes after L2 flushes that write (the former
-  // tuning; GemmContext::SetAutotuneFlush).
-  std::unique_ptr<GemmContext> tuned_write = Must(GemmContext::Create(), "GemmContext::Create");
-  tuned_write->SetAutotune(64);
-  tuned_write->SetAutotuneFlush(GemmTuningFlush::kWrite);
   std::vector<std::string> entries;
 
   // ---- GEMM ----
@@ -132,23 +127,20 @@ void Run() {
     std::vector<DeviceBuffer> ws;
     for (int c = 0; c < copies; ++c) ws.push_back(Filled(w_bytes, 0x3b));
     for (int64_t m : ms) {
-      // GEMV, cuBLASLt, cuBLASLt tuned (read flush), cuBLASLt tuned (write flush)
-      for (const int variant : {0, 1, 2, 3}) {
+      // GEMV, cuBLASLt, cuBLASLt tuned
+      for (const int variant : {0, 1, 2}) {
         const bool use_gemv = variant == 0;
         if (variant == 1 && m > kGemvMaxRows) continue;
         if (variant >= 2 && m != 64) continue;
         gemm->SetUseGemv(use_gemv);
-        GemmContext* ctx = variant == 3   ? tuned_write.get()
-                           : variant == 2 ? tuned.get()
-                                          : gemm.get();
+        GemmContext* ctx = variant == 2 ? tuned.get() : gemm.get();
         const double sec = TimeIt(s, [&](int i) {
           return ctx->Gemm(x.as<Bf16>(), m, sh.k, ws[i % copies].as<Bf16>(), sh.n, nullptr,
                            y.as<Bf16>(), s);
         });
         const double flops = 2.0 * m * sh.n * sh.k;
         const double bytes = static_cast<double>(w_bytes) + 2.0 * m * sh.k + 2.0 * m * sh.n;
-        const char* path = variant == 3                    ? "cublaslt_tuned_write_flush"
-                           : variant == 2                  ? "cublaslt_tuned"
+        const char* path = variant == 2                    ? "cublaslt_tuned"
                            : m > kGemvMaxRows || !use_gemv ? "cublaslt"
                                                            : "gemv";
         std::string e = absl::StrCat(
