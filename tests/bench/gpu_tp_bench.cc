@@ -35,10 +35,7 @@
 // With --sample_steps=N: sampled_step_ms_on_gpu / _on_host, N decode steps
 // drawing with temperature 1 and top-p 0.9 through ForwardSample (logits
 // stay on the GPUs) or through Forward and the host sampler (the logits
-// copied to the host), the wall time per step; with TP > 1 also
-// sampled_step_ms_on_gpu_one_rank, ForwardSample with every row drawn on
-// rank 0 (set_split_sampling(false)) instead of the rows split among the
-// ranks.
+// copied to the host), the wall time per step.
 // Usage: gpu_tp_bench [--tp_sizes=1,2] [--batch_sizes=1,64] [--out=f.json]
 #include <cuda_runtime.h>
 #include <sys/wait.h>
@@ -94,9 +91,6 @@ ABSL_FLAG(std::vector<std::string>, gemm_autotune, std::vector<std::string>({"1"
           "alternate): 0 off, 1 on (CudaRunnerOptions::gemm_autotune) with the default "
           "number of candidates, N > 1 on with N candidates per shape "
           "(gemm_autotune_candidates)");
-ABSL_FLAG(std::vector<std::string>, staged_gemv, std::vector<std::string>({"1"}),
-          "CudaRunnerOptions::staged_gemv values (0/1) to run every configuration with, in "
-          "order (repeat them to alternate)");
 ABSL_FLAG(int, sample_steps, 0,
           "if > 0, this many more decode steps per row drawing every token with "
           "temperature 1, top-p 0.9 on the GPUs (ForwardSample) and as many with the "
@@ -108,12 +102,11 @@ ABSL_FLAG(int, kernel_trace_steps, 0,
           "if > 0, this many more steps per row under a CUPTI kernel trace, summarized per "
           "device and kernel in the row");
 ABSL_FLAG(std::string, out, "", "write the JSON here too");
-ABSL_FLAG(
-    bool, process_per_config, true,
-    "run each configuration (TP size or shard, backend, autotune, staged GEMV, preflight) in a "
-    "process of its own, as a worker runs its one runner; false: all in this process, "
-    "one after another (every runner after a process's first ran 2-4% slower on the "
-    "H200)");
+ABSL_FLAG(bool, process_per_config, true,
+          "run each configuration (TP size or shard, backend, autotune, preflight) in a "
+          "process of its own, as a worker runs its one runner; false: all in this process, "
+          "one after another (every runner after a process's first ran 2-4% slower on the "
+          "H200)");
 ABSL_FLAG(std::vector<std::string>, preflight, std::vector<std::string>({"2"}),
           "values (0/1/2) to run every configuration with: 2 runs the worker's kernel preflight "
           "for the runner's devices in a child process, as tessera-worker does "
@@ -123,25 +116,6 @@ ABSL_FLAG(std::vector<std::string>, preflight, std::vector<std::string>({"2"}),
           "kernels); 0: none");
 ABSL_FLAG(std::vector<std::string>, preflight_ops, {},
           "with --preflight: only the checks of these ops (kernels/op.h names); empty: all");
-ABSL_FLAG(std::vector<std::string>, pre, {},
-          "diagnostics: before each runner, on each of its devices: gemm_ctx (a GEMM context "
-          "created and destroyed), gemm_null / gemm_stream (one 64-row GEMM on the legacy "
-          "default stream / on a stream of its own), gemv_* (3 rows), norm_*, argmax_*, "
-          "softmax_*, sample_* (one RMSNorm, ArgmaxRows, Softmax, SampleRows of 3 rows "
-          "likewise), occupy_stream (one CTA of the largest shared memory reading the global "
-          "timer for 1 ms), occupancy (the runtime's occupancy query for that kernel, nothing "
-          "launched), stack4k / stack1k (the stack size limit set to 4 / 1 KiB), lmem_* (one "
-          "kernel needing 1 KiB of local memory per thread), allocs (40 buffers of 4 KiB to 1 MiB "
-          "allocated, cleared and freed; allocs_kept: never freed; allocs_uncleared: not cleared), "
-          "memsets_* (40 clears of 4 to 64 KiB inside one buffer), nccl1 (a one-rank NCCL "
-          "communicator, kept), hostmapped (a host-mapped word, kept), p2p_allocs (device buffers "
-          "of 4 MiB, 4 KiB and 256 bytes, kept), h2d_* (256 bytes copied from "
-          "pageable host memory)");
-ABSL_FLAG(std::vector<std::string>, post, {},
-          "diagnostics: the --pre actions to run after the preflight, before the runner");
-ABSL_FLAG(bool, exit_before_runner, false,
-          "diagnostics: run --pre, the preflight and --post, then exit (no runner): what they "
-          "leave behind for later processes");
 ABSL_FLAG(int, only_config, -1, "run only configuration N of the list (set by the parent)");
 
 namespace tessera {
@@ -307,98 +281,6 @@ AllReduceTimes TimeAllReduce(const std::vector<kernels::DeviceDescription>& devi
   return times;
 }
 
-// One --pre action on device `ordinal` (see the flag).
-void PreAction(const std::string& pre, int ordinal) {
-  CHECK_OR_DIE(kcu::SetDevice(ordinal));
-  auto stream = kcu::Stream::Create();
-  CHECK_OR_DIE(stream.status());
-  const kcu::CudaStream s = absl::EndsWith(pre, "_stream") ? stream->get() : nullptr;
-  auto buf = kcu::DeviceBuffer::Allocate(4 << 20);
-  CHECK_OR_DIE(buf.status());
-  CHECK_OR_DIE(kcu::MemsetDevice(buf->data(), 0, 4 << 20, s));
-  auto* bytes = static_cast<char*>(buf->data());
-  if (absl::StartsWith(pre, "gemm") || absl::StartsWith(pre, "gemv")) {
-    auto gemm = kcu::GemmContext::Create();
-    CHECK_OR_DIE(gemm.status());
-    if (pre != "gemm_ctx") {
-      const int64_t m = absl::StartsWith(pre, "gemv") ? 3 : 64;
-      CHECK_OR_DIE((*gemm)->Gemm(reinterpret_cast<const kcu::Bf16*>(bytes), m, 64,
-                                 reinterpret_cast<const kcu::Bf16*>(bytes + 16384), 32, nullptr,
-                                 reinterpret_cast<kcu::Bf16*>(bytes + 65536), s));
-    }
-  } else if (pre == "stack4k") {
-    if (cudaDeviceSetLimit(cudaLimitStackSize, 4096) != cudaSuccess) {
-      CHECK_OR_DIE(absl::InternalError("cudaDeviceSetLimit failed"));
-    }
-  } else if (pre == "stack1k") {
-    if (cudaDeviceSetLimit(cudaLimitStackSize, 1024) != cudaSuccess) {
-      CHECK_OR_DIE(absl::InternalError("cudaDeviceSetLimit failed"));
-    }
-  } else if (absl::StartsWith(pre, "lmem")) {
-    CHECK_OR_DIE(kcu::RunLocalMemoryKernel(reinterpret_cast<int*>(bytes + 65536), 7, s));
-  } else if (pre == "hostmapped") {
-    void* host = nullptr;  // kept, as P2pAllReduce keeps its timeout words
-    if (cudaHostAlloc(&host, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable) !=
-        cudaSuccess) {
-      CHECK_OR_DIE(absl::InternalError("cudaHostAlloc failed"));
-    }
-  } else if (pre == "p2p_allocs") {
-    static std::vector<kcu::DeviceBuffer> kept;  // P2pAllReduce's three buffers per rank
-    for (size_t bytes : {size_t{4} << 20, size_t{4096}, size_t{256}}) {
-      auto b = kcu::DeviceBuffer::Allocate(bytes);
-      CHECK_OR_DIE(b.status());
-      CHECK_OR_DIE(kcu::MemsetDevice(b->data(), 0, bytes));
-      kept.push_back(std::move(*b));
-    }
-  } else if (pre == "nccl1") {
-    // Kept, as a tensor-parallel group keeps its own.
-    static std::vector<std::unique_ptr<kcu::NcclGroup>> groups;
-    auto group = kcu::NcclGroup::Create({ordinal});
-    CHECK_OR_DIE(group.status());
-    groups.push_back(std::move(*group));
-  } else if (pre == "allocs" || pre == "allocs_kept" || pre == "allocs_uncleared") {
-    static std::vector<kcu::DeviceBuffer> kept;  // allocs_kept: never freed
-    std::vector<kcu::DeviceBuffer> held;
-    for (int i = 0; i < 40; ++i) {
-      auto b = kcu::DeviceBuffer::Allocate(size_t{4096} << (i % 9));
-      CHECK_OR_DIE(b.status());
-      if (pre != "allocs_uncleared") CHECK_OR_DIE(kcu::MemsetDevice(b->data(), 0, b->size()));
-      (pre == "allocs_kept" ? kept : held).push_back(std::move(*b));
-    }
-  } else if (absl::StartsWith(pre, "memsets")) {  // the same 40 clears, inside the one buffer
-    for (size_t i = 0; i < 40; ++i) {
-      CHECK_OR_DIE(kcu::MemsetDevice(bytes + (i << 16), 0, size_t{4096} << (i % 5), s));
-    }
-  } else if (absl::StartsWith(pre, "h2d")) {
-    std::vector<char> host(256, 1);
-    CHECK_OR_DIE(kcu::CopyToDevice(bytes + 8192, host.data(), host.size(), s));
-  } else if (pre == "occupancy") {
-    CHECK_OR_DIE(kcu::OccupyKernelCtasPerSm().status());
-  } else if (absl::StartsWith(pre, "occupy")) {
-    CHECK_OR_DIE(kcu::OccupySms(1, 1e-3, s));
-  } else if (absl::StartsWith(pre, "argmax")) {
-    CHECK_OR_DIE(kcu::ArgmaxRows(reinterpret_cast<const float*>(bytes), 3, 37,
-                                 reinterpret_cast<int32_t*>(bytes + 65536), s));
-  } else if (absl::StartsWith(pre, "softmax")) {
-    CHECK_OR_DIE(kcu::Softmax(reinterpret_cast<const float*>(bytes), 3, 37,
-                              reinterpret_cast<float*>(bytes + 65536), s));
-  } else if (absl::StartsWith(pre, "sample")) {
-    std::vector<kcu::RowSamplingParams> params(3);
-    params[1].top_k = 5;
-    params[2].top_p = 0.9f;
-    CHECK_OR_DIE(kcu::CopyToDevice(bytes + 8192, params.data(), params.size() * sizeof(params[0])));
-    CHECK_OR_DIE(kcu::SampleRows(reinterpret_cast<const float*>(bytes), 3, 37,
-                                 reinterpret_cast<const kcu::RowSamplingParams*>(bytes + 8192),
-                                 reinterpret_cast<int32_t*>(bytes + 65536), bytes + (1 << 20),
-                                 2 << 20, s));
-  } else {
-    CHECK_OR_DIE(kcu::RmsNorm(reinterpret_cast<const float*>(bytes), 3, 64,
-                              reinterpret_cast<const float*>(bytes + 4096), 1e-5f,
-                              reinterpret_cast<kcu::Bf16*>(bytes + 65536), s));
-  }
-  CHECK_OR_DIE(kcu::SynchronizeDevice());
-}
-
 // The worker's kernel preflight on `d` (its checks of --preflight_ops only,
 // when given).
 void PreflightAsWorker(const kernels::DeviceDescription& d) {
@@ -418,15 +300,13 @@ void PreflightAsWorker(const kernels::DeviceDescription& d) {
 std::vector<std::string> g_args;
 
 // Each row's speedup_vs_tp1: its tok/s over the TP=1 row (whole model) of
-// the same batch, autotune, staged GEMV and preflight setting, when there
-// is one.
+// the same batch, autotune and preflight setting, when there is one.
 void SetSpeedups(nlohmann::json& results) {
   auto key = [](const nlohmann::json& r) {
     return std::make_tuple(r["batch"].get<int>(), r["gemm_autotune"].get<bool>(),
-                           r["staged_gemv"].get<bool>(), r["preflight"].get<bool>(),
-                           r.value("preflight_in_child", false));
+                           r["preflight"].get<bool>(), r.value("preflight_in_child", false));
   };
-  std::map<std::tuple<int, bool, bool, bool, bool>, double> tp1;
+  std::map<std::tuple<int, bool, bool, bool>, double> tp1;
   for (const auto& r : results) {
     if (r["tp"] == 1 && r["shard_of_tp"] == 1) {
       tp1[key(r)] = r["decode_tokens_per_second"].get<double>();
@@ -485,37 +365,33 @@ int Run() {
   const int blocks_per_seq = (prompt_len + steps + 1 + block - 1) / block;
   nlohmann::json results = nlohmann::json::array();
   std::set<std::pair<int, int>> timed;  // (TP, batch) whose collectives were timed
-  // (TP size, all-reduce backend, GEMM autotune, staged GEMV, shard,
-  // preflight) in run order: TP=1 and shards once per preflight, staged and
-  // autotune value, larger groups once per backend and values.
+  // (TP size, all-reduce backend, GEMM autotune, shard, preflight) in run
+  // order: TP=1 and shards once per preflight and autotune value, larger
+  // groups once per backend and values.
   struct Config {
     int tp;
     std::string backend;
     int autotune;
-    int staged;
     int shard_of = 1;  // > 1: one rank's shard of TP=shard_of, alone (tp is 1)
     int preflight = 1;
   };
   std::vector<Config> configs;
   for (const auto& preflight_text : absl::GetFlag(FLAGS_preflight)) {
     const int preflight = std::stoi(preflight_text);
-    for (const auto& staged_text : absl::GetFlag(FLAGS_staged_gemv)) {
-      const int staged = std::stoi(staged_text);
-      for (const auto& tune_text : absl::GetFlag(FLAGS_gemm_autotune)) {
-        const int tune = std::stoi(tune_text);
-        for (const auto& tp_text : absl::GetFlag(FLAGS_tp_sizes)) {
-          const int tp = std::stoi(tp_text);
-          if (tp_text.back() == 's') {
-            configs.push_back({1, "none", tune, staged, tp, preflight});
-            continue;
-          }
-          if (tp == 1) {
-            configs.push_back({1, "none", tune, staged, 1, preflight});
-            continue;
-          }
-          for (const auto& b : absl::GetFlag(FLAGS_all_reduce_backends))
-            configs.push_back({tp, b, tune, staged, 1, preflight});
+    for (const auto& tune_text : absl::GetFlag(FLAGS_gemm_autotune)) {
+      const int tune = std::stoi(tune_text);
+      for (const auto& tp_text : absl::GetFlag(FLAGS_tp_sizes)) {
+        const int tp = std::stoi(tp_text);
+        if (tp_text.back() == 's') {
+          configs.push_back({1, "none", tune, tp, preflight});
+          continue;
         }
+        if (tp == 1) {
+          configs.push_back({1, "none", tune, 1, preflight});
+          continue;
+        }
+        for (const auto& b : absl::GetFlag(FLAGS_all_reduce_backends))
+          configs.push_back({tp, b, tune, 1, preflight});
       }
     }
   }
@@ -546,7 +422,7 @@ int Run() {
   kernels::DetectedCudaDevices found = kernels::DetectCudaDevices();
   for (size_t ci = 0; ci < configs.size(); ++ci) {
     if (only >= 0 && static_cast<int>(ci) != only) continue;
-    const auto& [tp, backend, autotune, staged, shard_of, preflight] = configs[ci];
+    const auto& [tp, backend, autotune, shard_of, preflight] = configs[ci];
     // One rank's shapes of TP=shard_of (worker/parallel's sharding: heads,
     // KV heads, MLP and vocabulary divided; the hidden size whole).
     model::ModelConfig shape = *config;
@@ -564,14 +440,12 @@ int Run() {
     if (tp > 1) o.all_reduce_backend = backend;
     o.gemm_autotune = autotune != 0;
     if (autotune > 1) o.gemm_autotune_candidates = autotune;
-    o.staged_gemv = staged != 0;
     o.block_size = block;
     o.num_kv_blocks = int64_t{max_batch} * blocks_per_seq + 16;
     o.max_num_seqs = max_batch;
     o.max_num_tokens = std::max(max_batch * prompt_len, 256);
     // What comes before the runner in its process.
     for (const kernels::DeviceDescription& d : devices) {
-      for (const std::string& pre : absl::GetFlag(FLAGS_pre)) PreAction(pre, d.ordinal);
       if (preflight == 1) PreflightAsWorker(d);
       if (preflight == 2) {
         auto in_child =
@@ -579,9 +453,7 @@ int Run() {
         CHECK_OR_DIE(in_child.status());
         if (!*in_child) CHECK_OR_DIE(absl::InternalError("the preflight child gave no result"));
       }
-      for (const std::string& post : absl::GetFlag(FLAGS_post)) PreAction(post, d.ordinal);
     }
-    if (absl::GetFlag(FLAGS_exit_before_runner)) continue;
     auto runner = parallel::CudaTensorParallelRunner::Create(nullptr, shape, devices, o,
                                                              bench::RandomCudaWeights(99));
     CHECK_OR_DIE(runner.status());
@@ -625,7 +497,7 @@ int Run() {
       auto graph_ms = (*runner)->ReplayLastDecodeGraphMs(steps);
       CHECK_OR_DIE(graph_ms.status());
       // Sampled decode, on the GPUs and on the host, from the same state.
-      double device_sample_ms = 0, one_rank_sample_ms = 0, host_sample_ms = 0;
+      double device_sample_ms = 0, host_sample_ms = 0;
       if (sample_steps > 0) {
         std::vector<runner::DeviceSamplingRow> rows(batch);
         for (int s = 0; s < batch; ++s) {
@@ -634,12 +506,7 @@ int Run() {
           rows[s].seed = 1000 + s;
         }
         std::vector<float> logits;
-        // 0: on the GPUs, rows split among the ranks; 1: on the GPUs, all
-        // on rank 0 (TP > 1 only); 2: on the host.
-        for (const int mode : {0, 1, 2}) {
-          if (mode == 1 && tp == 1) continue;
-          const bool on_device = mode != 2;
-          (*runner)->set_split_sampling(mode == 0);
+        for (const bool on_device : {true, false}) {
           next = first;
           auto c0 = std::chrono::steady_clock::now();
           for (int i = 0; i <= sample_steps; ++i) {  // step 0: set-up (buffers), not timed
@@ -671,9 +538,8 @@ int Run() {
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0)
                   .count() /
               sample_steps;
-          (mode == 0 ? device_sample_ms : mode == 1 ? one_rank_sample_ms : host_sample_ms) = ms;
+          (on_device ? device_sample_ms : host_sample_ms) = ms;
         }
-        (*runner)->set_split_sampling(true);
       }
       nlohmann::json trace;
       if (trace_steps > 0) {
@@ -705,13 +571,11 @@ int Run() {
           {"host_ms_per_step", 1e3 * s / steps - *graph_ms},
           {"decode_tokens_per_second", tps},
           {"sampled_step_ms_on_gpu", device_sample_ms},
-          {"sampled_step_ms_on_gpu_one_rank", one_rank_sample_ms},
           {"sampled_step_ms_on_host", host_sample_ms},
           {"first_step_ms", setup_ms[0]},
           {"second_step_ms", setup_ms[1]},
           {"gemm_autotune", autotune != 0},
           {"gemm_autotune_candidates", autotune > 1 ? autotune : o.gemm_autotune_candidates},
-          {"staged_gemv", staged != 0},
           {"speedup_vs_tp1", 0.0},  // SetSpeedups
           {"all_reduce_bytes", int64_t{batch} * config->hidden_size * 2},
           {"all_reduce_us_eager", eager_us},

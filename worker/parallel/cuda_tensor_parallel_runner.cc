@@ -178,8 +178,8 @@ absl::Status CudaTensorParallelRunner::ForwardSample(
 
 absl::Status CudaTensorParallelRunner::SampleRank(int r) {
   const int64_t total = static_cast<int64_t>(sample_rows_.size());
-  const int64_t begin = split_sampling_ ? total * r / size() : 0;
-  const int64_t end = split_sampling_ ? total * (r + 1) / size() : (r == 0 ? total : 0);
+  const int64_t begin = total * r / size();
+  const int64_t end = total * (r + 1) / size();
   std::vector<runner::CudaModelRunner::LogitsSlice> slices;
   for (const auto& rank : ranks_) {
     runner::CudaModelRunner::LogitsSlice sl = rank->device_logits();

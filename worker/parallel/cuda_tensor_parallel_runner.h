@@ -75,9 +75,6 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   // each rank finds its slice's best (value, id), the host keeps the
   // largest (ties: the lower id).
   absl::Status ForwardGreedy(const runner::ForwardBatch& batch, std::vector<int32_t>* tokens);
-  // Benchmarks: false makes ForwardSample draw every row on rank 0 (rank 0
-  // copying the peers' whole slices) instead of splitting the rows.
-  void set_split_sampling(bool split) { split_sampling_ = split; }
 
   int size() const { return static_cast<int>(ranks_.size()); }
   const runner::CudaModelRunner& rank(int r) const { return *ranks_[r]; }
@@ -127,7 +124,6 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   bool greedy_ = false;                // ForwardGreedy
   bool on_device_ = false;             // ForwardSample: logits stay on the devices
   bool sampling_ = false;              // ForwardSample's second round
-  bool split_sampling_ = true;
   absl::Span<const runner::DeviceSamplingRow> sample_rows_;
   std::vector<std::vector<int32_t>> sample_tokens_;  // per rank, its rows' tokens
   mutable std::mutex health_mu_;

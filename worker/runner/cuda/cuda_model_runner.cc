@@ -132,7 +132,6 @@ absl::Status CudaModelRunner::Init(const kernels::DeviceDescription& device) {
   absl::StatusOr<std::unique_ptr<kcu::GemmContext>> gemm = kcu::GemmContext::Create();
   if (!gemm.ok()) return gemm.status();
   m.gemm = std::move(*gemm);
-  m.gemm->SetUseStagedGemv(options_.staged_gemv);
   m.gemm->SetAutotuneCandidates(options_.gemm_autotune_candidates);
   if (options_.gemm_tuning != nullptr) m.gemm->ShareTuning(options_.gemm_tuning);
   return absl::OkStatus();
@@ -214,13 +213,12 @@ absl::Status CudaModelRunner::AllocateCacheAndWorkspace() {
     if (!b.ok()) return b.status();
     *want.buf = std::move(*b);
   }
-  absl::StatusOr<CudaKvCache> kv = CudaKvCache::Create(
-      {c.num_hidden_layers, options_.block_size, K}, options_.num_kv_blocks,
-      options_.gpu_memory_fraction, m.stream.get());
+  absl::StatusOr<CudaKvCache> kv =
+      CudaKvCache::Create({c.num_hidden_layers, options_.block_size, K}, options_.num_kv_blocks,
+                          options_.gpu_memory_fraction, m.stream.get());
   if (!kv.ok()) {
     return absl::Status(kv.status().code(), absl::StrCat(kv.status().message(), " (after ",
-                                                         weight_bytes_ >> 20,
-                                                         " MiB of weights)"));
+                                                         weight_bytes_ >> 20, " MiB of weights)"));
   }
   m.kv = std::make_unique<CudaKvCache>(std::move(*kv));
   num_kv_blocks_ = m.kv->num_blocks();
@@ -360,10 +358,9 @@ absl::Status CudaModelRunner::Execute(const ForwardBatch& batch, int64_t* num_lo
     }
   }
   const int64_t vocab_start = m.plan.vocab.start;
-  absl::StatusOr<bool> tree =
-      m.batch->Stage(batch, graph_ok ? bucket_seqs : n, graph_ok ? bucket_seqs : s,
-                     graph_ok ? ctx_bucket : max_seq_len, options_.block_size, vocab_start,
-                     m.stream.get());
+  absl::StatusOr<bool> tree = m.batch->Stage(
+      batch, graph_ok ? bucket_seqs : n, graph_ok ? bucket_seqs : s,
+      graph_ok ? ctx_bucket : max_seq_len, options_.block_size, vocab_start, m.stream.get());
   if (!tree.ok()) return tree.status();
   // A branching chunk has at least two tokens, so a tree step is never a
   // decode step and never reaches a graph.
@@ -423,8 +420,8 @@ absl::StatusOr<double> CudaModelRunner::ReplayLastDecodeGraphMs(int replays, int
   for (int i = 0; i < replays; ++i) {
     RETURN_IF_ERROR(it->second->graph.Launch(st));
     if (argmax_rows > 0) {
-      RETURN_IF_ERROR(
-          kcu::ArgmaxRows(m.act.logits.as<float>(), argmax_rows, m.vocab(), m.argmax.as<int32_t>(), st));
+      RETURN_IF_ERROR(kcu::ArgmaxRows(m.act.logits.as<float>(), argmax_rows, m.vocab(),
+                                      m.argmax.as<int32_t>(), st));
     }
   }
   RETURN_IF_ERROR(stop->Record(st));

@@ -91,13 +91,6 @@ struct CudaRunnerOptions {
   // (kernels/cuda/gemm.h GemmTuningTable; set by the tensor-parallel
   // runner), so every rank runs the same GEMM kernels.
   std::shared_ptr<kernels::cuda::GemmTuningTable> gemm_tuning;
-  // One-token decode steps run the qkv, o_proj and gate/up projections,
-  // whose input the kernel just before them writes (the RMSNorm or the
-  // all-reduce + RMSNorm, attention), on the staged GEMV where the device
-  // has it and the shape takes it (kernels/cuda/gemm.h
-  // GemmContext::StagedTakes: its weight copies overlap that kernel). Off:
-  // the tiled GEMV or cuBLASLt (benchmarks compare the two).
-  bool staged_gemv = true;
   // Prefill attention, as the registry chose it (kernels/cuda_backend.h):
   // "cuda" = the portable kernel; "cuda-sm90a" = the wgmma kernel
   // (kernels/cuda/prefill_attention_sm90.h) for the shapes it supports
