@@ -42,9 +42,9 @@ ABSL_FLAG(std::string, worker_flags, "--max_num_seqs=1024 --kv_cache_blocks=2000
           "at once even where prefix-aware routing sends most of the (identical) prompts to one "
           "worker, so time to first token is not a wait for a batch slot or for KV blocks");
 ABSL_FLAG(int, router_http_threads, 4,
-          "The router's --http_threads. When the machine is saturated, the kernel shares the "
-          "cores per runnable thread, and gRPC's server runs on more threads than the HTTP "
-          "loop's default 2; 4 gives the two paths a like share of the 2-core dev VM");
+          "The router's --http_threads (its default, 4). When the machine is saturated, the "
+          "kernel shares the cores per runnable thread, and gRPC's server runs on more threads "
+          "than 2; with 4 the two paths get a like share of the 2-core dev VM");
 ABSL_FLAG(int, rounds, 3, "Rounds of both paths (their order alternates)");
 ABSL_FLAG(std::string, out, "", "Write the JSON result here (and print it)");
 
