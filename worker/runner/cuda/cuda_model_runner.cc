@@ -1,8 +1,6 @@
 #include "worker/runner/cuda/cuda_model_runner.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
@@ -10,13 +8,10 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/device_query.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/logits.h"
 #include "kernels/cuda/nccl_group.h"
 #include "kernels/cuda/p2p_all_reduce.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/prefill_attention_sm90.h"
-#include "kernels/cuda/sampling.h"
-#include "kernels/cuda/top_one.h"
 #include "kernels/cuda_backend.h"
 #include "worker/runner/cuda/cuda_kv_cache.h"
 #include "worker/runner/cuda/rank_reduce.h"
@@ -29,32 +24,7 @@ namespace kcu = ::tessera::kernels::cuda;
 using kcu::Bf16;
 using kcu::DeviceBuffer;
 
-// Smallest power of two >= n (n >= 1).
-int64_t RoundUpPow2(int64_t n) {
-  int64_t p = 1;
-  while (p < n) p <<= 1;
-  return p;
-}
-
-// Grows `buffer` to at least `bytes`: scratch that only some steps need
-// (sampling), allocated when the first such step comes. The old buffer goes
-// only once `stream` has finished with it.
-absl::Status GrowScratch(DeviceBuffer* buffer, size_t bytes, std::string_view what,
-                         kcu::CudaStream stream) {
-  if (buffer->size() >= bytes) return absl::OkStatus();
-  RETURN_IF_ERROR(kcu::Synchronize(stream));
-  *buffer = DeviceBuffer();
-  absl::StatusOr<DeviceBuffer> b = AllocateDevice(bytes, what);
-  if (!b.ok()) return b.status();
-  *buffer = std::move(*b);
-  return absl::OkStatus();
-}
-
 }  // namespace
-
-struct CudaModelRunner::Graph {
-  kcu::CudaGraph graph;
-};
 
 struct CudaModelRunner::Impl {
   int ordinal = 0;
@@ -68,13 +38,6 @@ struct CudaModelRunner::Impl {
   std::unique_ptr<CudaKvCache> kv;
   std::unique_ptr<StagedBatch> batch;
   CudaActivations act;
-  // Device sampling and argmax.
-  DeviceBuffer argmax, top_values, top_workspace;
-  DeviceBuffer sampling_params;   // kcu::RowSamplingParams per logits row
-  DeviceBuffer sample_workspace;  // kcu::SampleRows' weights (first sampled step)
-  // Every rank's logits slice side by side, [rows, vocab] (SampleSlices;
-  // the first sampled step of a tensor-parallel group, grown as needed).
-  DeviceBuffer gathered_logits;
   int64_t max_logits_rows = 0;
 
   int64_t heads() const { return plan.q_heads.size; }
@@ -87,7 +50,7 @@ CudaModelRunner::CudaModelRunner(model::ModelConfig config, CudaRunnerOptions op
 
 CudaModelRunner::~CudaModelRunner() {
   if (impl_) (void)kcu::SetDevice(impl_->ordinal);
-  graphs_.clear();
+  graphs_.Clear();
 }
 
 absl::Status CudaModelRunner::Init(const kernels::DeviceDescription& device) {
@@ -170,6 +133,27 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
 absl::Status CudaModelRunner::AllocateCacheAndWorkspace() {
   Impl& m = *impl_;
   const model::ModelConfig& c = config_;
+  RETURN_IF_ERROR(AllocateActivations());
+  const int64_t K = m.kv_heads() * c.head_dim;
+  absl::StatusOr<CudaKvCache> kv =
+      CudaKvCache::Create({c.num_hidden_layers, options_.block_size, K}, options_.num_kv_blocks,
+                          options_.gpu_memory_fraction, m.stream.get());
+  if (!kv.ok()) {
+    return absl::Status(kv.status().code(), absl::StrCat(kv.status().message(), " (after ",
+                                                         weight_bytes_ >> 20, " MiB of weights)"));
+  }
+  m.kv = std::make_unique<CudaKvCache>(std::move(*kv));
+  num_kv_blocks_ = m.kv->num_blocks();
+  LogInfo("cuda runner ready", {{"weights_mib", weight_bytes_ >> 20},
+                                {"kv_blocks", num_kv_blocks_},
+                                {"kv_cache_mib", m.kv->bytes() >> 20},
+                                {"block_size", options_.block_size}});
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::AllocateActivations() {
+  Impl& m = *impl_;
+  const model::ModelConfig& c = config_;
   const int64_t T = options_.max_num_tokens, S = options_.max_num_seqs;
   const int64_t H = c.hidden_size, Q = m.heads() * c.head_dim, K = m.kv_heads() * c.head_dim,
                 I = m.plan.intermediate.size, V = m.vocab();
@@ -186,11 +170,6 @@ absl::Status CudaModelRunner::AllocateCacheAndWorkspace() {
     size_t bytes;
     const char* what;
   };
-  // Decode workspace for the largest graph bucket at a moderate context;
-  // Execute() grows it (dropping captured graphs) when a step needs more.
-  const size_t attn_ws = kcu::PagedAttentionDecodeWorkspaceBytes(
-      static_cast<int>(S), static_cast<int>(m.heads()), static_cast<int>(c.head_dim),
-      static_cast<int>(std::min<int64_t>(c.max_position_embeddings, 8192)));
   CudaActivations& a = m.act;
   const Want wants[] = {
       {&a.residual, T * H * sizeof(float), "residual"},
@@ -202,30 +181,18 @@ absl::Status CudaModelRunner::AllocateCacheAndWorkspace() {
       {&a.act, T * I * sizeof(Bf16), "mlp activations"},
       {&a.rows, m.max_logits_rows * H * sizeof(Bf16), "logits rows"},
       {&a.logits, m.max_logits_rows * V * sizeof(float), "logits"},
-      {&m.argmax, m.max_logits_rows * sizeof(int32_t), "argmax"},
-      {&m.top_values, m.max_logits_rows * sizeof(float), "argmax values"},
-      {&m.top_workspace, kcu::TopOneWorkspaceBytes(m.max_logits_rows), "argmax workspace"},
-      {&m.sampling_params, m.max_logits_rows * sizeof(kcu::RowSamplingParams), "sampling params"},
-      {&a.attn_workspace, std::max<size_t>(attn_ws, 256), "attention workspace"},
   };
   for (const Want& want : wants) {
-    absl::StatusOr<DeviceBuffer> b = AllocateDevice(want.bytes, want.what);
-    if (!b.ok()) return b.status();
-    *want.buf = std::move(*b);
+    ASSIGN_OR_RETURN(*want.buf, AllocateDevice(want.bytes, want.what));
   }
-  absl::StatusOr<CudaKvCache> kv =
-      CudaKvCache::Create({c.num_hidden_layers, options_.block_size, K}, options_.num_kv_blocks,
-                          options_.gpu_memory_fraction, m.stream.get());
-  if (!kv.ok()) {
-    return absl::Status(kv.status().code(), absl::StrCat(kv.status().message(), " (after ",
-                                                         weight_bytes_ >> 20, " MiB of weights)"));
-  }
-  m.kv = std::make_unique<CudaKvCache>(std::move(*kv));
-  num_kv_blocks_ = m.kv->num_blocks();
-  LogInfo("cuda runner ready", {{"weights_mib", weight_bytes_ >> 20},
-                                {"kv_blocks", num_kv_blocks_},
-                                {"kv_cache_mib", m.kv->bytes() >> 20},
-                                {"block_size", options_.block_size}});
+  RETURN_IF_ERROR(sampler_.Allocate(m.max_logits_rows));
+  // Decode workspace for the largest graph bucket at a moderate context;
+  // EnsureDecodeWorkspace grows it when a step needs more.
+  const size_t attn_ws = kcu::PagedAttentionDecodeWorkspaceBytes(
+      static_cast<int>(S), static_cast<int>(m.heads()), static_cast<int>(c.head_dim),
+      static_cast<int>(std::min<int64_t>(c.max_position_embeddings, 8192)));
+  ASSIGN_OR_RETURN(a.attn_workspace,
+                   AllocateDevice(std::max<size_t>(attn_ws, 256), "attention workspace"));
   return absl::OkStatus();
 }
 
@@ -315,95 +282,75 @@ absl::Status CudaModelRunner::RunModel(const StepPlan& plan) {
 
 absl::Status CudaModelRunner::Execute(const ForwardBatch& batch, int64_t* num_logits) {
   RETURN_IF_ERROR(ValidateBatch(batch));
-  Impl& m = *impl_;
-  RETURN_IF_ERROR(kcu::SetDevice(m.ordinal));
-  const int s = batch.num_seqs();
-  const int64_t n = batch.num_tokens();
-  int max_seq_len = 0, max_query_len = 0;
-  for (int i = 0; i < s; ++i) {
-    max_seq_len = std::max(max_seq_len, batch.seq_lens[i]);
-    max_query_len =
-        std::max(max_query_len, batch.query_start_loc[i + 1] - batch.query_start_loc[i]);
+  RETURN_IF_ERROR(kcu::SetDevice(impl_->ordinal));
+  StepShape shape;
+  shape.seqs = batch.num_seqs();
+  shape.tokens = batch.num_tokens();
+  shape.logits_rows = static_cast<int64_t>(batch.logits_indices.size());
+  for (int i = 0; i < shape.seqs; ++i) {
+    shape.max_seq_len = std::max(shape.max_seq_len, batch.seq_lens[i]);
+    shape.max_query_len =
+        std::max(shape.max_query_len, batch.query_start_loc[i + 1] - batch.query_start_loc[i]);
   }
-  const bool decode = max_query_len == 1;
-  const int64_t r = static_cast<int64_t>(batch.logits_indices.size());
-  if (r > m.max_logits_rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(r, " logits rows exceed the runner's ", m.max_logits_rows));
+  if (shape.logits_rows > impl_->max_logits_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        shape.logits_rows, " logits rows exceed the runner's ", impl_->max_logits_rows));
   }
-  *num_logits = r;
-
+  // Padded rows follow in a graph step; callers read the first logits_rows.
+  *num_logits = shape.logits_rows;
   // Graph path: a decode step whose every sequence wants its logits.
-  const bool graph_ok = decode && options_.cuda_graphs && s <= options_.max_graph_batch && r == s;
-  const int bucket_seqs =
-      graph_ok ? static_cast<int>(std::min<int64_t>(RoundUpPow2(s), options_.max_num_seqs)) : s;
-  const int ctx_bucket =
-      graph_ok
-          ? static_cast<int>(std::min<int64_t>(std::max<int64_t>(256, RoundUpPow2(max_seq_len)),
-                                               config_.max_position_embeddings))
-          : max_seq_len;
-  const int ws_seqs = graph_ok ? bucket_seqs : s;
-  const int ws_ctx = graph_ok ? ctx_bucket : max_seq_len;
-  if (decode) {
-    const size_t need = kcu::PagedAttentionDecodeWorkspaceBytes(
-        ws_seqs, static_cast<int>(m.heads()), static_cast<int>(config_.head_dim), ws_ctx);
-    if (need > m.act.attn_workspace.size()) {
-      // Captured graphs hold the old pointer.
-      RETURN_IF_ERROR(kcu::Synchronize(m.stream.get()));
-      graphs_.clear();
-      m.act.attn_workspace = DeviceBuffer();
-      absl::StatusOr<DeviceBuffer> ws = AllocateDevice(need, "attention workspace");
-      if (!ws.ok()) return ws.status();
-      m.act.attn_workspace = std::move(*ws);
-    }
-  }
-  const int64_t vocab_start = m.plan.vocab.start;
-  absl::StatusOr<bool> tree = m.batch->Stage(
-      batch, graph_ok ? bucket_seqs : n, graph_ok ? bucket_seqs : s,
-      graph_ok ? ctx_bucket : max_seq_len, options_.block_size, vocab_start, m.stream.get());
+  const bool graph = shape.decode() && options_.cuda_graphs &&
+                     shape.seqs <= options_.max_graph_batch && shape.logits_rows == shape.seqs;
+  return graph ? RunDecodeGraph(batch, shape) : RunEager(batch, shape);
+}
+
+absl::Status CudaModelRunner::RunEager(const ForwardBatch& batch, const StepShape& shape) {
+  Impl& m = *impl_;
+  if (shape.decode()) RETURN_IF_ERROR(EnsureDecodeWorkspace(shape.seqs, shape.max_seq_len));
+  absl::StatusOr<bool> tree =
+      m.batch->Stage(batch, shape.tokens, shape.seqs, shape.max_seq_len, options_.block_size,
+                     m.plan.vocab.start, m.stream.get());
   if (!tree.ok()) return tree.status();
   // A branching chunk has at least two tokens, so a tree step is never a
-  // decode step and never reaches a graph.
-  if (*tree && decode) return absl::InternalError("a branching chunk in a decode step");
-  if (!graph_ok) {
-    return RunModel(PlanStep(n, s, r, decode, max_seq_len, max_query_len, *tree));
-  }
+  // decode step.
+  if (*tree && shape.decode()) return absl::InternalError("a branching chunk in a decode step");
+  return RunModel(PlanStep(shape.tokens, shape.seqs, shape.logits_rows, shape.decode(),
+                           shape.max_seq_len, shape.max_query_len, *tree));
+}
 
-  *num_logits = s;  // padded rows follow; callers read the first s
-  const std::pair<int, int> key{bucket_seqs, ctx_bucket};
-  const StepPlan graph_plan =
-      PlanStep(bucket_seqs, bucket_seqs, bucket_seqs, true, ctx_bucket, 1, /*tree=*/false);
-  auto it = graphs_.find(key);
-  if (it == graphs_.end()) {
-    if (options_.gemm_autotune && tuned_buckets_.insert(bucket_seqs).second) {
-      // Tunes the step's cuBLASLt shapes, which capture cannot time. The
-      // step is idempotent: the graph recomputes the same values. The
-      // shapes depend on the batch bucket only, so one run per bucket.
-      m.gemm->SetAutotune(bucket_seqs);
-      ++autotune_runs_;
-      absl::Status tuned = RunModel(graph_plan);
-      m.gemm->SetAutotune(0);
-      if (!tuned.ok()) {
-        tuned_buckets_.erase(bucket_seqs);
-        return tuned;
-      }
-    }
-    auto g = std::make_unique<Graph>();
-    RETURN_IF_ERROR(g->graph.BeginCapture(m.stream.get()));
-    absl::Status run = RunModel(graph_plan);
-    absl::Status end = g->graph.EndCapture();
-    if (!run.ok()) return run;
-    if (!end.ok()) return end;
-    it = graphs_.emplace(key, std::move(g)).first;
-  }
-  last_graph_ = key;
-  return it->second->graph.Launch(m.stream.get());
+absl::Status CudaModelRunner::RunDecodeGraph(const ForwardBatch& batch, const StepShape& shape) {
+  Impl& m = *impl_;
+  const DecodeBucket bucket = DecodeBucketFor(shape.seqs, shape.max_seq_len, options_.max_num_seqs,
+                                              config_.max_position_embeddings);
+  RETURN_IF_ERROR(EnsureDecodeWorkspace(bucket.seqs, bucket.context));
+  absl::StatusOr<bool> tree =
+      m.batch->Stage(batch, bucket.seqs, bucket.seqs, bucket.context, options_.block_size,
+                     m.plan.vocab.start, m.stream.get());
+  if (!tree.ok()) return tree.status();
+  if (*tree) return absl::InternalError("a branching chunk in a decode step");
+  const StepPlan plan =
+      PlanStep(bucket.seqs, bucket.seqs, bucket.seqs, true, bucket.context, 1, /*tree=*/false);
+  return graphs_.Launch(bucket, options_.gemm_autotune ? m.gemm.get() : nullptr, m.stream.get(),
+                        [&] { return RunModel(plan); });
+}
+
+absl::Status CudaModelRunner::EnsureDecodeWorkspace(int seqs, int context) {
+  Impl& m = *impl_;
+  const size_t need = kcu::PagedAttentionDecodeWorkspaceBytes(
+      seqs, static_cast<int>(m.heads()), static_cast<int>(config_.head_dim), context);
+  if (need <= m.act.attn_workspace.size()) return absl::OkStatus();
+  // Captured graphs hold the old pointer.
+  RETURN_IF_ERROR(kcu::Synchronize(m.stream.get()));
+  graphs_.Clear();
+  m.act.attn_workspace = DeviceBuffer();
+  ASSIGN_OR_RETURN(m.act.attn_workspace, AllocateDevice(need, "attention workspace"));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<double> CudaModelRunner::ReplayLastDecodeGraphMs(int replays, int64_t argmax_rows) {
   Impl& m = *impl_;
-  auto it = graphs_.find(last_graph_);
-  if (it == graphs_.end()) {
+  kcu::CudaGraph* graph = graphs_.last();
+  if (graph == nullptr) {
     return absl::FailedPreconditionError("no decode step has run as a CUDA graph yet");
   }
   if (replays < 1 || argmax_rows < 0 || argmax_rows > m.max_logits_rows) {
@@ -418,10 +365,9 @@ absl::StatusOr<double> CudaModelRunner::ReplayLastDecodeGraphMs(int replays, int
   RETURN_IF_ERROR(kcu::Synchronize(st));
   RETURN_IF_ERROR(start->Record(st));
   for (int i = 0; i < replays; ++i) {
-    RETURN_IF_ERROR(it->second->graph.Launch(st));
+    RETURN_IF_ERROR(graph->Launch(st));
     if (argmax_rows > 0) {
-      RETURN_IF_ERROR(kcu::ArgmaxRows(m.act.logits.as<float>(), argmax_rows, m.vocab(),
-                                      m.argmax.as<int32_t>(), st));
+      RETURN_IF_ERROR(sampler_.QueueArgmax(m.act.logits.as<float>(), argmax_rows, m.vocab(), st));
     }
   }
   RETURN_IF_ERROR(stop->Record(st));
@@ -431,6 +377,8 @@ absl::StatusOr<double> CudaModelRunner::ReplayLastDecodeGraphMs(int replays, int
   return static_cast<double>(*ms) / replays;
 }
 
+kcu::CudaStream CudaModelRunner::stream() const { return impl_->stream.get(); }
+
 absl::Status CudaModelRunner::Synchronize() {
   RETURN_IF_ERROR(kcu::SetDevice(impl_->ordinal));
   return kcu::Synchronize(impl_->stream.get());
@@ -439,9 +387,8 @@ absl::Status CudaModelRunner::Synchronize() {
 absl::Status CudaModelRunner::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
   int64_t rows = 0;
   RETURN_IF_ERROR(Execute(batch, &rows));
-  const int64_t r = static_cast<int64_t>(batch.logits_indices.size());
-  logits->resize(static_cast<size_t>(r * impl_->vocab()));
-  if (r > 0) {
+  logits->resize(static_cast<size_t>(rows * impl_->vocab()));
+  if (rows > 0) {
     RETURN_IF_ERROR(kcu::CopyToHost(logits->data(), impl_->act.logits.data(),
                                     logits->size() * sizeof(float), impl_->stream.get()));
   }
@@ -455,14 +402,8 @@ absl::Status CudaModelRunner::ForwardGreedy(const ForwardBatch& batch,
   }
   int64_t rows = 0;
   RETURN_IF_ERROR(Execute(batch, &rows));
-  const int64_t r = static_cast<int64_t>(batch.logits_indices.size());
-  tokens->resize(static_cast<size_t>(r));
-  if (r > 0) {
-    RETURN_IF_ERROR(kcu::ArgmaxRows(impl_->act.logits.as<float>(), r, config_.vocab_size,
-                                    impl_->argmax.as<int32_t>(), impl_->stream.get()));
-    RETURN_IF_ERROR(kcu::CopyToHost(tokens->data(), impl_->argmax.data(), r * sizeof(int32_t),
-                                    impl_->stream.get()));
-  }
+  RETURN_IF_ERROR(sampler_.Greedy(impl_->act.logits.as<float>(), rows, config_.vocab_size, tokens,
+                                  impl_->stream.get()));
   return kcu::Synchronize(impl_->stream.get());
 }
 
@@ -471,18 +412,8 @@ absl::Status CudaModelRunner::ForwardTopOne(const ForwardBatch& batch, std::vect
   int64_t rows = 0;
   RETURN_IF_ERROR(Execute(batch, &rows));
   Impl& m = *impl_;
-  const int64_t r = static_cast<int64_t>(batch.logits_indices.size());
-  ids->resize(static_cast<size_t>(r));
-  values->resize(static_cast<size_t>(r));
-  if (r > 0) {
-    RETURN_IF_ERROR(kcu::TopOneRows(
-        m.act.logits.as<float>(), r, m.vocab(), m.plan.vocab.start, m.argmax.as<int32_t>(),
-        m.top_values.as<float>(), m.top_workspace.data(), m.top_workspace.size(), m.stream.get()));
-    RETURN_IF_ERROR(
-        kcu::CopyToHost(ids->data(), m.argmax.data(), r * sizeof(int32_t), m.stream.get()));
-    RETURN_IF_ERROR(
-        kcu::CopyToHost(values->data(), m.top_values.data(), r * sizeof(float), m.stream.get()));
-  }
+  RETURN_IF_ERROR(sampler_.TopOne(m.act.logits.as<float>(), rows, m.vocab(), m.plan.vocab.start,
+                                  ids, values, m.stream.get()));
   return kcu::Synchronize(m.stream.get());
 }
 
@@ -507,37 +438,8 @@ absl::Status CudaModelRunner::ForwardSample(const ForwardBatch& batch,
   }
   int64_t computed = 0;
   RETURN_IF_ERROR(Execute(batch, &computed));
-  return SampleOnDevice(impl_->act.logits.as<float>(), r, impl_->vocab(), rows, tokens);
-}
-
-absl::Status CudaModelRunner::SampleOnDevice(const float* logits, int64_t r, int64_t vocab,
-                                             absl::Span<const DeviceSamplingRow> rows,
-                                             std::vector<int32_t>* tokens) {
-  Impl& m = *impl_;
-  tokens->resize(static_cast<size_t>(r));
-  if (r > 0) {
-    std::vector<kcu::RowSamplingParams> params(static_cast<size_t>(r));
-    for (int64_t i = 0; i < r; ++i) {
-      params[i].temperature = rows[i].temperature;
-      params[i].top_k = rows[i].top_k;
-      params[i].top_p = rows[i].top_p;
-      params[i].min_p = rows[i].min_p;
-      params[i].seed = rows[i].seed;
-      params[i].position = rows[i].position;
-    }
-    kcu::CudaStream st = m.stream.get();
-    RETURN_IF_ERROR(kcu::CopyToDevice(m.sampling_params.data(), params.data(),
-                                      params.size() * sizeof(kcu::RowSamplingParams), st));
-    // The sampler's weights: allocated on the first sampled step, grown to
-    // the largest number of rows seen (greedy-only serving never needs it).
-    RETURN_IF_ERROR(GrowScratch(&m.sample_workspace, kcu::SampleRowsWorkspaceBytes(r, vocab),
-                                "sampling workspace", st));
-    RETURN_IF_ERROR(kcu::SampleRows(
-        logits, r, vocab, m.sampling_params.as<kcu::RowSamplingParams>(), m.argmax.as<int32_t>(),
-        m.sample_workspace.data(), m.sample_workspace.size(), st));
-    RETURN_IF_ERROR(kcu::CopyToHost(tokens->data(), m.argmax.data(), r * sizeof(int32_t), st));
-  }
-  return kcu::Synchronize(m.stream.get());
+  return sampler_.Sample(impl_->act.logits.as<float>(), r, impl_->vocab(), rows, tokens,
+                         impl_->stream.get());
 }
 
 absl::Status CudaModelRunner::ForwardToDevice(const ForwardBatch& batch) {
@@ -554,47 +456,9 @@ CudaModelRunner::LogitsSlice CudaModelRunner::device_logits() const {
 absl::Status CudaModelRunner::SampleSlices(absl::Span<const LogitsSlice> slices, int64_t r,
                                            absl::Span<const DeviceSamplingRow> rows,
                                            std::vector<int32_t>* tokens) {
-  const int64_t vocab = config_.vocab_size;
-  if (static_cast<int64_t>(rows.size()) != r || r < 0 || r > impl_->max_logits_rows) {
-    return absl::InvalidArgumentError(absl::StrCat(rows.size(), " sampling rows for ", r,
-                                                   " logits rows (at most ", impl_->max_logits_rows,
-                                                   ")"));
-  }
-  int64_t next = 0;  // the slices must tile [0, vocab) in order
-  for (const LogitsSlice& sl : slices) {
-    if (sl.data == nullptr || sl.start != next || sl.cols <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("SampleSlices: slice at column ", sl.start, " of ", sl.cols,
-                       " does not continue the vocabulary at ", next));
-    }
-    next += sl.cols;
-  }
-  if (next != vocab) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SampleSlices: the slices cover ", next, " of ", vocab, " columns"));
-  }
-  Impl& m = *impl_;
-  RETURN_IF_ERROR(kcu::SetDevice(m.ordinal));
-  // One slice on this device (a one-rank group) is already the whole row
-  // block: sample it where it is.
-  if (slices.size() == 1 && slices[0].ordinal == m.ordinal) {
-    return SampleOnDevice(slices[0].data, r, vocab, rows, tokens);
-  }
-  kcu::CudaStream st = m.stream.get();
-  RETURN_IF_ERROR(GrowScratch(&m.gathered_logits, static_cast<size_t>(r * vocab) * sizeof(float),
-                              "gathered logits", st));
-  float* full = m.gathered_logits.as<float>();
-  for (const LogitsSlice& sl : slices) {
-    // A peer's rows are copied once its step has written them; this
-    // device's own are ordered by the stream already.
-    if (r > 0 && sl.ready != nullptr && sl.ordinal != m.ordinal) {
-      RETURN_IF_ERROR(sl.ready->WaitOn(st));
-    }
-    RETURN_IF_ERROR(kcu::CopyRowsBetweenDevices(
-        full + sl.start, m.ordinal, vocab * sizeof(float), sl.data, sl.ordinal,
-        sl.cols * sizeof(float), sl.cols * sizeof(float), static_cast<size_t>(r), st));
-  }
-  return SampleOnDevice(full, r, vocab, rows, tokens);
+  RETURN_IF_ERROR(kcu::SetDevice(impl_->ordinal));
+  return sampler_.SampleSlices(slices, r, config_.vocab_size, impl_->ordinal, rows, tokens,
+                               impl_->stream.get());
 }
 
 }  // namespace tessera::runner

@@ -6,12 +6,11 @@
 // staged by staged_batch.h and the paged KV cache of cuda_kv_cache.h; a
 // StepPlan decided once per step picks the fused paths.
 //
-// Decode steps (every sequence one token) run as CUDA graphs captured per
-// (batch-size bucket, context-length bucket): inputs are copied into
-// fixed buffers, padded rows write no KV (slot -1) and are ignored. A
-// token-tree batch whose chunks are all single tokens is such a step (one
-// token attends to its context and itself either way); a branching chunk
-// has more than one token, so tree masks never enter a graph.
+// Decode steps (every sequence one token) run as CUDA graphs
+// (decode_graphs.h). A token-tree batch whose chunks are all single tokens
+// is such a step (one token attends to its context and itself either way);
+// a branching chunk has more than one token, so tree masks never enter a
+// graph. Greedy and sampled tokens are drawn on the GPU (device_sampling.h).
 //
 // With a shard (CudaRunnerOptions::shard) the runner is one tensor-parallel
 // rank (Megatron-style, as worker/parallel/README.md describes for CPU
@@ -27,14 +26,10 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <set>
-#include <string>
-#include <utility>
-#include <vector>
-
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/device.h"
@@ -42,10 +37,15 @@
 #include "worker/parallel/shard_plan.h"
 #include "worker/runner/cuda/cuda_forward.h"
 #include "worker/runner/cuda/cuda_weights.h"
+#include "worker/runner/cuda/decode_graphs.h"
+#include "worker/runner/cuda/device_sampling.h"
 #include "worker/runner/model_runner.h"
 
+namespace tessera::bench {
+class CudaRunnerBenchPeer;
+}  // namespace tessera::bench
+
 namespace tessera::kernels::cuda {
-class Event;
 class GemmTuningTable;
 class NcclGroup;
 class P2pAllReduce;
@@ -150,13 +150,7 @@ class CudaModelRunner final : public ModelRunner {
   // slice has returned (each synchronizes its own stream, which waited for
   // `ready`).
   absl::Status ForwardToDevice(const ForwardBatch& batch);
-  struct LogitsSlice {
-    const float* data = nullptr;  // [rows, cols] fp32
-    int64_t start = 0;            // first vocabulary column
-    int64_t cols = 0;
-    int ordinal = 0;                              // the device holding it
-    const kernels::cuda::Event* ready = nullptr;  // recorded after the rows (null: already)
-  };
+  using LogitsSlice = runner::LogitsSlice;
   LogitsSlice device_logits() const;
   // On this runner's device: puts the `r` rows of every slice (in
   // vocabulary order, together the whole vocabulary; peers' slices copied
@@ -173,9 +167,9 @@ class CudaModelRunner final : public ModelRunner {
   // Bytes of weights on the device.
   int64_t weight_bytes() const { return weight_bytes_; }
   // Decode graphs captured so far.
-  int graphs_captured() const { return static_cast<int>(graphs_.size()); }
+  int graphs_captured() const { return graphs_.size(); }
   // Eager GEMM-autotuning steps run so far (one per batch bucket).
-  int autotune_runs() const { return autotune_runs_; }
+  int autotune_runs() const { return graphs_.autotune_runs(); }
 
   // Benchmarks: replays the decode graph of the last graph-run step
   // `replays` times back to back (each followed by an argmax over
@@ -184,15 +178,27 @@ class CudaModelRunner final : public ModelRunner {
   // time without the host's work. The replays rewrite the same KV slots
   // with the same values. FAILED_PRECONDITION when no step ran as a graph.
   absl::StatusOr<double> ReplayLastDecodeGraphMs(int replays, int64_t argmax_rows);
+
   // Waits until the work this runner queued on its GPU has ended.
   absl::Status Synchronize();
 
  private:
+  // Times the decode graphs' replays (tests/bench/cuda_runner_bench_peer.h).
+  friend class bench::CudaRunnerBenchPeer;
   struct Impl;
-  struct Graph;
+  // A step's sizes, read from its batch once.
+  struct StepShape {
+    int seqs = 0;
+    int64_t tokens = 0;
+    int64_t logits_rows = 0;
+    int max_seq_len = 0;
+    int max_query_len = 0;
+    bool decode() const { return max_query_len == 1; }
+  };
   CudaModelRunner(model::ModelConfig config, CudaRunnerOptions options);
   absl::Status Init(const kernels::DeviceDescription& device);
   absl::Status AllocateCacheAndWorkspace();
+  absl::Status AllocateActivations();
   absl::Status ValidateBatch(const ForwardBatch& batch) const;
   // Which kernels a step of this shape runs.
   StepPlan PlanStep(int64_t tokens, int seqs, int64_t logits_rows, bool decode, int max_seq_len,
@@ -202,21 +208,21 @@ class CudaModelRunner final : public ModelRunner {
   absl::Status RunModel(const StepPlan& plan);
   // Stages the batch and runs it, eagerly or as a decode graph.
   absl::Status Execute(const ForwardBatch& batch, int64_t* num_logits);
-  // Draws one token per row of the [r, vocab] device logits into *tokens
-  // (the sampler's parameters and workspace are this runner's).
-  absl::Status SampleOnDevice(const float* logits, int64_t r, int64_t vocab,
-                              absl::Span<const DeviceSamplingRow> rows,
-                              std::vector<int32_t>* tokens);
+  absl::Status RunEager(const ForwardBatch& batch, const StepShape& shape);
+  absl::Status RunDecodeGraph(const ForwardBatch& batch, const StepShape& shape);
+  // Grows the decode attention workspace for `seqs` sequences of up to
+  // `context` tokens, dropping the captured graphs (they hold the old one).
+  absl::Status EnsureDecodeWorkspace(int seqs, int context);
+  // The stream every step of this runner is queued on.
+  kernels::cuda::CudaStream stream() const;
 
   model::ModelConfig config_;
   CudaRunnerOptions options_;
   int64_t num_kv_blocks_ = 0;
   int64_t weight_bytes_ = 0;
   std::unique_ptr<Impl> impl_;
-  std::map<std::pair<int, int>, std::unique_ptr<Graph>> graphs_;  // (batch, context) buckets
-  std::pair<int, int> last_graph_{-1, -1};                        // key of the last launch
-  std::set<int> tuned_buckets_;  // batch buckets whose GEMM shapes were autotuned
-  int autotune_runs_ = 0;
+  DecodeGraphs graphs_;
+  DeviceSampler sampler_;
 };
 
 }  // namespace tessera::runner
