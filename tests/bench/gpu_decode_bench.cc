@@ -36,6 +36,7 @@
 #include "kernels/cuda_devices.h"
 #include "kernels/registry.h"
 #include "nlohmann/json.hpp"
+#include "tests/bench/cuda_runner_bench_peer.h"
 #include "tests/bench/llama3_8b_config.h"
 #include "tests/bench/qwen3_8b_config.h"
 #include "tests/bench/random_cuda_weights.h"
@@ -160,7 +161,8 @@ int Run() {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double gpu_ms_per_step = -1;
     if (options.cuda_graphs) {
-      absl::StatusOr<double> gpu_ms = (*runner)->ReplayLastDecodeGraphMs(steps, batch);
+      absl::StatusOr<double> gpu_ms =
+          bench::CudaRunnerBenchPeer::ReplayLastDecodeGraphMs(**runner, steps, batch);
       if (!gpu_ms.ok()) {
         std::fprintf(stderr, "graph replay: %s\n", gpu_ms.status().ToString().c_str());
         return 1;

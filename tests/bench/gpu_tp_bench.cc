@@ -15,7 +15,6 @@
 // --preflight=1 runs it in the runner's process, as the worker did, which made
 // its decode steps 2-4% slower on the H200 (some 40 small cudaMemset calls
 // before the graphs exist do it: tests/bench/results/preflight_process_h200.json).
-// --pre and --post run the single actions of that search before and after it.
 //
 // Per TP size and batch: B prompts of --prompt_len random tokens prefilled,
 // then --decode_steps greedy steps (CUDA graphs; the ranks' argmax combined on
@@ -37,7 +36,6 @@
 // stay on the GPUs) or through Forward and the host sampler (the logits
 // copied to the host), the wall time per step.
 // Usage: gpu_tp_bench [--tp_sizes=1,2] [--batch_sizes=1,64] [--out=f.json]
-#include <cuda_runtime.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -55,20 +53,15 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/barrier.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/logits.h"
 #include "kernels/cuda/nccl_group.h"
-#include "kernels/cuda/occupy.h"
 #include "kernels/cuda/p2p_all_reduce.h"
-#include "kernels/cuda/rmsnorm.h"
-#include "kernels/cuda/sampling.h"
 #include "kernels/cuda_devices.h"
 #include "kernels/registry.h"
 #include "nlohmann/json.hpp"
+#include "tests/bench/cuda_runner_bench_peer.h"
 #include "tests/bench/kernel_trace.h"
 #include "tests/bench/llama3_8b_config.h"
 #include "tests/bench/random_cuda_weights.h"
@@ -494,7 +487,7 @@ int Run() {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double tps = batch * steps / s;
       // The same step's graph replayed back to back: the GPUs' share.
-      auto graph_ms = (*runner)->ReplayLastDecodeGraphMs(steps);
+      auto graph_ms = bench::CudaRunnerBenchPeer::ReplayLastDecodeGraphMs(**runner, steps);
       CHECK_OR_DIE(graph_ms.status());
       // Sampled decode, on the GPUs and on the host, from the same state.
       double device_sample_ms = 0, host_sample_ms = 0;

@@ -114,12 +114,6 @@ absl::Status CudaTensorParallelRunner::CopyKvSlots(absl::Span<const int64_t> fro
 }
 
 absl::Status CudaTensorParallelRunner::RunRank(int r, const runner::ForwardBatch& batch) {
-  if (replays_ > 0) {
-    absl::StatusOr<double> ms = ranks_[r]->ReplayLastDecodeGraphMs(replays_, 0);
-    if (!ms.ok()) return ms.status();
-    replay_ms_[r] = *ms;
-    return absl::OkStatus();
-  }
   if (greedy_) return ranks_[r]->ForwardTopOne(batch, &top_ids_[r], &top_values_[r]);
   if (on_device_) return ranks_[r]->ForwardToDevice(batch);
   if (sampling_) return SampleRank(r);
@@ -180,9 +174,9 @@ absl::Status CudaTensorParallelRunner::SampleRank(int r) {
   const int64_t total = static_cast<int64_t>(sample_rows_.size());
   const int64_t begin = total * r / size();
   const int64_t end = total * (r + 1) / size();
-  std::vector<runner::CudaModelRunner::LogitsSlice> slices;
+  std::vector<runner::LogitsSlice> slices;
   for (const auto& rank : ranks_) {
-    runner::CudaModelRunner::LogitsSlice sl = rank->device_logits();
+    runner::LogitsSlice sl = rank->device_logits();
     sl.data += begin * sl.cols;
     slices.push_back(sl);
   }
@@ -213,17 +207,6 @@ absl::Status CudaTensorParallelRunner::ForwardGreedy(const runner::ForwardBatch&
     }
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<double> CudaTensorParallelRunner::ReplayLastDecodeGraphMs(int replays) {
-  if (replays < 1) return absl::InvalidArgumentError("ReplayLastDecodeGraphMs: replays < 1");
-  replays_ = replays;
-  replay_ms_.assign(size(), 0.0);
-  const runner::ForwardBatch none;
-  absl::Status s = RunAll(none);
-  replays_ = 0;
-  if (!s.ok()) return s;
-  return *std::max_element(replay_ms_.begin(), replay_ms_.end());
 }
 
 absl::Status CudaTensorParallelRunner::RunAll(const runner::ForwardBatch& batch) {

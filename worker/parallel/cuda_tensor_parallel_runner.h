@@ -27,6 +27,10 @@
 #include "worker/runner/cuda/cuda_model_runner.h"
 #include "worker/runner/model_runner.h"
 
+namespace tessera::bench {
+class CudaRunnerBenchPeer;
+}  // namespace tessera::bench
+
 namespace tessera::kernels::cuda {
 class NcclGroup;
 class P2pAllReduce;
@@ -79,12 +83,6 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   int size() const { return static_cast<int>(ranks_.size()); }
   const runner::CudaModelRunner& rank(int r) const { return *ranks_[r]; }
 
-  // Benchmarks: every rank replays its last decode graph `replays` times at
-  // once (the ranks' all-reduces pair up as in a step), back to back on the
-  // GPUs with no host work in between; returns the slowest rank's ms per
-  // replay. The step time minus this is the host's share of a step.
-  absl::StatusOr<double> ReplayLastDecodeGraphMs(int replays);
-
   // FAILED_PRECONDITION once the ranks are out of step: an all-reduce gave
   // up waiting for a peer (the p2p all-reduce's bounded wait), or a step
   // failed after the ranks may have made different collective calls (with
@@ -99,6 +97,8 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   absl::Status DesyncAllReduceForTest(int rank);
 
  private:
+  // Times the ranks' decode graphs (tests/bench/cuda_runner_bench_peer.h).
+  friend class bench::CudaRunnerBenchPeer;
   CudaTensorParallelRunner() = default;
   // Runs rank `r` on the current batch and scatters its logits slice.
   absl::Status RunRank(int r, const runner::ForwardBatch& batch);
@@ -128,8 +128,6 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   std::vector<std::vector<int32_t>> sample_tokens_;  // per rank, its rows' tokens
   mutable std::mutex health_mu_;
   absl::Status broken_;                        // Health(); OK until the group falls out of step
-  int replays_ = 0;                            // ReplayLastDecodeGraphMs
-  std::vector<double> replay_ms_;              // per rank
   std::vector<std::vector<int32_t>> top_ids_;  // per rank (greedy mode)
   std::vector<std::vector<float>> top_values_;
   std::unique_ptr<LockstepRanks> lockstep_;  // last: its threads go first

@@ -347,36 +347,6 @@ absl::Status CudaModelRunner::EnsureDecodeWorkspace(int seqs, int context) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> CudaModelRunner::ReplayLastDecodeGraphMs(int replays, int64_t argmax_rows) {
-  Impl& m = *impl_;
-  kcu::CudaGraph* graph = graphs_.last();
-  if (graph == nullptr) {
-    return absl::FailedPreconditionError("no decode step has run as a CUDA graph yet");
-  }
-  if (replays < 1 || argmax_rows < 0 || argmax_rows > m.max_logits_rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ReplayLastDecodeGraphMs: replays ", replays, ", argmax rows ", argmax_rows));
-  }
-  kcu::CudaStream st = m.stream.get();
-  absl::StatusOr<kcu::Event> start = kcu::Event::Create();
-  if (!start.ok()) return start.status();
-  absl::StatusOr<kcu::Event> stop = kcu::Event::Create();
-  if (!stop.ok()) return stop.status();
-  RETURN_IF_ERROR(kcu::Synchronize(st));
-  RETURN_IF_ERROR(start->Record(st));
-  for (int i = 0; i < replays; ++i) {
-    RETURN_IF_ERROR(graph->Launch(st));
-    if (argmax_rows > 0) {
-      RETURN_IF_ERROR(sampler_.QueueArgmax(m.act.logits.as<float>(), argmax_rows, m.vocab(), st));
-    }
-  }
-  RETURN_IF_ERROR(stop->Record(st));
-  RETURN_IF_ERROR(stop->Synchronize());
-  absl::StatusOr<float> ms = kcu::Event::ElapsedMs(*start, *stop);
-  if (!ms.ok()) return ms.status();
-  return static_cast<double>(*ms) / replays;
-}
-
 kcu::CudaStream CudaModelRunner::stream() const { return impl_->stream.get(); }
 
 absl::Status CudaModelRunner::Synchronize() {

@@ -171,14 +171,6 @@ class CudaModelRunner final : public ModelRunner {
   // Eager GEMM-autotuning steps run so far (one per batch bucket).
   int autotune_runs() const { return graphs_.autotune_runs(); }
 
-  // Benchmarks: replays the decode graph of the last graph-run step
-  // `replays` times back to back (each followed by an argmax over
-  // `argmax_rows` logits rows when > 0, as ForwardGreedy does) and returns
-  // the GPU milliseconds per replay between two events: the step's device
-  // time without the host's work. The replays rewrite the same KV slots
-  // with the same values. FAILED_PRECONDITION when no step ran as a graph.
-  absl::StatusOr<double> ReplayLastDecodeGraphMs(int replays, int64_t argmax_rows);
-
   // Waits until the work this runner queued on its GPU has ended.
   absl::Status Synchronize();
 

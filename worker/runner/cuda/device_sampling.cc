@@ -52,6 +52,10 @@ absl::Status DeviceSampler::Allocate(int64_t max_rows) {
 
 absl::Status DeviceSampler::QueueArgmax(const float* logits, int64_t r, int64_t vocab,
                                         kcu::CudaStream stream) {
+  if (r < 0 || r > max_rows_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("argmax over ", r, " rows; the buffers hold ", max_rows_));
+  }
   return kcu::ArgmaxRows(logits, r, vocab, ids_.as<int32_t>(), stream);
 }
 

@@ -38,9 +38,11 @@ class DeviceSampler {
  public:
   // Buffers for up to `max_rows` logits rows.
   absl::Status Allocate(int64_t max_rows);
+  int64_t max_rows() const { return max_rows_; }
 
   // Queues the argmax of each of the `r` [vocab] rows at `logits` into the
-  // device's id buffer (ties: lowest id).
+  // device's id buffer (ties: lowest id); INVALID_ARGUMENT for more than
+  // max_rows() rows.
   absl::Status QueueArgmax(const float* logits, int64_t r, int64_t vocab,
                            kernels::cuda::CudaStream stream);
   // QueueArgmax, then the ids copied into *tokens (resized to r); the copy
