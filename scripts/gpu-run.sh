@@ -106,8 +106,7 @@ if [[ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]]; then
   step cluster_on_gpu_tp2 400 bash tests/gpu/cluster_on_gpu.sh "$BIN" cuda --tensor_parallel_size=2
 fi
 if [[ "$GPUS" -ge 2 ]]; then
-  # With the staged GEMV (the default) and without it, in one run.
-  step bench/gpu_tp 500 "$BIN/gpu_tp_bench" --staged_gemv=1,0 --out="$OUT/bench/gpu_tp.json"
+  step bench/gpu_tp 500 "$BIN/gpu_tp_bench" --out="$OUT/bench/gpu_tp.json"
   # Where the time of a TP=1 and a TP=2 step goes, kernel by kernel (CUPTI).
   step bench/gpu_tp_trace 200 "$BIN/gpu_tp_bench" --all_reduce_backends=p2p \
     --kernel_trace_steps=16 --decode_steps=16 --out="$OUT/bench/gpu_tp_trace.json"

@@ -2,7 +2,7 @@
 // Llama-3-8B shapes (whole and one rank's share at tensor-parallel size 2) at
 // m in {1..8, 64, 4096} (m <= 8 both through the GEMV
 // kernel and through cuBLASLt; m = 64 also with the algorithm tuned per
-// shape, after L2 flushes that read and after ones that write), with
+// shape, after L2 flushes that read it), with
 // achieved bandwidth as a fraction of the H200's 4.27 TB/s for m <= 8, and
 // bandwidth of rmsnorm,
 // fused-add rmsnorm, silu_mul, a sweep of forced GEMV split counts, plus

@@ -240,8 +240,7 @@ int Main(int argc, char** argv) {
     if (sm90) {
       // The portable output is in st.p.out now; run the wgmma kernel into a
       // second buffer and compare before timing it.
-      // "sm90a_*": PrefillAttentionSm90 as shipped; "sm90a_<schedule>_*"
-      // (pingpong, plain, warpspec, warpspec_pingpong): each schedule.
+      // "sm90a_*": PrefillAttentionSm90 as shipped.
       const size_t elems = size_t(len) * heads * d;
       std::vector<uint16_t> portable(elems), wgmma(elems);
       BENCH_CHECK(cudaMemcpy(portable.data(), st.p.out, elems * 2, cudaMemcpyDeviceToHost));
