@@ -149,10 +149,8 @@ if [[ "$QUICK" != "--quick" ]]; then
   # Qwen3-8B shapes: RoPE and the q/k norms inside decode attention, against
   # the Rope kernel before it (alternating, one process).
   step bench/gpu_decode_qwen3 300 "$BIN/gpu_decode_bench" --device="$DEV" --model=qwen3_8b \
-    --rope_in_attention=1,0,1,0 --batch_sizes=1,64 --decode_steps=64 --long_prefill=0 \
+    --batch_sizes=1,64 --decode_steps=64 --long_prefill=0 \
     --out="$OUT/bench/gpu_decode_qwen3.json"
-  step bench/gpu_decode_cublaslt 200 "$BIN/gpu_decode_bench" --device="$DEV" --gemv=false --batch_sizes=1,8 \
-    --out="$OUT/bench/gpu_decode_cublaslt.json"
   step bench/hf_decode_peer 400 python3 tests/gpu/hf_decode_peer.py --out="$OUT/bench/hf_decode_peer.json"
 fi
 tar -C "$OUT" -czf /tmp/gpu-results.tar.gz --exclude=gpu-results.tar.gz . && mv /tmp/gpu-results.tar.gz "$OUT/"
