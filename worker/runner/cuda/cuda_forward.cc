@@ -12,6 +12,7 @@
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/silu_mul.h"
+#include "worker/runner/cuda/cuda_moe_block.h"
 
 namespace tessera::runner {
 namespace {
@@ -50,7 +51,8 @@ absl::Status Embed(const ForwardContext& c, const StepPlan& plan) {
   const Bf16* table = c.weights->embed.as<Bf16>();
   float* residual = c.act->residual.as<float>();
   Bf16* xb = c.act->xb.as<Bf16>();
-  const float* norm = c.weights->layers.empty() ? nullptr : c.weights->layers[0].input_norm.as<float>();
+  const float* norm =
+      c.weights->layers.empty() ? nullptr : c.weights->layers[0].input_norm.as<float>();
   if (plan.p2p_embedding) {
     // Each rank looks its vocabulary slice up in bf16 (other ids: zeros);
     // the fused all-reduce + RMSNorm sets the residual to the sum: exactly
@@ -60,8 +62,7 @@ absl::Status Embed(const ForwardContext& c, const StepPlan& plan) {
     return c.reduce->SumNorm(delta, residual, T, H, norm, Eps(c), xb, c.stream);
   }
   RETURN_IF_ERROR(kcu::Embedding(table, c.vocab, H, c.batch->tokens(), T, residual, c.stream));
-  RETURN_IF_ERROR(
-      c.reduce->AllReduce(residual, T * H, kcu::NcclGroup::DType::kF32, c.stream));
+  RETURN_IF_ERROR(c.reduce->AllReduce(residual, T * H, kcu::NcclGroup::DType::kF32, c.stream));
   if (norm == nullptr) return absl::OkStatus();
   return kcu::RmsNorm(residual, T, H, norm, Eps(c), xb, c.stream);
 }
@@ -146,21 +147,27 @@ absl::Status AttentionBlock(const ForwardContext& c, const StepPlan& plan, int64
                    CudaLinear::Input::kJustWritten);
 }
 
-absl::Status MlpBlock(const ForwardContext& c, const StepPlan& plan, int64_t layer) {
-  const CudaLayerWeights& l = c.weights->layers[layer];
-  const int64_t T = plan.tokens, H = c.config->hidden_size, I = c.inter;
+absl::Status DenseMlp(const ForwardContext& c, const StepPlan& plan, const CudaLinear& gate_up,
+                      const CudaLinear& down, int64_t width, bool silu_in_gemv, Bf16* out) {
+  const int64_t T = plan.tokens, H = c.config->hidden_size;
   const Bf16* xb = c.act->xb.as<Bf16>();
   Bf16* act = c.act->act.as<Bf16>();
-  if (plan.gate_up_silu_in_gemv) {
+  if (silu_in_gemv) {
     RETURN_IF_ERROR(
-        kcu::GemvStagedGateUpSiluBf16(xb, T, H, l.gate_up.w(), I, l.gate_up.b(), act, c.stream));
+        kcu::GemvStagedGateUpSiluBf16(xb, T, H, gate_up.w(), width, gate_up.b(), act, c.stream));
   } else {
-    Bf16* gate_up = c.act->gate_up.as<Bf16>();
-    RETURN_IF_ERROR(
-        l.gate_up.Apply(*c.gemm, xb, T, gate_up, c.stream, CudaLinear::Input::kJustWritten));
-    RETURN_IF_ERROR(kcu::SiluMul(gate_up, T, I, act, c.stream, c.weights->gate_up_interleaved));
+    Bf16* gu = c.act->gate_up.as<Bf16>();
+    RETURN_IF_ERROR(gate_up.Apply(*c.gemm, xb, T, gu, c.stream, CudaLinear::Input::kJustWritten));
+    RETURN_IF_ERROR(kcu::SiluMul(gu, T, width, act, c.stream, c.weights->gate_up_interleaved));
   }
-  return l.down.Apply(*c.gemm, act, T, c.act->delta.as<Bf16>(), c.stream);
+  return down.Apply(*c.gemm, act, T, out, c.stream);
+}
+
+absl::Status MlpBlock(const ForwardContext& c, const StepPlan& plan, int64_t layer) {
+  const CudaLayerWeights& l = c.weights->layers[layer];
+  if (l.moe) return MoeBlock(c, plan, *l.moe);
+  return DenseMlp(c, plan, l.gate_up, l.down, c.inter, plan.gate_up_silu_in_gemv,
+                  c.act->delta.as<Bf16>());
 }
 
 absl::Status AddAndNorm(const ForwardContext& c, const StepPlan& plan,

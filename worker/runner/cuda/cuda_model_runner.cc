@@ -8,6 +8,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/device_query.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/nccl_group.h"
 #include "kernels/cuda/p2p_all_reduce.h"
 #include "kernels/cuda/paged_attention.h"
@@ -156,7 +157,7 @@ absl::Status CudaModelRunner::AllocateActivations() {
   const model::ModelConfig& c = config_;
   const int64_t T = options_.max_num_tokens, S = options_.max_num_seqs;
   const int64_t H = c.hidden_size, Q = m.heads() * c.head_dim, K = m.kv_heads() * c.head_dim,
-                I = m.plan.intermediate.size, V = m.vocab();
+                W = DenseMlpWidth(c, m.plan), V = m.vocab();
   // Rows that want logits: one per sequence, more with speculative tokens.
   m.max_logits_rows = std::min<int64_t>(T, std::max<int64_t>(256, 8 * S));
   absl::StatusOr<StagedBatch> batch = StagedBatch::Create(
@@ -177,14 +178,15 @@ absl::Status CudaModelRunner::AllocateActivations() {
       {&a.qkv, T * (Q + 2 * K) * sizeof(Bf16), "qkv"},
       {&a.attn, T * Q * sizeof(Bf16), "attention output"},
       {&a.delta, T * H * sizeof(Bf16), "activations"},
-      {&a.gate_up, T * 2 * I * sizeof(Bf16), "gate_up"},
-      {&a.act, T * I * sizeof(Bf16), "mlp activations"},
+      {&a.gate_up, T * 2 * W * sizeof(Bf16), "gate_up"},
+      {&a.act, T * W * sizeof(Bf16), "mlp activations"},
       {&a.rows, m.max_logits_rows * H * sizeof(Bf16), "logits rows"},
       {&a.logits, m.max_logits_rows * V * sizeof(float), "logits"},
   };
   for (const Want& want : wants) {
     ASSIGN_OR_RETURN(*want.buf, AllocateDevice(want.bytes, want.what));
   }
+  RETURN_IF_ERROR(AllocateMoeActivations());
   RETURN_IF_ERROR(sampler_.Allocate(m.max_logits_rows));
   // Decode workspace for the largest graph bucket at a moderate context;
   // EnsureDecodeWorkspace grows it when a step needs more.
@@ -193,6 +195,29 @@ absl::Status CudaModelRunner::AllocateActivations() {
       static_cast<int>(std::min<int64_t>(c.max_position_embeddings, 8192)));
   ASSIGN_OR_RETURN(a.attn_workspace,
                    AllocateDevice(std::max<size_t>(attn_ws, 256), "attention workspace"));
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::AllocateMoeActivations() {
+  Impl& m = *impl_;
+  const CudaMoeWeights* moe = nullptr;  // every sparse layer has the same shapes
+  for (const CudaLayerWeights& l : m.weights.layers) {
+    if (l.moe) moe = &*l.moe;
+  }
+  if (moe == nullptr) return absl::OkStatus();
+  const int64_t T = options_.max_num_tokens, H = config_.hidden_size;
+  const int64_t E = moe->router.out, k = moe->routing.top_k;
+  CudaActivations& a = m.act;
+  a.moe_max_tokens = T;
+  ASSIGN_OR_RETURN(a.router_logits, AllocateDevice(T * E * sizeof(float), "router logits"));
+  ASSIGN_OR_RETURN(a.moe_ids, AllocateDevice(T * k * sizeof(int32_t), "expert ids"));
+  ASSIGN_OR_RETURN(a.moe_weights, AllocateDevice(T * k * sizeof(float), "expert weights"));
+  if (moe->has_shared()) {
+    ASSIGN_OR_RETURN(a.shared_out, AllocateDevice(T * H * sizeof(Bf16), "shared experts"));
+  }
+  const size_t ws =
+      kcu::MoeExpertsWorkspaceBytes(T, static_cast<int>(k), moe->experts(H));
+  ASSIGN_OR_RETURN(a.moe_workspace, AllocateDevice(ws, "MoE experts workspace"));
   return absl::OkStatus();
 }
 
@@ -248,6 +273,9 @@ StepPlan CudaModelRunner::PlanStep(int64_t tokens, int seqs, int64_t logits_rows
       m.reduce.FusesNorm(m.act.delta.as<Bf16>(), m.act.residual.as<float>(), tokens, H,
                          m.weights.layers[0].input_norm.as<float>(), m.act.xb.as<Bf16>());
   p.gate_up_silu_in_gemv = m.weights.gate_up_interleaved && m.gemm->StagedTakes(tokens, 2 * I, H);
+  const int64_t S = m.plan.shared_intermediate.size;
+  p.shared_gate_up_silu_in_gemv =
+      S > 0 && m.weights.gate_up_interleaved && m.gemm->StagedTakes(tokens, 2 * S, H);
   return p;
 }
 

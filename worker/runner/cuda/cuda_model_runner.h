@@ -1,5 +1,6 @@
 // CudaModelRunner: the forward pass of Llama / Mistral / Qwen2 / Qwen3
-// decoders on one CUDA device (kernels/cuda), over a paged bf16 KV cache.
+// decoders and the mixture-of-experts Qwen3-MoE / GLM-4.5 on one CUDA
+// device (kernels/cuda), over a paged bf16 KV cache.
 //
 // The forward pass is the modules of cuda_forward.h (embedding, attention
 // block, MLP block, LM head) over the weights of cuda_weights.h, the batch
@@ -191,6 +192,9 @@ class CudaModelRunner final : public ModelRunner {
   absl::Status Init(const kernels::DeviceDescription& device);
   absl::Status AllocateCacheAndWorkspace();
   absl::Status AllocateActivations();
+  // Router logits, choices, shared-expert output and the experts' workspace
+  // (nothing for dense models).
+  absl::Status AllocateMoeActivations();
   absl::Status ValidateBatch(const ForwardBatch& batch) const;
   // Which kernels a step of this shape runs.
   StepPlan PlanStep(int64_t tokens, int seqs, int64_t logits_rows, bool decode, int max_seq_len,

@@ -1,7 +1,9 @@
 #include "worker/runner/cuda/cuda_weights.h"
 
+#include <algorithm>
 #include <cstring>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -113,13 +115,13 @@ struct LinearSpec {
 absl::StatusOr<CudaLinear> MakeLinear(LinearSpec spec, int64_t* bytes) {
   std::vector<Bf16> w;
   for (absl::StatusOr<std::vector<Bf16>>& p : spec.weight) {
-    if (!p.ok()) return absl::Status(p.status().code(), absl::StrCat(spec.name, ": ", p.status().message()));
+    if (!p.ok())
+      return absl::Status(p.status().code(), absl::StrCat(spec.name, ": ", p.status().message()));
     w.insert(w.end(), p->begin(), p->end());
   }
   if (static_cast<int64_t>(w.size()) != spec.out * spec.in) {
-    return absl::InvalidArgumentError(absl::StrCat(spec.name, ": ", w.size(),
-                                                   " weight values, expected ", spec.out, " x ",
-                                                   spec.in));
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec.name, ": ", w.size(), " weight values, expected ", spec.out, " x ", spec.in));
   }
   CudaLinear l;
   l.out = spec.out;
@@ -131,7 +133,9 @@ absl::StatusOr<CudaLinear> MakeLinear(LinearSpec spec, int64_t* bytes) {
   if (!spec.bias.empty()) {
     std::vector<float> b;
     for (absl::StatusOr<std::vector<float>>& p : spec.bias) {
-      if (!p.ok()) return absl::Status(p.status().code(), absl::StrCat(spec.name, " bias: ", p.status().message()));
+      if (!p.ok())
+        return absl::Status(p.status().code(),
+                            absl::StrCat(spec.name, " bias: ", p.status().message()));
       b.insert(b.end(), p->begin(), p->end());
     }
     if (static_cast<int64_t>(b.size()) != spec.out) {
@@ -145,10 +149,212 @@ absl::StatusOr<CudaLinear> MakeLinear(LinearSpec spec, int64_t* bytes) {
   return l;
 }
 
-absl::StatusOr<DeviceBuffer> UploadNorm(const model::TensorView& t) {
+absl::StatusOr<DeviceBuffer> UploadNorm(const model::TensorView& t,
+                                        const std::vector<int64_t>* order = nullptr) {
   absl::StatusOr<std::vector<float>> f = model::ToFloat32(t);
   if (!f.ok()) return f.status();
-  return Upload(std::move(*f), t.name);
+  return Upload(std::move(*f), t.name, order);
+}
+
+// Entry i of the result is a[b[i]]: permutation b applied after a.
+std::vector<int64_t> Compose(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  std::vector<int64_t> out(b.size());
+  for (size_t i = 0; i < b.size(); ++i) out[i] = a[b[i]];
+  return out;
+}
+
+// The fused q/k/v rows with each q and k head in PartialRotaryOrder, v as
+// it is.
+std::vector<int64_t> PartialRotaryRowOrder(int64_t q_rows, int64_t k_rows, int64_t head_dim,
+                                           int64_t rotary) {
+  const std::vector<int64_t> head = PartialRotaryOrder(head_dim, rotary);
+  std::vector<int64_t> order(q_rows + 2 * k_rows);
+  for (int64_t r = 0; r < static_cast<int64_t>(order.size()); ++r) order[r] = r;
+  for (int64_t base = 0; base < q_rows + k_rows; base += head_dim) {
+    for (int64_t i = 0; i < head_dim; ++i) order[base + i] = base + head[i];
+  }
+  return order;
+}
+
+// What every layer's upload shares: the row orders decided once.
+struct LayerLayouts {
+  parallel::Range q_rows, kv_rows;
+  std::vector<int64_t> qkv_order;     // empty = as stored
+  std::vector<int64_t> head_order;    // q/k norm weights; empty = as stored
+  std::vector<int64_t> dense_order;   // dense gate/up; empty = as stored
+  std::vector<int64_t> shared_order;  // shared experts' gate/up; empty = as stored
+};
+
+LayerLayouts DecideLayouts(const model::ModelConfig& c, const parallel::ShardPlan& plan,
+                           const CudaWeights& out) {
+  const int64_t D = c.head_dim, R = c.rotary_dim();
+  LayerLayouts l;
+  l.q_rows = {plan.q_heads.start * D, plan.q_heads.size * D};
+  l.kv_rows = {plan.kv_heads.start * D, plan.kv_heads.size * D};
+  std::vector<int64_t> partial;
+  if (R != D) {
+    partial = PartialRotaryRowOrder(l.q_rows.size, l.kv_rows.size, D, R);
+    l.head_order = PartialRotaryOrder(D, R);
+  }
+  if (out.qkv_rope_order) {
+    const std::vector<int64_t> rope = RopeRowOrder(l.q_rows.size, l.kv_rows.size, D);
+    l.qkv_order = partial.empty() ? rope : Compose(partial, rope);
+  } else {
+    l.qkv_order = std::move(partial);
+  }
+  if (out.gate_up_interleaved) {
+    l.dense_order = GateUpRowOrder(plan.intermediate.size);
+    if (plan.shared_intermediate.size > 0) {
+      l.shared_order = GateUpRowOrder(plan.shared_intermediate.size);
+    }
+  }
+  return l;
+}
+
+const std::vector<int64_t>* OrNull(const std::vector<int64_t>& order) {
+  return order.empty() ? nullptr : &order;
+}
+
+// q/k/v (+ biases), o_proj, the norms of layer `name`.
+absl::Status UploadAttention(const model::LayerWeights& lw, const parallel::ShardPlan& plan,
+                             const LayerLayouts& lay, int64_t H, const std::string& name,
+                             CudaLayerWeights* l, int64_t* bytes) {
+  const parallel::Range q_rows = lay.q_rows, kv_rows = lay.kv_rows;
+  LinearSpec qkv{absl::StrCat(name, " qkv"),     {}, {},
+                 q_rows.size + 2 * kv_rows.size, H,  OrNull(lay.qkv_order)};
+  qkv.weight.push_back(SliceBf16(lw.q_proj, 0, q_rows.start, q_rows.size));
+  qkv.weight.push_back(SliceBf16(lw.k_proj, 0, kv_rows.start, kv_rows.size));
+  qkv.weight.push_back(SliceBf16(lw.v_proj, 0, kv_rows.start, kv_rows.size));
+  if (lw.q_bias && lw.k_bias && lw.v_bias) {
+    qkv.bias.push_back(SliceF32(*lw.q_bias, q_rows.start, q_rows.size));
+    qkv.bias.push_back(SliceF32(*lw.k_bias, kv_rows.start, kv_rows.size));
+    qkv.bias.push_back(SliceF32(*lw.v_bias, kv_rows.start, kv_rows.size));
+  }
+  // o_proj is row-parallel: this rank's input columns; the rank that adds
+  // row biases holds them.
+  LinearSpec o{absl::StrCat(name, " o_proj"), {}, {}, H, q_rows.size, nullptr};
+  o.weight.push_back(SliceBf16(lw.o_proj, 1, q_rows.start, q_rows.size));
+  if (lw.o_bias && plan.add_row_bias) o.bias.push_back(model::ToFloat32(*lw.o_bias));
+  ASSIGN_OR_RETURN(l->qkv, MakeLinear(std::move(qkv), bytes));
+  ASSIGN_OR_RETURN(l->o, MakeLinear(std::move(o), bytes));
+  ASSIGN_OR_RETURN(l->input_norm, UploadNorm(lw.input_layernorm));
+  ASSIGN_OR_RETURN(l->post_norm, UploadNorm(lw.post_attention_layernorm));
+  if (lw.q_norm) {
+    ASSIGN_OR_RETURN(l->q_norm, UploadNorm(*lw.q_norm, OrNull(lay.head_order)));
+  }
+  if (lw.k_norm) {
+    ASSIGN_OR_RETURN(l->k_norm, UploadNorm(*lw.k_norm, OrNull(lay.head_order)));
+  }
+  return absl::OkStatus();
+}
+
+// A SwiGLU MLP's fused gate/up (rows `rows` of each, in `order`) and its
+// row-parallel down (the matching columns), with optional biases.
+struct SwiGluSpec {
+  const model::TensorView *gate, *up, *down;
+  const std::optional<model::TensorView>*gate_bias = nullptr, *up_bias = nullptr,
+        *down_bias = nullptr;
+  parallel::Range rows;
+  const std::vector<int64_t>* order = nullptr;
+  bool add_row_bias = true;
+};
+
+absl::Status UploadSwiGlu(const SwiGluSpec& s, int64_t H, const std::string& name,
+                          CudaLinear* gate_up_out, CudaLinear* down_out, int64_t* bytes) {
+  LinearSpec gate_up{absl::StrCat(name, " gate_up"), {}, {}, 2 * s.rows.size, H, s.order};
+  gate_up.weight.push_back(SliceBf16(*s.gate, 0, s.rows.start, s.rows.size));
+  gate_up.weight.push_back(SliceBf16(*s.up, 0, s.rows.start, s.rows.size));
+  if (s.gate_bias && *s.gate_bias && s.up_bias && *s.up_bias) {
+    gate_up.bias.push_back(SliceF32(**s.gate_bias, s.rows.start, s.rows.size));
+    gate_up.bias.push_back(SliceF32(**s.up_bias, s.rows.start, s.rows.size));
+  }
+  LinearSpec down{absl::StrCat(name, " down_proj"), {}, {}, H, s.rows.size, nullptr};
+  down.weight.push_back(SliceBf16(*s.down, 1, s.rows.start, s.rows.size));
+  if (s.down_bias && *s.down_bias && s.add_row_bias) {
+    down.bias.push_back(model::ToFloat32(**s.down_bias));
+  }
+  ASSIGN_OR_RETURN(*gate_up_out, MakeLinear(std::move(gate_up), bytes));
+  ASSIGN_OR_RETURN(*down_out, MakeLinear(std::move(down), bytes));
+  return absl::OkStatus();
+}
+
+// Every held expert's gate/up rows and down columns (this rank's slice of
+// each), stacked as moe_expert_weights.h wants.
+absl::Status UploadExperts(const model::MoeWeights& w, const parallel::ShardPlan& plan,
+                           const std::string& name, CudaMoeWeights* m, int64_t* bytes) {
+  const parallel::Range held = plan.experts, inter = plan.expert_intermediate;
+  if (held.end() > static_cast<int64_t>(w.experts.size()) || held.size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": experts [", held.start, ", ", held.end(), ") of ", w.experts.size()));
+  }
+  std::vector<Bf16> gate_up, down;
+  for (int64_t e = held.start; e < held.end(); ++e) {
+    const model::ExpertWeights& ew = w.experts[e];
+    for (absl::StatusOr<std::vector<Bf16>> part :
+         {SliceBf16(ew.gate_proj, 0, inter.start, inter.size),
+          SliceBf16(ew.up_proj, 0, inter.start, inter.size)}) {
+      if (!part.ok()) return part.status();
+      gate_up.insert(gate_up.end(), part->begin(), part->end());
+    }
+    absl::StatusOr<std::vector<Bf16>> d = SliceBf16(ew.down_proj, 1, inter.start, inter.size);
+    if (!d.ok()) return d.status();
+    down.insert(down.end(), d->begin(), d->end());
+  }
+  *bytes += static_cast<int64_t>((gate_up.size() + down.size()) * sizeof(Bf16));
+  ASSIGN_OR_RETURN(m->gate_up, Upload(std::move(gate_up), absl::StrCat(name, " experts gate_up")));
+  ASSIGN_OR_RETURN(m->down, Upload(std::move(down), absl::StrCat(name, " experts down")));
+  m->num_experts = static_cast<int>(held.size);
+  m->first_expert = static_cast<int32_t>(held.start);
+  m->inter = inter.size;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CudaMoeWeights> UploadMoe(const model::ModelConfig& c, const model::MoeWeights& w,
+                                         const parallel::ShardPlan& plan, const LayerLayouts& lay,
+                                         const std::string& name, int64_t* bytes) {
+  const int64_t H = c.hidden_size, E = c.moe->num_experts;
+  CudaMoeWeights m;
+  ASSIGN_OR_RETURN(m.routing, MoeRoutingFor(*c.moe));
+  // The router is replicated: every rank routes every token alike.
+  LinearSpec router{absl::StrCat(name, " router"), {}, {}, E, H, nullptr};
+  router.weight.push_back(ToBf16(w.router));
+  ASSIGN_OR_RETURN(m.router, MakeLinear(std::move(router), bytes));
+  if (c.moe->has_correction_bias()) {
+    if (!w.correction_bias) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": no e_score_correction_bias"));
+    }
+    ASSIGN_OR_RETURN(m.correction_bias, UploadNorm(*w.correction_bias));
+    m.routing.correction_bias = m.correction_bias.as<float>();
+  }
+  RETURN_IF_ERROR(UploadExperts(w, plan, name, &m, bytes));
+  RETURN_IF_ERROR(kcu::ValidateMoeExpertWeights(m.experts(H), name));
+  if (w.shared && plan.shared_intermediate.size > 0) {
+    SwiGluSpec s{&w.shared->gate_proj, &w.shared->up_proj, &w.shared->down_proj};
+    s.rows = plan.shared_intermediate;
+    s.order = OrNull(lay.shared_order);
+    RETURN_IF_ERROR(UploadSwiGlu(s, H, absl::StrCat(name, " shared experts"), &m.shared_gate_up,
+                                 &m.shared_down, bytes));
+    m.shared_inter = plan.shared_intermediate.size;
+  }
+  return m;
+}
+
+absl::Status UploadLayer(const model::ModelConfig& c, const model::LayerWeights& lw,
+                         const parallel::ShardPlan& plan, const LayerLayouts& lay, int64_t i,
+                         CudaLayerWeights* l, int64_t* bytes) {
+  const std::string name = absl::StrCat("layer ", i);
+  RETURN_IF_ERROR(UploadAttention(lw, plan, lay, c.hidden_size, name, l, bytes));
+  if (c.IsSparseLayer(i)) {
+    if (!lw.moe) return absl::InvalidArgumentError(absl::StrCat(name, ": no MoE weights"));
+    ASSIGN_OR_RETURN(l->moe, UploadMoe(c, *lw.moe, plan, lay, name, bytes));
+    return absl::OkStatus();
+  }
+  SwiGluSpec s{&lw.gate_proj, &lw.up_proj, &lw.down_proj,
+               &lw.gate_bias, &lw.up_bias, &lw.down_bias};
+  s.rows = plan.intermediate;
+  s.order = OrNull(lay.dense_order);
+  s.add_row_bias = plan.add_row_bias;
+  return UploadSwiGlu(s, c.hidden_size, name, &l->gate_up, &l->down, bytes);
 }
 
 }  // namespace
@@ -168,12 +374,50 @@ bool UsesQkvRopeOrder(const model::ModelConfig& config) {
 }
 
 bool UsesGateUpInterleaved(const parallel::ShardPlan& plan) {
-  return plan.intermediate.size % 4 == 0;
+  return plan.intermediate.size % 4 == 0 && plan.shared_intermediate.size % 4 == 0;
+}
+
+std::vector<int64_t> PartialRotaryOrder(int64_t head_dim, int64_t rotary) {
+  const int64_t half = head_dim / 2, rot = rotary / 2, pass = half - rot;
+  std::vector<int64_t> order(head_dim);
+  for (int64_t i = 0; i < rot; ++i) {
+    order[i] = i;               // the first halves of the rotated pairs
+    order[half + i] = rot + i;  // their partners
+  }
+  for (int64_t i = 0; i < pass; ++i) {
+    order[rot + i] = rotary + i;  // the pass-through dims, in two runs
+    order[half + rot + i] = rotary + pass + i;
+  }
+  return order;
+}
+
+int64_t DenseMlpWidth(const model::ModelConfig& config, const parallel::ShardPlan& plan) {
+  int64_t width = 0;
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    if (!config.IsSparseLayer(i)) width = plan.intermediate.size;
+  }
+  return std::max(width, plan.shared_intermediate.size);
+}
+
+absl::StatusOr<kcu::MoeRoutingParams> MoeRoutingFor(const model::MoeConfig& moe) {
+  kcu::MoeRoutingParams p;
+  p.scoring = moe.scoring == model::MoeScoring::kSoftmax ? kcu::MoeScoring::kSoftmax
+                                                         : kcu::MoeScoring::kSigmoidGrouped;
+  p.num_experts = static_cast<int>(moe.num_experts);
+  p.top_k = static_cast<int>(moe.top_k);
+  p.renormalize = moe.norm_topk_prob;
+  p.num_groups = static_cast<int>(moe.n_group);
+  p.topk_groups = static_cast<int>(moe.topk_group);
+  p.scaling_factor = static_cast<float>(moe.routed_scaling_factor);
+  RETURN_IF_ERROR(kcu::ValidateMoeRouting(p));
+  return p;
 }
 
 absl::StatusOr<DeviceBuffer> UploadRopeFrequencies(const model::ModelConfig& config) {
   absl::StatusOr<std::vector<float>> inv_freq = model::RopeInverseFrequencies(config);
   if (!inv_freq.ok()) return inv_freq.status();
+  // Partial RoPE: the pass-through pairs rotate by angle 0.
+  inv_freq->resize(static_cast<size_t>(config.head_dim / 2), 0.0f);
   return Upload(std::move(*inv_freq), "inv_freq");
 }
 
@@ -182,99 +426,33 @@ absl::StatusOr<CudaWeights> UploadWeights(const model::LoadedModel& model,
   const model::ModelConfig& c = model.config;
   const model::ModelWeights& w = model.weights;
   CudaWeights out;
-  const int64_t D = c.head_dim, H = c.hidden_size;
-  const parallel::Range q_rows{plan.q_heads.start * D, plan.q_heads.size * D};
-  const parallel::Range kv_rows{plan.kv_heads.start * D, plan.kv_heads.size * D};
-  const parallel::Range inter = plan.intermediate;
   out.qkv_rope_order = UsesQkvRopeOrder(c);
   out.gate_up_interleaved = UsesGateUpInterleaved(plan);
-  const std::vector<int64_t> qkv_order =
-      out.qkv_rope_order ? RopeRowOrder(q_rows.size, kv_rows.size, D) : std::vector<int64_t>{};
-  const std::vector<int64_t> gate_up_order =
-      out.gate_up_interleaved ? GateUpRowOrder(inter.size) : std::vector<int64_t>{};
+  const LayerLayouts layouts = DecideLayouts(c, plan, out);
 
-  absl::StatusOr<std::vector<Bf16>> embed = SliceBf16(w.embed_tokens, 0, plan.vocab.start, plan.vocab.size);
+  absl::StatusOr<std::vector<Bf16>> embed =
+      SliceBf16(w.embed_tokens, 0, plan.vocab.start, plan.vocab.size);
   if (!embed.ok()) return embed.status();
   out.bytes += static_cast<int64_t>(embed->size() * sizeof(Bf16));
-  absl::StatusOr<DeviceBuffer> e = Upload(std::move(*embed), "embed_tokens");
-  if (!e.ok()) return e.status();
-  out.embed = std::move(*e);
+  ASSIGN_OR_RETURN(out.embed, Upload(std::move(*embed), "embed_tokens"));
   if (!w.lm_head_tied) {
-    absl::StatusOr<std::vector<Bf16>> head = SliceBf16(w.lm_head, 0, plan.vocab.start, plan.vocab.size);
+    absl::StatusOr<std::vector<Bf16>> head =
+        SliceBf16(w.lm_head, 0, plan.vocab.start, plan.vocab.size);
     if (!head.ok()) return head.status();
     out.bytes += static_cast<int64_t>(head->size() * sizeof(Bf16));
-    absl::StatusOr<DeviceBuffer> h = Upload(std::move(*head), "lm_head");
-    if (!h.ok()) return h.status();
-    out.lm_head_own = std::move(*h);
+    ASSIGN_OR_RETURN(out.lm_head_own, Upload(std::move(*head), "lm_head"));
   }
-  absl::StatusOr<DeviceBuffer> norm = UploadNorm(w.norm);
-  if (!norm.ok()) return norm.status();
-  out.final_norm = std::move(*norm);
-  absl::StatusOr<DeviceBuffer> freq = UploadRopeFrequencies(c);
-  if (!freq.ok()) return freq.status();
-  out.inv_freq = std::move(*freq);
+  ASSIGN_OR_RETURN(out.final_norm, UploadNorm(w.norm));
+  ASSIGN_OR_RETURN(out.inv_freq, UploadRopeFrequencies(c));
 
   out.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const model::LayerWeights& lw = w.layers[i];
-    CudaLayerWeights& l = out.layers[i];
-    const std::string name = absl::StrCat("layer ", i);
     if (out.qkv_rope_order && (lw.q_norm || lw.k_norm)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(name, " has q/k norms, but the config does not say qk_norm"));
+          absl::StrCat("layer ", i, " has q/k norms, but the config does not say qk_norm"));
     }
-    LinearSpec qkv{absl::StrCat(name, " qkv"),
-                   {},
-                   {},
-                   q_rows.size + 2 * kv_rows.size,
-                   H,
-                   out.qkv_rope_order ? &qkv_order : nullptr};
-    qkv.weight.push_back(SliceBf16(lw.q_proj, 0, q_rows.start, q_rows.size));
-    qkv.weight.push_back(SliceBf16(lw.k_proj, 0, kv_rows.start, kv_rows.size));
-    qkv.weight.push_back(SliceBf16(lw.v_proj, 0, kv_rows.start, kv_rows.size));
-    if (lw.q_bias && lw.k_bias && lw.v_bias) {
-      qkv.bias.push_back(SliceF32(*lw.q_bias, q_rows.start, q_rows.size));
-      qkv.bias.push_back(SliceF32(*lw.k_bias, kv_rows.start, kv_rows.size));
-      qkv.bias.push_back(SliceF32(*lw.v_bias, kv_rows.start, kv_rows.size));
-    }
-    // o_proj and down_proj are row-parallel: this rank's input columns; the
-    // rank that adds row biases holds them.
-    LinearSpec o{absl::StrCat(name, " o_proj"), {}, {}, H, q_rows.size, nullptr};
-    o.weight.push_back(SliceBf16(lw.o_proj, 1, q_rows.start, q_rows.size));
-    if (lw.o_bias && plan.add_row_bias) o.bias.push_back(model::ToFloat32(*lw.o_bias));
-    LinearSpec gate_up{absl::StrCat(name, " gate_up"), {}, {}, 2 * inter.size, H,
-                       out.gate_up_interleaved ? &gate_up_order : nullptr};
-    gate_up.weight.push_back(SliceBf16(lw.gate_proj, 0, inter.start, inter.size));
-    gate_up.weight.push_back(SliceBf16(lw.up_proj, 0, inter.start, inter.size));
-    if (lw.gate_bias && lw.up_bias) {
-      gate_up.bias.push_back(SliceF32(*lw.gate_bias, inter.start, inter.size));
-      gate_up.bias.push_back(SliceF32(*lw.up_bias, inter.start, inter.size));
-    }
-    LinearSpec down{absl::StrCat(name, " down_proj"), {}, {}, H, inter.size, nullptr};
-    down.weight.push_back(SliceBf16(lw.down_proj, 1, inter.start, inter.size));
-    if (lw.down_bias && plan.add_row_bias) down.bias.push_back(model::ToFloat32(*lw.down_bias));
-    for (auto [spec, dst] : {std::pair{&qkv, &l.qkv}, std::pair{&o, &l.o},
-                             std::pair{&gate_up, &l.gate_up}, std::pair{&down, &l.down}}) {
-      absl::StatusOr<CudaLinear> linear = MakeLinear(std::move(*spec), &out.bytes);
-      if (!linear.ok()) return linear.status();
-      *dst = std::move(*linear);
-    }
-    for (auto [src, dst] : {std::pair{&lw.input_layernorm, &l.input_norm},
-                            std::pair{&lw.post_attention_layernorm, &l.post_norm}}) {
-      absl::StatusOr<DeviceBuffer> n = UploadNorm(*src);
-      if (!n.ok()) return n.status();
-      *dst = std::move(*n);
-    }
-    if (lw.q_norm) {
-      absl::StatusOr<DeviceBuffer> n = UploadNorm(*lw.q_norm);
-      if (!n.ok()) return n.status();
-      l.q_norm = std::move(*n);
-    }
-    if (lw.k_norm) {
-      absl::StatusOr<DeviceBuffer> n = UploadNorm(*lw.k_norm);
-      if (!n.ok()) return n.status();
-      l.k_norm = std::move(*n);
-    }
+    RETURN_IF_ERROR(UploadLayer(c, lw, plan, layouts, i, &out.layers[i], &out.bytes));
   }
   return out;
 }
