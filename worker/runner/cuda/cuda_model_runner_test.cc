@@ -45,6 +45,7 @@
 #include "worker/runner/cpu_model_runner.h"
 #include "worker/runner/cuda/cuda_model_runner.h"
 #include "worker/runner/cuda/cuda_preflight.h"
+#include "worker/runner/cuda/cuda_runner_test_util.h"
 #include "worker/runner/test_model.h"
 #include "worker/spec/draft_provider.h"
 #include "worker/spec/draft_source.h"
@@ -59,12 +60,6 @@ std::string SourcePath(const std::string& rel) {
   const char* src = std::getenv("TESSERA_SOURCE_DIR");
   return absl::StrCat(src ? src : ".", "/", rel);
 }
-
-// The first visible GPU, or skip.
-#define REQUIRE_GPU(device)                                                            \
-  kernels::DetectedCudaDevices detected_ = kernels::DetectCudaDevices();               \
-  if (detected_.devices.empty()) GTEST_SKIP() << "no CUDA device: " << detected_.note; \
-  const kernels::DeviceDescription device = detected_.devices.front()
 
 struct Err {
   float max = 0, mean = 0, scale = 1;
@@ -81,43 +76,6 @@ Err Compare(const std::vector<float>& got, const std::vector<float>& want) {
   e.mean = static_cast<float>(sum / std::max<size_t>(1, want.size()));
   return e;
 }
-
-// Runner options of the tests: `blocks` KV blocks, at most `tokens` tokens
-// in at most `seqs` sequences per step.
-CudaRunnerOptions TestOptions(int64_t blocks, int tokens, int seqs = 4) {
-  CudaRunnerOptions options;
-  options.num_kv_blocks = blocks;
-  options.max_num_tokens = tokens;
-  options.max_num_seqs = seqs;
-  return options;
-}
-
-// A small model of `arch` (4 / 2 heads of head_dim, hidden 128) written to
-// a temporary directory that goes when the object does.
-struct SmallTestModel {
-  SmallTestModel(const char* arch, int head_dim) {
-    char tmpl[] = "/tmp/tessera-cuda-small-XXXXXX";
-    if (mkdtemp(tmpl) == nullptr) {
-      model = absl::InternalError("mkdtemp failed");
-      return;
-    }
-    dir = tmpl;
-    TestModelSpec spec;
-    spec.architecture = arch;
-    spec.head_dim = head_dim;
-    spec.heads = 4;
-    spec.kv_heads = 2;
-    spec.hidden = 128;
-    spec.intermediate = 256;
-    const absl::Status written = WriteTestModel(dir, spec);
-    model = written.ok() ? model::LoadModel(dir) : written;
-  }
-  ~SmallTestModel() {
-    if (!dir.empty()) std::filesystem::remove_all(dir);
-  }
-  std::string dir;
-  absl::StatusOr<std::unique_ptr<model::LoadedModel>> model = absl::UnknownError("not loaded");
-};
 
 int32_t Argmax(const float* row, int64_t vocab) {
   int32_t best = 0;
