@@ -14,12 +14,12 @@
 
 namespace tessera::parallel {
 
-absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunner::Create(
-    const model::LoadedModel* model, const model::ModelConfig& config,
-    const std::vector<kernels::DeviceDescription>& devices, runner::CudaRunnerOptions options,
-    const runner::CudaWeightsFactory& weights) {
-  const int n = static_cast<int>(devices.size());
-  if (auto s = CheckTensorParallel(config, n); !s.ok()) return s;
+namespace {
+
+// The ranks' device ordinals; INVALID_ARGUMENT for a device that is not a
+// GPU or one named twice.
+absl::StatusOr<std::vector<int>> RankOrdinals(
+    const std::vector<kernels::DeviceDescription>& devices) {
   std::vector<int> ordinals;
   for (const kernels::DeviceDescription& d : devices) {
     if (d.kind != kernels::DeviceKind::kCuda) {
@@ -31,25 +31,57 @@ absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunn
     }
     ordinals.push_back(d.ordinal);
   }
+  return ordinals;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunner::Create(
+    const model::LoadedModel* model, const model::ModelConfig& config,
+    const std::vector<kernels::DeviceDescription>& devices, runner::CudaRunnerOptions options,
+    const runner::CudaWeightsFactory& weights) {
+  const int n = static_cast<int>(devices.size());
+  if (auto s = CheckTensorParallel(config, n); !s.ok()) return s;
+  absl::StatusOr<std::vector<int>> ordinals = RankOrdinals(devices);
+  if (!ordinals.ok()) return ordinals.status();
   std::unique_ptr<CudaTensorParallelRunner> tp(new CudaTensorParallelRunner());
   if (n > 1) {
-    auto nccl = kernels::cuda::NcclGroup::Create(ordinals);
-    if (!nccl.ok()) return nccl.status();
-    tp->nccl_ = std::move(*nccl);
-    if (options.all_reduce_backend == kernels::kP2pBackend) {
-      auto p2p = kernels::cuda::P2pAllReduce::Create(ordinals, kernels::kP2pAllReduceMaxBytes / 2);
-      if (!p2p.ok()) {
-        return absl::Status(p2p.status().code(),
-                            absl::StrCat("all_reduce backend p2p: ", p2p.status().message(),
-                                         "; choose --all_reduce_backend=nccl"));
-      }
-      tp->p2p_ = std::move(*p2p);
-    } else if (options.all_reduce_backend != kernels::kNcclBackend) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a CUDA tensor-parallel group reduces with nccl or p2p, not '",
-                       options.all_reduce_backend, "'"));
-    }
+    if (auto s = tp->CreateCollectives(*ordinals, options.all_reduce_backend); !s.ok()) return s;
   }
+  if (auto s = tp->CreateRanks(model, config, devices, options, weights); !s.ok()) return s;
+  tp->local_logits_.resize(n);
+  CudaTensorParallelRunner* self = tp.get();
+  tp->lockstep_ = std::make_unique<LockstepRanks>(
+      n, [self](int r) { return self->RunRank(r, *self->batch_); },
+      /*spin=*/true);
+  return tp;
+}
+
+absl::Status CudaTensorParallelRunner::CreateCollectives(const std::vector<int>& ordinals,
+                                                         const std::string& backend) {
+  auto nccl = kernels::cuda::NcclGroup::Create(ordinals);
+  if (!nccl.ok()) return nccl.status();
+  nccl_ = std::move(*nccl);
+  if (backend == kernels::kP2pBackend) {
+    auto p2p = kernels::cuda::P2pAllReduce::Create(ordinals, kernels::kP2pAllReduceMaxBytes / 2);
+    if (!p2p.ok()) {
+      return absl::Status(p2p.status().code(),
+                          absl::StrCat("all_reduce backend p2p: ", p2p.status().message(),
+                                       "; choose --all_reduce_backend=nccl"));
+    }
+    p2p_ = std::move(*p2p);
+  } else if (backend != kernels::kNcclBackend) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a CUDA tensor-parallel group reduces with nccl or p2p, not '", backend, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaTensorParallelRunner::CreateRanks(
+    const model::LoadedModel* model, const model::ModelConfig& config,
+    const std::vector<kernels::DeviceDescription>& devices,
+    const runner::CudaRunnerOptions& options, const runner::CudaWeightsFactory& weights) {
+  const int n = static_cast<int>(devices.size());
   // One set of GEMM tuning picks for all ranks (gemm.h GemmTuningTable).
   auto tuning = std::make_shared<kernels::cuda::GemmTuningTable>();
   for (int r = 0; r < n; ++r) {
@@ -57,8 +89,8 @@ absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunn
     if (!plan.ok()) return plan.status();
     runner::CudaRunnerOptions ro = options;
     ro.shard = *plan;
-    ro.nccl = tp->nccl_.get();
-    ro.p2p = tp->p2p_.get();
+    ro.nccl = nccl_.get();
+    ro.p2p = p2p_.get();
     if (ro.gemm_tuning == nullptr) ro.gemm_tuning = tuning;
     auto rank = model != nullptr ? runner::CudaModelRunner::Create(model, devices[r], ro)
                                  : runner::CudaModelRunner::Create(config, weights, devices[r], ro);
@@ -67,15 +99,10 @@ absl::StatusOr<std::unique_ptr<CudaTensorParallelRunner>> CudaTensorParallelRunn
                           absl::StrCat(plan->ToString(), " on ", devices[r].Summary(), ": ",
                                        rank.status().message()));
     }
-    tp->ranks_.push_back(std::move(*rank));
-    tp->plans_.push_back(*plan);
+    ranks_.push_back(std::move(*rank));
+    plans_.push_back(*plan);
   }
-  tp->local_logits_.resize(n);
-  CudaTensorParallelRunner* self = tp.get();
-  tp->lockstep_ = std::make_unique<LockstepRanks>(
-      n, [self](int r) { return self->RunRank(r, *self->batch_); },
-      /*spin=*/true);
-  return tp;
+  return absl::OkStatus();
 }
 
 CudaTensorParallelRunner::~CudaTensorParallelRunner() {

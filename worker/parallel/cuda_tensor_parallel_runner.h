@@ -100,6 +100,15 @@ class CudaTensorParallelRunner final : public runner::ModelRunner {
   // Times the ranks' decode graphs (tests/bench/cuda_runner_bench_peer.h).
   friend class bench::CudaRunnerBenchPeer;
   CudaTensorParallelRunner() = default;
+  // The NCCL group of the ranks' devices and, for `backend` "p2p", the
+  // peer-to-peer all-reduce (a group of more than one rank).
+  absl::Status CreateCollectives(const std::vector<int>& ordinals, const std::string& backend);
+  // One CudaModelRunner per device with its shard plan, sharing one set of
+  // GEMM tuning picks.
+  absl::Status CreateRanks(const model::LoadedModel* model, const model::ModelConfig& config,
+                           const std::vector<kernels::DeviceDescription>& devices,
+                           const runner::CudaRunnerOptions& options,
+                           const runner::CudaWeightsFactory& weights);
   // Runs rank `r` on the current batch and scatters its logits slice.
   absl::Status RunRank(int r, const runner::ForwardBatch& batch);
   // ForwardSample's second round: rank r's share of sample_rows_.
