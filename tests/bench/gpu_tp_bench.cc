@@ -343,31 +343,39 @@ nlohmann::json RunChild(int index) {
   return j;
 }
 
-int Run() {
-  auto config = model::ParseModelConfig(kLlama3_8BConfig, "llama3_8b");
-  CHECK_OR_DIE(config.status());
-  const int trace_steps = absl::GetFlag(FLAGS_kernel_trace_steps);
-  const int sample_steps = absl::GetFlag(FLAGS_sample_steps);
-  const int prompt_len = absl::GetFlag(FLAGS_prompt_len);
-  const int steps = absl::GetFlag(FLAGS_decode_steps);
-  std::vector<int> batches;
-  for (const auto& b : absl::GetFlag(FLAGS_batch_sizes)) batches.push_back(std::stoi(b));
+// Sizes every configuration shares, from the flags.
+struct BenchShape {
+  int prompt_len = 0;
+  int steps = 0;  // decode steps timed
+  int block = 16;
+  int blocks_per_seq = 0;
   int max_batch = 1;
-  for (int b : batches) max_batch = std::max(max_batch, b);
-  const int block = 16;
-  const int blocks_per_seq = (prompt_len + steps + 1 + block - 1) / block;
-  nlohmann::json results = nlohmann::json::array();
-  std::set<std::pair<int, int>> timed;  // (TP, batch) whose collectives were timed
-  // (TP size, all-reduce backend, GEMM autotune, shard, preflight) in run
-  // order: TP=1 and shards once per preflight and autotune value, larger
-  // groups once per backend and values.
-  struct Config {
-    int tp;
-    std::string backend;
-    int autotune;
-    int shard_of = 1;  // > 1: one rank's shard of TP=shard_of, alone (tp is 1)
-    int preflight = 1;
-  };
+  std::vector<int> batches;
+};
+
+BenchShape ReadShape() {
+  BenchShape s;
+  s.prompt_len = absl::GetFlag(FLAGS_prompt_len);
+  s.steps = absl::GetFlag(FLAGS_decode_steps);
+  for (const auto& b : absl::GetFlag(FLAGS_batch_sizes)) s.batches.push_back(std::stoi(b));
+  for (int b : s.batches) s.max_batch = std::max(s.max_batch, b);
+  s.blocks_per_seq = (s.prompt_len + s.steps + 1 + s.block - 1) / s.block;
+  return s;
+}
+
+// One configuration: TP size, all-reduce backend, GEMM autotune, shard,
+// preflight.
+struct Config {
+  int tp;
+  std::string backend;
+  int autotune;
+  int shard_of = 1;  // > 1: one rank's shard of TP=shard_of, alone (tp is 1)
+  int preflight = 1;
+};
+
+// In run order: TP=1 and shards once per preflight and autotune value,
+// larger groups once per backend and values.
+std::vector<Config> ListConfigs() {
   std::vector<Config> configs;
   for (const auto& preflight_text : absl::GetFlag(FLAGS_preflight)) {
     const int preflight = std::stoi(preflight_text);
@@ -388,11 +396,250 @@ int Run() {
       }
     }
   }
+  return configs;
+}
+
+void WriteJson(const nlohmann::json& out) {
+  std::printf("%s\n", out.dump(2).c_str());
+  if (!absl::GetFlag(FLAGS_out).empty()) std::ofstream(absl::GetFlag(FLAGS_out)) << out.dump(2);
+}
+
+// The runner of configuration `c` on `devices`, after what comes before a
+// runner in its process (the preflight, in it or in a child); *o gets its
+// options.
+std::unique_ptr<parallel::CudaTensorParallelRunner> MakeRunner(
+    const Config& c, const model::ModelConfig& shape,
+    const std::vector<kernels::DeviceDescription>& devices, const BenchShape& s,
+    runner::CudaRunnerOptions* o) {
+  if (c.tp > 1) o->all_reduce_backend = c.backend;
+  o->gemm_autotune = c.autotune != 0;
+  if (c.autotune > 1) o->gemm_autotune_candidates = c.autotune;
+  o->block_size = s.block;
+  o->num_kv_blocks = int64_t{s.max_batch} * s.blocks_per_seq + 16;
+  o->max_num_seqs = s.max_batch;
+  o->max_num_tokens = std::max(s.max_batch * s.prompt_len, 256);
+  for (const kernels::DeviceDescription& d : devices) {
+    if (c.preflight == 1) PreflightAsWorker(d);
+    if (c.preflight == 2) {
+      auto in_child =
+          engine::PreflightInChildProcess(absl::StrCat("cuda:", d.gpu->pci_bus_id), 1, {});
+      CHECK_OR_DIE(in_child.status());
+      if (!*in_child) CHECK_OR_DIE(absl::InternalError("the preflight child gave no result"));
+    }
+  }
+  auto runner = parallel::CudaTensorParallelRunner::Create(nullptr, shape, devices, *o,
+                                                           bench::RandomCudaWeights(99));
+  CHECK_OR_DIE(runner.status());
+  return std::move(*runner);
+}
+
+// One batch of sequences on a runner: their block tables and the tokens
+// their prefill gave.
+struct BatchRun {
+  parallel::CudaTensorParallelRunner* runner = nullptr;
+  const BenchShape* shape = nullptr;
+  int batch = 0;
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<int32_t> first;  // the prefill's tokens
+  std::vector<int32_t> next;   // the last step's tokens
+
+  // One greedy decode step of every sequence at position `pos`.
+  void Step(int pos) {
+    runner::ForwardBatch d;
+    d.block_table_stride = shape->blocks_per_seq;
+    for (int s = 0; s < batch; ++s) d.AddSequence({next[s]}, pos, tables[s], shape->block, true);
+    CHECK_OR_DIE(runner->ForwardGreedy(d, &next));
+  }
+};
+
+// `batch` prompts of random tokens prefilled in one step.
+BatchRun Prefill(parallel::CudaTensorParallelRunner* runner, const BenchShape& shape, int batch,
+                 int64_t vocab, std::mt19937& rng) {
+  BatchRun run{runner, &shape, batch, std::vector<std::vector<int32_t>>(batch)};
+  runner::ForwardBatch prefill;
+  prefill.block_table_stride = shape.blocks_per_seq;
+  for (int s = 0; s < batch; ++s) {
+    for (int j = 0; j < shape.blocks_per_seq; ++j) {
+      run.tables[s].push_back(s * shape.blocks_per_seq + j);
+    }
+    std::vector<int32_t> prompt(shape.prompt_len);
+    for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % vocab);
+    prefill.AddSequence(prompt, 0, run.tables[s], shape.block, true);
+  }
+  CHECK_OR_DIE(runner->ForwardGreedy(prefill, &run.next));
+  run.first = run.next;
+  return run;
+}
+
+// Milliseconds per sampled decode step (temperature 1, top-p 0.9) from the
+// prefill's state: on the GPUs (ForwardSample) or with the logits copied to
+// the host and sampled there (Forward + worker/sampling).
+double SampledStepMs(BatchRun& run, bool on_device, int64_t vocab, int sample_steps) {
+  const int batch = run.batch, prompt_len = run.shape->prompt_len;
+  std::vector<runner::DeviceSamplingRow> rows(batch);
+  for (int s = 0; s < batch; ++s) {
+    rows[s].temperature = 1.0f;
+    rows[s].top_p = 0.9f;
+    rows[s].seed = 1000 + s;
+  }
+  std::vector<float> logits;
+  run.next = run.first;
+  auto c0 = std::chrono::steady_clock::now();
+  for (int i = 0; i <= sample_steps; ++i) {  // step 0: set-up (buffers), not timed
+    if (i == 1) c0 = std::chrono::steady_clock::now();
+    runner::ForwardBatch d;
+    d.block_table_stride = run.shape->blocks_per_seq;
+    for (int q = 0; q < batch; ++q) {
+      d.AddSequence({run.next[q]}, prompt_len + i, run.tables[q], run.shape->block, true);
+      rows[q].position = prompt_len + i + 1;
+    }
+    if (on_device) {
+      CHECK_OR_DIE(run.runner->ForwardSample(d, rows, &run.next));
+      continue;
+    }
+    CHECK_OR_DIE(run.runner->Forward(d, &logits));
+    for (int q = 0; q < batch; ++q) {
+      sampling::SamplingParams p;
+      p.temperature = rows[q].temperature;
+      p.top_p = rows[q].top_p;
+      p.seed = rows[q].seed;
+      auto drawn = sampling::Sample(absl::MakeConstSpan(logits.data() + q * vocab, vocab), p,
+                                    sampling::TokenCounts{}, rows[q].position);
+      CHECK_OR_DIE(drawn.status());
+      run.next[q] = drawn->token;
+    }
+  }
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count() /
+         sample_steps;
+}
+
+// `trace_steps` decode steps under the CUPTI kernel trace, summarized.
+nlohmann::json TraceKernels(BatchRun& run, int trace_steps) {
+  const int prompt_len = run.shape->prompt_len;
+  run.next = run.first;
+  run.Step(prompt_len);  // the step before the window has drained when ForwardGreedy returns
+  const uint64_t begin = bench::KernelTrace::Now();
+  for (int i = 1; i <= trace_steps; ++i) run.Step(prompt_len + i);
+  auto records = bench::KernelTrace::Collect(begin, bench::KernelTrace::Now());
+  CHECK_OR_DIE(records.status());
+  return bench::SummarizeKernels(*records, trace_steps);
+}
+
+// The row of configuration `c` at batch size `batch`.
+nlohmann::json TimeBatch(parallel::CudaTensorParallelRunner* runner, const Config& c,
+                         const runner::CudaRunnerOptions& o, const model::ModelConfig& config,
+                         const model::ModelConfig& shape,
+                         const std::vector<kernels::DeviceDescription>& devices,
+                         const BenchShape& s, int batch, std::mt19937& rng,
+                         std::set<std::pair<int, int>>* timed) {
+  const int trace_steps = absl::GetFlag(FLAGS_kernel_trace_steps);
+  const int sample_steps = absl::GetFlag(FLAGS_sample_steps);
+  const int prompt_len = s.prompt_len, steps = s.steps, tp = c.tp;
+  BatchRun run = Prefill(runner, s, batch, shape.vocab_size, rng);
+  // The batch's first decode steps: the first runs eagerly (GEMM
+  // autotuning, when on, times its shapes there) and then captures its
+  // graph; the second captures the other context bucket's graph.
+  std::vector<double> setup_ms;
+  for (int pos : {prompt_len + steps, prompt_len}) {  // capture both context buckets
+    run.next = run.first;
+    const auto c0 = std::chrono::steady_clock::now();
+    run.Step(pos);
+    setup_ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count());
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 1; i <= steps; ++i) run.Step(prompt_len + i);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double tps = batch * steps / sec;
+  // The same step's graph replayed back to back: the GPUs' share.
+  auto graph_ms = bench::CudaRunnerBenchPeer::ReplayLastDecodeGraphMs(*runner, steps);
+  CHECK_OR_DIE(graph_ms.status());
+  // Sampled decode, on the GPUs and on the host, from the same state.
+  double device_sample_ms = 0, host_sample_ms = 0;
+  if (sample_steps > 0) {
+    device_sample_ms = SampledStepMs(run, true, shape.vocab_size, sample_steps);
+    host_sample_ms = SampledStepMs(run, false, shape.vocab_size, sample_steps);
+  }
+  nlohmann::json trace;
+  if (trace_steps > 0) trace = TraceKernels(run, trace_steps);
+  // The collectives alone, once per (TP, batch).
+  const bool time_collectives = tp > 1 && timed->insert({tp, batch}).second;
+  const AllReduceTimes ar =
+      time_collectives
+          ? TimeAllReduce(devices, int64_t{batch} * config.hidden_size, config.hidden_size)
+          : AllReduceTimes{};
+  const double eager_us = ar.nccl_eager_us, graph_us = ar.nccl_graph_us;
+  const int reduces_per_step = 2 * static_cast<int>(config.num_hidden_layers) + 1;
+  nlohmann::json r = {
+      {"tp", tp},
+      {"shard_of_tp", c.shard_of},
+      {"preflight", c.preflight != 0},
+      {"preflight_in_child", c.preflight == 2},
+      {"all_reduce_backend", c.backend},
+      {"batch", batch},
+      {"decode_ms_per_step", 1e3 * sec / steps},
+      {"graph_ms_per_step", *graph_ms},
+      {"host_ms_per_step", 1e3 * sec / steps - *graph_ms},
+      {"decode_tokens_per_second", tps},
+      {"sampled_step_ms_on_gpu", device_sample_ms},
+      {"sampled_step_ms_on_host", host_sample_ms},
+      {"first_step_ms", setup_ms[0]},
+      {"second_step_ms", setup_ms[1]},
+      {"gemm_autotune", c.autotune != 0},
+      {"gemm_autotune_candidates", c.autotune > 1 ? c.autotune : o.gemm_autotune_candidates},
+      {"speedup_vs_tp1", 0.0},  // SetSpeedups
+      {"all_reduce_bytes", int64_t{batch} * config.hidden_size * 2},
+      {"all_reduce_us_eager", eager_us},
+      {"all_reduce_us_in_graph", graph_us},
+      {"all_reduces_per_step", tp > 1 ? reduces_per_step : 0},
+      {"all_reduce_ms_per_step_in_graph", tp > 1 ? reduces_per_step * graph_us / 1e3 : 0.0},
+      {"p2p_all_reduce_us_eager", ar.p2p_eager_us},
+      {"p2p_all_reduce_us_in_graph", ar.p2p_graph_us},
+      {"p2p_all_reduce_add_rmsnorm_us_in_graph", ar.p2p_add_norm_graph_us},
+      {"p2p_all_reduce_correct", ar.p2p_correct},
+      {"p2p_error", ar.p2p_error},
+  };
+  if (trace_steps > 0) r["kernel_trace"] = trace;
+  std::fprintf(stderr, "%s\n", r.dump().c_str());
+  return r;
+}
+
+// Configuration `c`'s rows, one per batch size, appended to *results
+// (none when the host has fewer GPUs than it needs).
+void RunConfig(const Config& c, const model::ModelConfig& config,
+               const std::vector<kernels::DeviceDescription>& found, const BenchShape& s,
+               std::set<std::pair<int, int>>* timed, nlohmann::json* results) {
+  // One rank's shapes of TP=shard_of (worker/parallel's sharding: heads,
+  // KV heads, MLP and vocabulary divided; the hidden size whole).
+  model::ModelConfig shape = config;
+  shape.num_attention_heads /= c.shard_of;
+  shape.num_key_value_heads /= c.shard_of;
+  shape.intermediate_size /= c.shard_of;
+  shape.vocab_size /= c.shard_of;
+  if (c.tp > static_cast<int>(found.size())) {
+    std::fprintf(stderr, "TP=%d skipped: %zu GPUs visible\n", c.tp, found.size());
+    return;
+  }
+  std::vector<kernels::DeviceDescription> devices(found.begin(), found.begin() + c.tp);
+  runner::CudaRunnerOptions o;
+  std::unique_ptr<parallel::CudaTensorParallelRunner> runner = MakeRunner(c, shape, devices, s, &o);
+  std::mt19937 rng(5);
+  for (int batch : s.batches) {
+    results->push_back(TimeBatch(runner.get(), c, o, config, shape, devices, s, batch, rng, timed));
+  }
+}
+
+int Run() {
+  auto config = model::ParseModelConfig(kLlama3_8BConfig, "llama3_8b");
+  CHECK_OR_DIE(config.status());
+  const BenchShape s = ReadShape();
+  const std::vector<Config> configs = ListConfigs();
+  nlohmann::json results = nlohmann::json::array();
   const int only = absl::GetFlag(FLAGS_only_config);
   nlohmann::json out = {{"benchmark", "gpu_tp_bench"},
                         {"model", "Llama-3-8B shapes, random bf16 weights"},
-                        {"prompt_len", prompt_len},
-                        {"decode_steps", steps},
+                        {"prompt_len", s.prompt_len},
+                        {"decode_steps", s.steps},
                         {"process_per_config", absl::GetFlag(FLAGS_process_per_config)}};
   if (absl::GetFlag(FLAGS_process_per_config) && only < 0 && configs.size() > 1) {
     // This process only starts the children (no CUDA context of its own).
@@ -403,196 +650,28 @@ int Run() {
     }
     SetSpeedups(results);
     out["results"] = results;
-    std::printf("%s\n", out.dump(2).c_str());
-    if (!absl::GetFlag(FLAGS_out).empty()) std::ofstream(absl::GetFlag(FLAGS_out)) << out.dump(2);
+    WriteJson(out);
     return 0;
   }
   if (only >= static_cast<int>(configs.size())) {
     CHECK_OR_DIE(absl::InvalidArgumentError(
         absl::StrCat("--only_config=", only, ": ", configs.size(), " configurations")));
   }
-  if (trace_steps > 0) CHECK_OR_DIE(bench::KernelTrace::Enable());  // before any graph exists
+  if (absl::GetFlag(FLAGS_kernel_trace_steps) > 0) {
+    CHECK_OR_DIE(bench::KernelTrace::Enable());  // before any graph exists
+  }
   kernels::DetectedCudaDevices found = kernels::DetectCudaDevices();
+  std::set<std::pair<int, int>> timed;  // (TP, batch) whose collectives were timed
   for (size_t ci = 0; ci < configs.size(); ++ci) {
     if (only >= 0 && static_cast<int>(ci) != only) continue;
-    const auto& [tp, backend, autotune, shard_of, preflight] = configs[ci];
-    // One rank's shapes of TP=shard_of (worker/parallel's sharding: heads,
-    // KV heads, MLP and vocabulary divided; the hidden size whole).
-    model::ModelConfig shape = *config;
-    shape.num_attention_heads /= shard_of;
-    shape.num_key_value_heads /= shard_of;
-    shape.intermediate_size /= shard_of;
-    shape.vocab_size /= shard_of;
-    if (tp > static_cast<int>(found.devices.size())) {
-      std::fprintf(stderr, "TP=%d skipped: %zu GPUs visible\n", tp, found.devices.size());
-      continue;
-    }
-    std::vector<kernels::DeviceDescription> devices(found.devices.begin(),
-                                                    found.devices.begin() + tp);
-    runner::CudaRunnerOptions o;
-    if (tp > 1) o.all_reduce_backend = backend;
-    o.gemm_autotune = autotune != 0;
-    if (autotune > 1) o.gemm_autotune_candidates = autotune;
-    o.block_size = block;
-    o.num_kv_blocks = int64_t{max_batch} * blocks_per_seq + 16;
-    o.max_num_seqs = max_batch;
-    o.max_num_tokens = std::max(max_batch * prompt_len, 256);
-    // What comes before the runner in its process.
-    for (const kernels::DeviceDescription& d : devices) {
-      if (preflight == 1) PreflightAsWorker(d);
-      if (preflight == 2) {
-        auto in_child =
-            engine::PreflightInChildProcess(absl::StrCat("cuda:", d.gpu->pci_bus_id), 1, {});
-        CHECK_OR_DIE(in_child.status());
-        if (!*in_child) CHECK_OR_DIE(absl::InternalError("the preflight child gave no result"));
-      }
-    }
-    auto runner = parallel::CudaTensorParallelRunner::Create(nullptr, shape, devices, o,
-                                                             bench::RandomCudaWeights(99));
-    CHECK_OR_DIE(runner.status());
-    std::mt19937 rng(5);
-    for (int batch : batches) {
-      runner::ForwardBatch prefill;
-      prefill.block_table_stride = blocks_per_seq;
-      std::vector<std::vector<int32_t>> tables(batch);
-      for (int s = 0; s < batch; ++s) {
-        for (int j = 0; j < blocks_per_seq; ++j) tables[s].push_back(s * blocks_per_seq + j);
-        std::vector<int32_t> prompt(prompt_len);
-        for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % shape.vocab_size);
-        prefill.AddSequence(prompt, 0, tables[s], block, true);
-      }
-      std::vector<int32_t> next;
-      CHECK_OR_DIE((*runner)->ForwardGreedy(prefill, &next));
-      auto step = [&](int pos) {
-        runner::ForwardBatch d;
-        d.block_table_stride = blocks_per_seq;
-        for (int s = 0; s < batch; ++s) d.AddSequence({next[s]}, pos, tables[s], block, true);
-        CHECK_OR_DIE((*runner)->ForwardGreedy(d, &next));
-      };
-      const std::vector<int32_t> first = next;
-      // The batch's first decode steps: the first runs eagerly (GEMM
-      // autotuning, when on, times its shapes there) and then captures its
-      // graph; the second captures the other context bucket's graph.
-      std::vector<double> setup_ms;
-      for (int pos : {prompt_len + steps, prompt_len}) {  // capture both context buckets
-        next = first;
-        const auto c0 = std::chrono::steady_clock::now();
-        step(pos);
-        setup_ms.push_back(
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0)
-                .count());
-      }
-      auto t0 = std::chrono::steady_clock::now();
-      for (int i = 1; i <= steps; ++i) step(prompt_len + i);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const double tps = batch * steps / s;
-      // The same step's graph replayed back to back: the GPUs' share.
-      auto graph_ms = bench::CudaRunnerBenchPeer::ReplayLastDecodeGraphMs(**runner, steps);
-      CHECK_OR_DIE(graph_ms.status());
-      // Sampled decode, on the GPUs and on the host, from the same state.
-      double device_sample_ms = 0, host_sample_ms = 0;
-      if (sample_steps > 0) {
-        std::vector<runner::DeviceSamplingRow> rows(batch);
-        for (int s = 0; s < batch; ++s) {
-          rows[s].temperature = 1.0f;
-          rows[s].top_p = 0.9f;
-          rows[s].seed = 1000 + s;
-        }
-        std::vector<float> logits;
-        for (const bool on_device : {true, false}) {
-          next = first;
-          auto c0 = std::chrono::steady_clock::now();
-          for (int i = 0; i <= sample_steps; ++i) {  // step 0: set-up (buffers), not timed
-            if (i == 1) c0 = std::chrono::steady_clock::now();
-            runner::ForwardBatch d;
-            d.block_table_stride = blocks_per_seq;
-            for (int q = 0; q < batch; ++q) {
-              d.AddSequence({next[q]}, prompt_len + i, tables[q], block, true);
-              rows[q].position = prompt_len + i + 1;
-            }
-            if (on_device) {
-              CHECK_OR_DIE((*runner)->ForwardSample(d, rows, &next));
-              continue;
-            }
-            CHECK_OR_DIE((*runner)->Forward(d, &logits));
-            const int64_t vocab = shape.vocab_size;
-            for (int q = 0; q < batch; ++q) {
-              sampling::SamplingParams p;
-              p.temperature = rows[q].temperature;
-              p.top_p = rows[q].top_p;
-              p.seed = rows[q].seed;
-              auto drawn = sampling::Sample(absl::MakeConstSpan(logits.data() + q * vocab, vocab),
-                                            p, sampling::TokenCounts{}, rows[q].position);
-              CHECK_OR_DIE(drawn.status());
-              next[q] = drawn->token;
-            }
-          }
-          const double ms =
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0)
-                  .count() /
-              sample_steps;
-          (on_device ? device_sample_ms : host_sample_ms) = ms;
-        }
-      }
-      nlohmann::json trace;
-      if (trace_steps > 0) {
-        next = first;
-        step(prompt_len);  // the step before the window has drained when ForwardGreedy returns
-        const uint64_t begin = bench::KernelTrace::Now();
-        for (int i = 1; i <= trace_steps; ++i) step(prompt_len + i);
-        auto records = bench::KernelTrace::Collect(begin, bench::KernelTrace::Now());
-        CHECK_OR_DIE(records.status());
-        trace = bench::SummarizeKernels(*records, trace_steps);
-      }
-      // The collectives alone, once per (TP, batch).
-      const bool time_collectives = tp > 1 && timed.insert({tp, batch}).second;
-      const AllReduceTimes ar =
-          time_collectives
-              ? TimeAllReduce(devices, int64_t{batch} * config->hidden_size, config->hidden_size)
-              : AllReduceTimes{};
-      const double eager_us = ar.nccl_eager_us, graph_us = ar.nccl_graph_us;
-      const int reduces_per_step = 2 * static_cast<int>(config->num_hidden_layers) + 1;
-      nlohmann::json r = {
-          {"tp", tp},
-          {"shard_of_tp", shard_of},
-          {"preflight", preflight != 0},
-          {"preflight_in_child", preflight == 2},
-          {"all_reduce_backend", backend},
-          {"batch", batch},
-          {"decode_ms_per_step", 1e3 * s / steps},
-          {"graph_ms_per_step", *graph_ms},
-          {"host_ms_per_step", 1e3 * s / steps - *graph_ms},
-          {"decode_tokens_per_second", tps},
-          {"sampled_step_ms_on_gpu", device_sample_ms},
-          {"sampled_step_ms_on_host", host_sample_ms},
-          {"first_step_ms", setup_ms[0]},
-          {"second_step_ms", setup_ms[1]},
-          {"gemm_autotune", autotune != 0},
-          {"gemm_autotune_candidates", autotune > 1 ? autotune : o.gemm_autotune_candidates},
-          {"speedup_vs_tp1", 0.0},  // SetSpeedups
-          {"all_reduce_bytes", int64_t{batch} * config->hidden_size * 2},
-          {"all_reduce_us_eager", eager_us},
-          {"all_reduce_us_in_graph", graph_us},
-          {"all_reduces_per_step", tp > 1 ? reduces_per_step : 0},
-          {"all_reduce_ms_per_step_in_graph", tp > 1 ? reduces_per_step * graph_us / 1e3 : 0.0},
-          {"p2p_all_reduce_us_eager", ar.p2p_eager_us},
-          {"p2p_all_reduce_us_in_graph", ar.p2p_graph_us},
-          {"p2p_all_reduce_add_rmsnorm_us_in_graph", ar.p2p_add_norm_graph_us},
-          {"p2p_all_reduce_correct", ar.p2p_correct},
-          {"p2p_error", ar.p2p_error},
-      };
-      if (trace_steps > 0) r["kernel_trace"] = trace;
-      std::fprintf(stderr, "%s\n", r.dump().c_str());
-      results.push_back(r);
-    }
+    RunConfig(configs[ci], *config, found.devices, s, &timed, &results);
   }
   SetSpeedups(results);
   out["nccl"] = kcu::NcclGroup::Version();
   out["gpus"] = found.devices.size();
   out["device"] = found.devices.empty() ? "" : found.devices[0].Summary();
   out["results"] = results;
-  std::printf("%s\n", out.dump(2).c_str());
-  if (!absl::GetFlag(FLAGS_out).empty()) std::ofstream(absl::GetFlag(FLAGS_out)) << out.dump(2);
+  WriteJson(out);
   return 0;
 }
 
