@@ -25,6 +25,25 @@ namespace kcu = ::tessera::kernels::cuda;
 using kcu::Bf16;
 using kcu::DeviceBuffer;
 
+// The registry's prefill attention choice must run on `device` (checked on
+// the current device, before any weights load).
+absl::Status CheckPrefillBackend(const std::string& backend,
+                                 const kernels::DeviceDescription& device) {
+  if (backend == kernels::kCudaSm90aBackend) {
+    std::string why;
+    if (!kcu::PrefillAttentionSm90Available(&why)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "prefill attention backend ", backend, " cannot run on ", device.Summary(), ": ", why));
+    }
+    return absl::OkStatus();
+  }
+  if (backend != kernels::kCudaBackend) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown prefill attention backend '", backend, "' (cuda or cuda-sm90a)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 struct CudaModelRunner::Impl {
@@ -75,27 +94,10 @@ absl::Status CudaModelRunner::Init(const kernels::DeviceDescription& device) {
   }
   if (m.plan.sharded()) m.reduce = RankReduce(m.plan.rank, options_.nccl, options_.p2p);
   RETURN_IF_ERROR(kcu::SetDevice(device.ordinal));
-  if (options_.prefill_attention_backend == kernels::kCudaSm90aBackend) {
-    std::string why;
-    if (!kcu::PrefillAttentionSm90Available(&why)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("prefill attention backend ", options_.prefill_attention_backend,
-                       " cannot run on ", device.Summary(), ": ", why));
-    }
-  } else if (options_.prefill_attention_backend != kernels::kCudaBackend) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown prefill attention backend '",
-                                                   options_.prefill_attention_backend,
-                                                   "' (cuda or cuda-sm90a)"));
-  }
-  absl::StatusOr<kcu::Stream> stream = kcu::Stream::Create();
-  if (!stream.ok()) return stream.status();
-  m.stream = std::move(*stream);
-  absl::StatusOr<kcu::Event> ready = kcu::Event::Create(/*timing=*/false);
-  if (!ready.ok()) return ready.status();
-  m.logits_ready = std::move(*ready);
-  absl::StatusOr<std::unique_ptr<kcu::GemmContext>> gemm = kcu::GemmContext::Create();
-  if (!gemm.ok()) return gemm.status();
-  m.gemm = std::move(*gemm);
+  RETURN_IF_ERROR(CheckPrefillBackend(options_.prefill_attention_backend, device));
+  ASSIGN_OR_RETURN(m.stream, kcu::Stream::Create());
+  ASSIGN_OR_RETURN(m.logits_ready, kcu::Event::Create(/*timing=*/false));
+  ASSIGN_OR_RETURN(m.gemm, kcu::GemmContext::Create());
   m.gemm->SetAutotuneCandidates(options_.gemm_autotune_candidates);
   if (options_.gemm_tuning != nullptr) m.gemm->ShareTuning(options_.gemm_tuning);
   return absl::OkStatus();
@@ -215,8 +217,7 @@ absl::Status CudaModelRunner::AllocateMoeActivations() {
   if (moe->has_shared()) {
     ASSIGN_OR_RETURN(a.shared_out, AllocateDevice(T * H * sizeof(Bf16), "shared experts"));
   }
-  const size_t ws =
-      kcu::MoeExpertsWorkspaceBytes(T, static_cast<int>(k), moe->experts(H));
+  const size_t ws = kcu::MoeExpertsWorkspaceBytes(T, static_cast<int>(k), moe->experts(H));
   ASSIGN_OR_RETURN(a.moe_workspace, AllocateDevice(ws, "MoE experts workspace"));
   return absl::OkStatus();
 }
