@@ -20,9 +20,20 @@
 //                              for the host (staging, launches, the copy of
 //                              the token ids back, the next batch)
 // --model=qwen3_8b takes Qwen3-8B's shapes instead (per-head q/k norms).
+// --model=qwen3_30b_a3b takes Qwen3-30B-A3B's (mixture of experts: 128
+// experts, top-8). A step of an MoE model reads only what its tokens use,
+// so bytes_per_step is then counted part by part (step_bytes in the JSON):
+// attention weights, routers and norms of every layer, the experts the
+// step selects, the LM head, one embedding row per token (not the table)
+// and the KV cache. Selected experts per layer: the expectation under
+// uniform routing, E (1 - (1 - k/E)^B) distinct experts for B tokens (random
+// routers and random tokens route about uniformly); at B = 64 that is
+// 125.9 of 128. The long prefill's TFLOP/s counts active FLOPs (attention,
+// router, k experts per token).
 // Usage: gpu_decode_bench [--batch_sizes=1,8,64] [--prompt_len=128]
 //        [--decode_steps=128] [--hbm_tbps=4.27] [--out=result.json]
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -38,6 +49,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/bench/cuda_runner_bench_peer.h"
 #include "tests/bench/llama3_8b_config.h"
+#include "tests/bench/qwen3_30b_a3b_config.h"
 #include "tests/bench/qwen3_8b_config.h"
 #include "tests/bench/random_cuda_weights.h"
 #include "worker/model/config.h"
@@ -50,7 +62,7 @@ ABSL_FLAG(int, decode_steps, 128, "decode steps timed per batch size");
 ABSL_FLAG(double, hbm_tbps, 4.27, "measured HBM bandwidth (TB/s), the roofline's ceiling");
 ABSL_FLAG(bool, cuda_graphs, true, "run decode steps as CUDA graphs");
 ABSL_FLAG(std::string, device, "cuda", "device selector (cuda or cuda:<PCI bus id>)");
-ABSL_FLAG(std::string, model, "llama3_8b", "model shapes: llama3_8b or qwen3_8b");
+ABSL_FLAG(std::string, model, "llama3_8b", "model shapes: llama3_8b, qwen3_8b or qwen3_30b_a3b");
 ABSL_FLAG(std::string, out, "", "write the JSON here too");
 ABSL_FLAG(int, long_prefill, 4096,
           "also time the prefill of one prompt this long (0 = skip): TFLOP/s counting the "
@@ -60,15 +72,96 @@ ABSL_FLAG(double, peak_tflops, 785, "measured bf16 GEMM peak (TFLOP/s) for the p
 namespace tessera {
 namespace {
 
+// The shapes --model names: its config.json and a description.
+struct BenchModel {
+  const char* config_json;
+  const char* description;
+};
+
+bool FindModel(const std::string& name, BenchModel* out) {
+  if (name == "llama3_8b") {
+    *out = {kLlama3_8BConfig, "Llama-3-8B shapes, random bf16 weights"};
+  } else if (name == "qwen3_8b") {
+    *out = {kQwen3_8BConfig, "Qwen3-8B shapes, random bf16 weights"};
+  } else if (name == "qwen3_30b_a3b") {
+    *out = {kQwen3_30BA3BConfig, "Qwen3-30B-A3B shapes (MoE), random bf16 weights"};
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Expected distinct experts B tokens select in one layer, each choosing k
+// of E uniformly: E (1 - (1 - k/E)^B).
+double ExpectedDistinctExperts(const model::MoeConfig& moe, int tokens) {
+  const double E = moe.num_experts, k = moe.top_k;
+  return E * (1.0 - std::pow(1.0 - k / E, tokens));
+}
+
+// What one decode step of `batch` tokens at mean context `mean_ctx` must
+// read from HBM, part by part, for an MoE model (bf16 matrices, fp32
+// norms and correction biases, as the runner holds them).
+nlohmann::json MoeStepBytes(const model::ModelConfig& c, int batch, double mean_ctx) {
+  const double H = c.hidden_size, Q = c.q_size(), K = c.kv_size(), L = c.num_hidden_layers;
+  const model::MoeConfig& moe = *c.moe;
+  const double J = moe.intermediate_size, E = moe.num_experts;
+  double attention = 0, routers = 0, experts = 0, dense = 0, norms = 4 * H;  // + final norm
+  const double experts_per_layer = ExpectedDistinctExperts(moe, batch);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    attention += 2 * (H * (Q + 2 * K) + Q * H);
+    norms += 4 * (2 * H + (c.qk_norm ? 2.0 * c.head_dim : 0.0));
+    if (!c.IsSparseLayer(l)) {
+      dense += 2 * 3 * H * c.intermediate_size;
+      continue;
+    }
+    routers += 2 * E * H + (moe.has_correction_bias() ? 4 * E : 0);
+    experts += experts_per_layer * 2 * 3 * H * J;
+    dense += 2 * 3 * H * moe.shared_intermediate_size();
+  }
+  const double lm_head = 2 * H * c.vocab_size, embedding = 2 * H * batch;
+  const double kv = batch * mean_ctx * 2.0 * L * K * 2;  // K and V, bf16
+  const double total = attention + routers + experts + dense + norms + lm_head + embedding + kv;
+  return {{"attention_weights", attention},
+          {"routers", routers},
+          {"selected_experts", experts},
+          {"selected_experts_per_layer", experts_per_layer},
+          {"dense_and_shared_mlp", dense},
+          {"norms", norms},
+          {"lm_head", lm_head},
+          {"embedding_rows", embedding},
+          {"kv_cache", kv},
+          {"total", total}};
+}
+
+// The long prefill's FLOPs of T tokens: the matmuls every token runs (MoE:
+// the router and its k experts only) and causal attention.
+void PrefillFlops(const model::ModelConfig& c, double T, double* matmul, double* attention) {
+  const double H = c.hidden_size, D = c.head_dim, Q = c.q_size(), K = c.kv_size();
+  double params = 0;  // multiply-adds per token
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    params += H * (Q + 2 * K) + Q * H;
+    if (!c.IsSparseLayer(l)) {
+      params += 3 * H * c.intermediate_size;
+      continue;
+    }
+    const model::MoeConfig& moe = *c.moe;
+    params += moe.num_experts * H + 3 * H * moe.intermediate_size * moe.top_k +
+              3 * H * moe.shared_intermediate_size();
+  }
+  *matmul = 2 * T * params + 2.0 * H * c.vocab_size;  // LM head: the last token only
+  *attention = 2.0 * T * T * D * c.num_attention_heads * c.num_hidden_layers;  // QK^T + PV
+}
+
 int Run() {
   const std::string model_name = absl::GetFlag(FLAGS_model);
-  if (model_name != "llama3_8b" && model_name != "qwen3_8b") {
-    std::fprintf(stderr, "--model must be llama3_8b or qwen3_8b, not %s\n", model_name.c_str());
+  BenchModel bench_model;
+  if (!FindModel(model_name, &bench_model)) {
+    std::fprintf(stderr, "--model must be llama3_8b, qwen3_8b or qwen3_30b_a3b, not %s\n",
+                 model_name.c_str());
     return 1;
   }
-  const bool qwen3 = model_name == "qwen3_8b";
   absl::StatusOr<model::ModelConfig> config =
-      model::ParseModelConfig(qwen3 ? kQwen3_8BConfig : kLlama3_8BConfig, model_name);
+      model::ParseModelConfig(bench_model.config_json, model_name);
   if (!config.ok()) {
     std::fprintf(stderr, "config: %s\n", config.status().ToString().c_str());
     return 1;
@@ -170,8 +263,11 @@ int Run() {
       gpu_ms_per_step = *gpu_ms;
     }
     const double mean_ctx = prompt_len + 1 + (steps + 1) / 2.0;
-    const double bytes_per_step =
-        static_cast<double>((*runner)->weight_bytes()) + batch * mean_ctx * kv_bytes_per_token;
+    const nlohmann::json step_bytes =
+        c.moe ? MoeStepBytes(c, batch, mean_ctx) : nlohmann::json(nullptr);
+    const double bytes_per_step = c.moe ? step_bytes["total"].get<double>()
+                                        : static_cast<double>((*runner)->weight_bytes()) +
+                                              batch * mean_ctx * kv_bytes_per_token;
     const double tps = batch * steps / decode_s;
     const double roofline = batch * hbm / bytes_per_step;
     nlohmann::json r = {
@@ -186,6 +282,7 @@ int Run() {
         {"roofline_tokens_per_second", roofline},
         {"roofline_fraction", tps / roofline},
     };
+    if (c.moe) r["step_bytes"] = step_bytes;
     if (gpu_ms_per_step > 0) {
       const double wall_ms = 1e3 * decode_s / steps;
       r["gpu_ms_per_step"] = gpu_ms_per_step;
@@ -221,13 +318,8 @@ int Run() {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (rep > 0) best = std::min(best, sec);
     }
-    const double T = long_len, H = c.hidden_size, D = c.head_dim;
-    const double Q = c.q_size(), K = c.kv_size(), I = c.intermediate_size;
-    const double per_layer_params = H * (Q + 2 * K) + Q * H + 3 * H * I;
-    const double matmul_flops = 2 * T * per_layer_params * c.num_hidden_layers +
-                                2.0 * H * c.vocab_size;  // LM head: the last token only
-    const double attention_flops =
-        2.0 * T * T * D * c.num_attention_heads * c.num_hidden_layers;  // causal QK^T + PV
+    double matmul_flops = 0, attention_flops = 0;
+    PrefillFlops(c, long_len, &matmul_flops, &attention_flops);
     const double tflops = (matmul_flops + attention_flops) / best / 1e12;
     long_prefill = {{"prompt_tokens", long_len},
                     {"seconds", best},
@@ -241,8 +333,7 @@ int Run() {
   nlohmann::json out = {
       {"benchmark", "gpu_decode_bench"},
       {"long_prefill", long_prefill},
-      {"model",
-       qwen3 ? "Qwen3-8B shapes, random bf16 weights" : "Llama-3-8B shapes, random bf16 weights"},
+      {"model", bench_model.description},
       {"device", device->Summary()},
       {"weight_bytes", (*runner)->weight_bytes()},
       {"hbm_bytes_per_second", hbm},

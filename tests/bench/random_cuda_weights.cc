@@ -48,11 +48,35 @@ runner::CudaWeightsFactory RandomCudaWeights(uint64_t seed) {
     w.qkv_rope_order = runner::UsesQkvRopeOrder(c);  // random rows: any order
     w.gate_up_interleaved = runner::UsesGateUpInterleaved(plan);
     w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
-    for (runner::CudaLayerWeights& l : w.layers) {
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      runner::CudaLayerWeights& l = w.layers[i];
       RETURN_IF_ERROR(linear(Q + 2 * K, H, &l.qkv, "qkv"));
       RETURN_IF_ERROR(linear(H, Q, &l.o, "o_proj"));
-      RETURN_IF_ERROR(linear(2 * I, H, &l.gate_up, "gate_up"));
-      RETURN_IF_ERROR(linear(H, I, &l.down, "down_proj"));
+      if (c.IsSparseLayer(i)) {
+        l.moe.emplace();
+        runner::CudaMoeWeights& m = *l.moe;
+        ASSIGN_OR_RETURN(m.routing, runner::MoeRoutingFor(*c.moe));
+        const int64_t E = c.moe->num_experts, held = plan.experts.size;
+        const int64_t J = plan.expert_intermediate.size, S = plan.shared_intermediate.size;
+        RETURN_IF_ERROR(linear(E, H, &m.router, "router"));
+        if (c.moe->has_correction_bias()) {
+          RETURN_IF_ERROR(ones(E, &m.correction_bias));
+          m.routing.correction_bias = m.correction_bias.as<float>();
+        }
+        RETURN_IF_ERROR(random(held * 2 * J * H, &m.gate_up, "experts gate_up"));
+        RETURN_IF_ERROR(random(held * H * J, &m.down, "experts down"));
+        m.num_experts = static_cast<int>(held);
+        m.first_expert = static_cast<int32_t>(plan.experts.start);
+        m.inter = J;
+        if (S > 0) {
+          RETURN_IF_ERROR(linear(2 * S, H, &m.shared_gate_up, "shared gate_up"));
+          RETURN_IF_ERROR(linear(H, S, &m.shared_down, "shared down"));
+          m.shared_inter = S;
+        }
+      } else {
+        RETURN_IF_ERROR(linear(2 * I, H, &l.gate_up, "gate_up"));
+        RETURN_IF_ERROR(linear(H, I, &l.down, "down_proj"));
+      }
       RETURN_IF_ERROR(ones(H, &l.input_norm));
       RETURN_IF_ERROR(ones(H, &l.post_norm));
       if (c.qk_norm) {
