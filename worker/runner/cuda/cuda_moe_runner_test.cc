@@ -138,12 +138,14 @@ using StepLogits = std::vector<std::vector<float>>;
 
 absl::StatusOr<StepLogits> RunSteps(ModelRunner& runner, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
-  const std::vector<std::vector<int32_t>> tables = {{0, 1}, {4, 5}, {8, 9}, {12, 13}};
+  // Sequence s: blocks 4s + 3, .., 4s (an out-of-order table of 64 slots).
+  const std::vector<std::vector<int32_t>> tables = {
+      {3, 2, 1, 0}, {7, 6, 5, 4}, {11, 10, 9, 8}, {15, 14, 13, 12}};
   std::vector<int32_t> lens(tables.size(), 0);
   StepLogits out;
   for (const std::vector<int>& step : Steps()) {
     ForwardBatch b;
-    b.block_table_stride = 2;
+    b.block_table_stride = 4;
     for (size_t s = 0; s < tables.size(); ++s) {
       if (step[s] == 0) continue;
       std::vector<int32_t> tokens(step[s]);
@@ -285,6 +287,48 @@ TEST(CudaMoeRunnerTest, TinyFixturesAreRefusedForTheirHeadDim) {
   }
 }
 
+// Host case: the harness on the CPU runner. Every step runs and gives one
+// finite logits row per token; with routers of zeros every token of every
+// sparse layer takes the same experts (Qwen3-MoE: 0 and 1, equal scores
+// going to the lower index), which is what lets the GPU comparison above
+// hold every row to the dense tolerance.
+class SameExpertsObserver : public MoeRoutingObserver {
+ public:
+  void OnRouting(int layer, int64_t num_tokens, int top_k, absl::Span<const float> router_logits,
+                 absl::Span<const int32_t> experts, absl::Span<const float> weights) override {
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      ++tokens;
+      for (int j = 0; j < top_k; ++j) different += experts[t * top_k + j] != j;
+    }
+  }
+  int64_t tokens = 0, different = 0;
+};
+
+TEST(CudaMoeHarnessTest, StepsRunOnTheCpuRunnerAndZeroRoutersRouteAlike) {
+  TempModel tm(MoeSpec("Qwen3MoeForCausalLM", true));
+  ASSERT_TRUE(tm.model.ok()) << tm.model.status();
+  SameExpertsObserver observer;
+  CpuRunnerOptions options;
+  options.num_kv_blocks = 32;
+  options.routing_observer = &observer;
+  auto cpu = CpuModelRunner::Create(tm.model->get(), options);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const int64_t vocab = (*tm.model)->config.vocab_size;
+  absl::StatusOr<StepLogits> logits = RunSteps(**cpu, vocab, 5);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  ASSERT_EQ(logits->size(), Steps().size());
+  int64_t rows = 0;
+  for (size_t step = 0; step < Steps().size(); ++step) {
+    const std::vector<int>& lens = Steps()[step];
+    const int tokens = std::accumulate(lens.begin(), lens.end(), 0);
+    EXPECT_EQ((*logits)[step].size(), static_cast<size_t>(tokens * vocab)) << "step " << step;
+    for (float x : (*logits)[step]) ASSERT_TRUE(std::isfinite(x)) << "step " << step;
+    rows += tokens;
+  }
+  EXPECT_EQ(observer.tokens, 2 * rows);  // two sparse layers
+  EXPECT_EQ(observer.different, 0);
+}
+
 // Host cases: the weight layouts, no GPU needed.
 TEST(CudaMoeLayoutTest, PartialRotaryOrderPutsTheModelsPairsWhereTheKernelsRotate) {
   for (const auto [D, R] :
@@ -306,6 +350,44 @@ TEST(CudaMoeLayoutTest, PartialRotaryOrderPutsTheModelsPairsWhereTheKernelsRotat
       // Pairs at angle 0 (inv_freq padded with zeros) hold pass-through dims.
       EXPECT_GE(order[i], R);
       EXPECT_GE(order[D / 2 + i], R);
+    }
+  }
+}
+
+// rotate_half over the first `rotary` dims of x by angles pos * inv_freq
+// (pairs (i, i + rotary / 2)), as transformers and the CPU runner do; the
+// GPU kernels are this with rotary = x.size().
+std::vector<float> RotateHalf(std::vector<float> x, int rotary, const std::vector<float>& inv_freq,
+                              float pos) {
+  for (int i = 0; i < rotary / 2; ++i) {
+    const float a = pos * inv_freq[i], c = std::cos(a), s = std::sin(a);
+    const float x1 = x[i], x2 = x[i + rotary / 2];
+    x[i] = x1 * c - x2 * s;
+    x[i + rotary / 2] = x2 * c + x1 * s;
+  }
+  return x;
+}
+
+// The whole-head rotation of a head stored in PartialRotaryOrder, with the
+// frequencies padded with zeros, is the model's partial rotation of that
+// head, stored in the same order: bit for bit.
+TEST(CudaMoeLayoutTest, WholeHeadRopeOnPermutedRowsIsPartialRope) {
+  const int D = 64, R = 32;
+  std::vector<float> inv_freq(R / 2), padded(D / 2, 0.0f);
+  for (int i = 0; i < R / 2; ++i) {
+    inv_freq[i] = padded[i] = 1.0f / std::pow(10000.0f, 2.0f * i / R);
+  }
+  const std::vector<int64_t> order = PartialRotaryOrder(D, R);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  for (const float pos : {0.0f, 1.0f, 17.0f, 1000.0f}) {
+    std::vector<float> head(D), stored(D);
+    for (float& x : head) x = normal(rng);
+    for (int i = 0; i < D; ++i) stored[i] = head[order[i]];
+    const std::vector<float> model = RotateHalf(head, R, inv_freq, pos);
+    const std::vector<float> gpu = RotateHalf(stored, D, padded, pos);
+    for (int i = 0; i < D; ++i) {
+      EXPECT_EQ(gpu[i], model[order[i]]) << "position " << pos << " row " << i;
     }
   }
 }
