@@ -7,12 +7,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/moe_experts.h"
+#include "kernels/cpu/moe_routing.h"
 #include "kernels/cpu/reference_ops.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kv_cache_write.h"
 #include "kernels/cuda/logits.h"
+#include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_routing.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/prefill_attention_sm90.h"
 #include "kernels/cuda/rmsnorm.h"
@@ -346,6 +350,91 @@ absl::Status CheckSampling() {
   return absl::OkStatus();
 }
 
+// Routing (softmax top-2 of 8; sigmoid with a bias, 4 groups of which 2
+// kept, top-3, scaled) and the experts (grouped GEMV path, 3 tokens) against
+// the CPU reference. Logits 0.37 apart, so the choices cannot differ.
+absl::Status CheckMoe() {
+  Scratch d;
+  const int T = 3, E = 8, H = 16, I = 8;
+  std::vector<float> logits(T * E), bias(E);
+  for (int t = 0; t < T; ++t) {
+    for (int e = 0; e < E; ++e) logits[t * E + e] = 0.37f * ((e * 5 + t * 3) % E) - 1.2f;
+  }
+  for (int e = 0; e < E; ++e) bias[e] = 0.01f * e;
+  ASSIGN(dl, d.Upload(logits));
+  ASSIGN(dbias, d.Upload(bias));
+  ASSIGN(dids, d.Zeros<int32_t>(T * 3));
+  ASSIGN(dw, d.Zeros<float>(T * 3));
+  for (const bool sigmoid : {false, true}) {
+    kcu::MoeRoutingParams gp;
+    kernels::cpu::MoeRoutingParams cp;
+    gp.num_experts = cp.num_experts = E;
+    gp.top_k = cp.top_k = sigmoid ? 3 : 2;
+    gp.renormalize = cp.renormalize = true;
+    if (sigmoid) {
+      gp.scoring = kcu::MoeScoring::kSigmoidGrouped;
+      cp.scoring = kernels::cpu::MoeScoringFunction::kSigmoidGrouped;
+      gp.num_groups = cp.num_groups = 4;
+      gp.topk_groups = cp.topk_groups = 2;
+      gp.scaling_factor = cp.scaling_factor = 2.5f;
+      gp.correction_bias = dbias;
+      cp.correction_bias = bias.data();
+    }
+    CHECK_OK(kcu::MoeRoute(dl, T, gp, dids, dw, nullptr));
+    ASSIGN(ids, Download(dids, T * gp.top_k));
+    ASSIGN(weights, Download(dw, T * gp.top_k));
+    std::vector<int32_t> want_ids(T * gp.top_k);
+    std::vector<float> want_w(T * gp.top_k);
+    kernels::cpu::reference::MoeRoute(logits.data(), T, cp, want_ids.data(), want_w.data());
+    if (ids != want_ids) return absl::InternalError("MoE routing: experts differ from the CPU");
+    CHECK_OK(Compare("MoE routing weights", weights, want_w, 1e-5f, 1e-6f));
+  }
+  // The experts of the sigmoid routing above (3 per token).
+  std::vector<float> x = Random(T * H, 21), gate_up = Random(E * 2 * I * H, 22, 0.5f),
+                     down = Random(E * H * I, 23, 0.5f);
+  ASSIGN(ids, Download(dids, T * 3));
+  ASSIGN(weights, Download(dw, T * 3));
+  ASSIGN(dx, d.Upload(AsBf16(x)));
+  ASSIGN(dgu, d.Upload(AsBf16(gate_up)));
+  ASSIGN(ddown, d.Upload(AsBf16(down)));
+  ASSIGN(dout, d.Zeros<Bf16>(T * H));
+  kcu::MoeExpertsArgs a;
+  a.x = dx;
+  a.num_tokens = T;
+  a.ids = dids;
+  a.weights = dw;
+  a.top_k = 3;
+  a.experts = {dgu, ddown, E, H, I};
+  a.out = dout;
+  a.max_tokens = T;
+  a.workspace_bytes = kcu::MoeExpertsWorkspaceBytes(T, 3, a.experts);
+  ASSIGN(dws, d.Zeros<std::byte>(a.workspace_bytes));
+  a.workspace = dws;
+  CHECK_OK(kcu::MoeExperts(a, nullptr));
+  ASSIGN(out, Download(dout, T * H));
+  std::vector<kernels::cpu::WeightMatrix> gu_m, down_m;
+  for (int e = 0; e < E; ++e) {
+    gu_m.push_back({gate_up.data() + e * 2 * I * H, kernels::cpu::DType::kF32, 2 * I, H});
+    down_m.push_back({down.data() + e * H * I, kernels::cpu::DType::kF32, H, I});
+  }
+  std::vector<float> want(T * H);
+  kernels::cpu::MoeExpertsArgs c;
+  c.x = x.data();
+  c.num_tokens = T;
+  c.hidden = H;
+  c.gate_up = gu_m;
+  c.down = down_m;
+  c.ids = ids.data();
+  c.weights = weights.data();
+  c.top_k = 3;
+  c.out = want.data();
+  CHECK_OK(kernels::cpu::ValidateMoeExperts(c));
+  kernels::cpu::reference::MoeExperts(c);
+  // The GPU rounds gate, up and each expert's output to bf16 (as the dense
+  // path and transformers do), the reference does not.
+  return Compare("MoE experts", FromBf16(out), want, 4 * kBf16Rel, 1e-3f);
+}
+
 }  // namespace
 
 absl::Status PreflightCudaKernels(const kernels::DeviceDescription& device,
@@ -364,6 +453,7 @@ absl::Status PreflightCudaKernels(const kernels::DeviceDescription& device,
        &CheckAttention},
       {{kernels::Op::kAttentionPrefill}, &CheckSm90Prefill, kernels::kCudaSm90aBackend},
       {{kernels::Op::kLogitsProcessing, kernels::Op::kSampling}, &CheckSampling},
+      {{kernels::Op::kMoeRouting, kernels::Op::kMoeExperts}, &CheckMoe},
   };
   if (absl::Status s = kcu::SetDevice(device.ordinal); !s.ok()) return s;
   for (const Check& check : checks) {

@@ -1,6 +1,7 @@
 // Preflight of the CUDA kernels: before any weights load, every CUDA kernel
 // the registry chose runs on tiny odd-sized inputs on the device and is
-// compared with the CPU reference (kernels/cpu/reference_ops.h). A failure
+// compared with the CPU reference (kernels/cpu/reference_ops.h; the MoE
+// routing and experts with kernels/cpu/moe_*.h). A failure
 // (a launch error such as "no kernel image is available", or a wrong result)
 // comes back as FAILED_PRECONDITION naming the device, its compute
 // capability, the binary's code images, the driver and runtime versions, the
