@@ -3,7 +3,8 @@
 // 8 experts, a dense first layer) and GLM-4.5 (sigmoid scores with a
 // correction bias, 4 groups of which 2 are kept, top-4 of 16, a shared
 // expert, scaling 2.5, q/k/v bias, q/k norms, partial RoPE 0.5, a dense
-// first layer), head_dim 64, against the CPU runner, whose MoE logits match
+// first layer; and with its q/k norms off, so q/k rows are also in the
+// GEMV RoPE order), head_dim 64, against the CPU runner, whose MoE logits match
 // transformers on the tiny fixtures within 1e-4 (fixture_parity_test).
 //
 // The tiny fixtures themselves (tests/fixtures/models/*_moe_tiny) have
@@ -32,6 +33,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -42,6 +44,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda_devices.h"
+#include "nlohmann/json.hpp"
 #include "worker/model/weights.h"
 #include "worker/parallel/shard_plan.h"
 #include "worker/runner/cpu_model_runner.h"
@@ -92,17 +95,29 @@ TestModelSpec MoeSpec(const std::string& arch, bool zero_routers) {
   return s;
 }
 
-// A model written to a temporary directory that goes with the object.
+// A model written to a temporary directory that goes with the object;
+// `qk_norm` false turns GLM-4.5's q/k norms off in its config (as the
+// released GLM-4.5 checkpoints have them), leaving the norm tensors unused.
 struct TempModel {
-  explicit TempModel(const TestModelSpec& spec) {
+  explicit TempModel(const TestModelSpec& spec, bool qk_norm = true) {
     char tmpl[] = "/tmp/tessera-cuda-moe-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) {
       model = absl::InternalError("mkdtemp failed");
       return;
     }
     dir = tmpl;
-    const absl::Status written = WriteTestModel(dir, spec);
+    absl::Status written = WriteTestModel(dir, spec);
+    if (written.ok() && !qk_norm) written = TurnQkNormOff(dir + "/config.json");
     model = written.ok() ? model::LoadModel(dir) : written;
+  }
+  static absl::Status TurnQkNormOff(const std::string& path) {
+    std::ifstream in(path);
+    nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (config.is_discarded()) return absl::InternalError(absl::StrCat("cannot parse ", path));
+    config["use_qk_norm"] = false;
+    std::ofstream out(path);
+    out << config.dump(1);
+    return out ? absl::OkStatus() : absl::InternalError(absl::StrCat("cannot write ", path));
   }
   ~TempModel() {
     if (!dir.empty()) std::filesystem::remove_all(dir);
@@ -204,6 +219,9 @@ RowStats CompareRows(const StepLogits& got, const StepLogits& want, int64_t voca
 struct MoeCase {
   const char* arch;
   bool zero_routers;
+  // GLM-4.5 without q/k norms: q/k rows in RoPE order on top of the
+  // partial-RoPE order (the qkv GEMV and decode attention rotate).
+  bool qk_norm = true;
 };
 
 class MoeOnGpu : public ::testing::TestWithParam<MoeCase> {};
@@ -211,10 +229,11 @@ class MoeOnGpu : public ::testing::TestWithParam<MoeCase> {};
 TEST_P(MoeOnGpu, MatchesTheCpuRunnerEagerAndGraphed) {
   REQUIRE_GPU(device);
   const MoeCase param = GetParam();
-  TempModel tm(MoeSpec(param.arch, param.zero_routers));
+  TempModel tm(MoeSpec(param.arch, param.zero_routers), param.qk_norm);
   ASSERT_TRUE(tm.model.ok()) << tm.model.status();
   const model::LoadedModel& model = **tm.model;
   ASSERT_TRUE(model.config.moe.has_value());
+  ASSERT_EQ(model.config.qk_norm, param.qk_norm);
   const int64_t vocab = model.config.vocab_size;
   CpuRunnerOptions cpu_options;
   cpu_options.num_kv_blocks = 32;
@@ -267,10 +286,13 @@ TEST_P(MoeOnGpu, MatchesTheCpuRunnerEagerAndGraphed) {
 INSTANTIATE_TEST_SUITE_P(
     Moe, MoeOnGpu,
     ::testing::Values(MoeCase{"Qwen3MoeForCausalLM", false}, MoeCase{"Qwen3MoeForCausalLM", true},
-                      MoeCase{"Glm4MoeForCausalLM", false}, MoeCase{"Glm4MoeForCausalLM", true}),
+                      MoeCase{"Glm4MoeForCausalLM", false}, MoeCase{"Glm4MoeForCausalLM", true},
+                      MoeCase{"Glm4MoeForCausalLM", false, false},
+                      MoeCase{"Glm4MoeForCausalLM", true, false}),
     [](const ::testing::TestParamInfo<MoeCase>& info) {
       return absl::StrCat(absl::StartsWith(info.param.arch, "Glm") ? "Glm4Moe" : "Qwen3Moe",
-                          info.param.zero_routers ? "ZeroRouters" : "");
+                          info.param.zero_routers ? "ZeroRouters" : "",
+                          info.param.qk_norm ? "" : "NoQkNorm");
     });
 
 TEST(CudaMoeRunnerTest, TinyFixturesAreRefusedForTheirHeadDim) {
@@ -327,6 +349,22 @@ TEST(CudaMoeHarnessTest, StepsRunOnTheCpuRunnerAndZeroRoutersRouteAlike) {
   }
   EXPECT_EQ(observer.tokens, 2 * rows);  // two sparse layers
   EXPECT_EQ(observer.different, 0);
+}
+
+// Host case: the GLM-4.5 model with its q/k norms turned off loads (the
+// norm tensors unused) and runs the steps on the CPU runner.
+TEST(CudaMoeHarnessTest, GlmWithoutQkNormRunsOnTheCpuRunner) {
+  TempModel tm(MoeSpec("Glm4MoeForCausalLM", false), /*qk_norm=*/false);
+  ASSERT_TRUE(tm.model.ok()) << tm.model.status();
+  EXPECT_FALSE((*tm.model)->config.qk_norm);
+  EXPECT_EQ((*tm.model)->config.rotary_dim(), 32);
+  CpuRunnerOptions options;
+  options.num_kv_blocks = 32;
+  auto cpu = CpuModelRunner::Create(tm.model->get(), options);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  absl::StatusOr<StepLogits> logits = RunSteps(**cpu, (*tm.model)->config.vocab_size, 5);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_EQ(logits->size(), Steps().size());
 }
 
 // Host cases: the weight layouts, no GPU needed.
