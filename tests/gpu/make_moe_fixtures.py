@@ -18,6 +18,8 @@ Fixtures:
                   top-4 of 16, renormalised, x 2.5, one shared expert;
                   layer 0 dense (first_k_dense_replace), partial RoPE 0.5,
                   attention bias, q/k norm.
+  qwen3_moe_d64, glm4_moe_d64  the same with head_dim 64 (the CUDA attention
+                  kernels run 64, 128 and 256, not 32).
 
 Output (default tests/fixtures/models/<name>/): config.json,
 model.safetensors, expected_logits.safetensors, expected.json (as
@@ -49,7 +51,7 @@ def specs():
                   num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
                   initializer_range=0.15, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                   tie_word_embeddings=False, use_cache=True)
-    return [
+    out = [
         ("qwen3_moe_tiny", transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
          dict(common, rms_norm_eps=1e-6, rope_theta=1000000.0, num_experts=8,
               num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
@@ -61,6 +63,10 @@ def specs():
               first_k_dense_replace=1, attention_bias=True, use_qk_norm=True,
               num_nextn_predict_layers=0)),
     ]
+    # The same two with head_dim 64, a size the CUDA attention kernels run.
+    for name, config_cls, model_cls, kw in list(out):
+        out.append((name.replace("_tiny", "_d64"), config_cls, model_cls, dict(kw, head_dim=64)))
+    return out
 
 
 def randomize(model, gen, std):

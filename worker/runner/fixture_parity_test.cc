@@ -106,7 +106,7 @@ TEST_P(FixtureParityTest, LogitsAndGreedyContinuationsMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Models, FixtureParityTest,
                          ::testing::Values("llama3_tiny", "qwen2_tiny", "qwen3_tiny",
                                            "qwen3_tiny_bf16", "mistral_tiny", "qwen3_moe_tiny",
-                                           "glm4_moe_tiny"));
+                                           "qwen3_moe_d64", "glm4_moe_d64", "glm4_moe_tiny"));
 
 }  // namespace
 }  // namespace tessera::runner

@@ -197,7 +197,8 @@ TEST_P(MoeRoutingParityTest, EveryTokensExpertsAndWeightsMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MoeRoutingParityTest,
-                         ::testing::Values("qwen3_moe_tiny", "glm4_moe_tiny"));
+                         ::testing::Values("qwen3_moe_tiny", "glm4_moe_tiny", "qwen3_moe_d64",
+                                           "glm4_moe_d64"));
 
 }  // namespace
 }  // namespace tessera::runner
