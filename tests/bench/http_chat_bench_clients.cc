@@ -6,9 +6,9 @@
 #include <utility>
 
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "boost/asio.hpp"
 #include "boost/beast/core.hpp"
