@@ -81,9 +81,10 @@ def decode(out, results):
         "command": BUNDLE + "; bash scripts/gpu-run.sh OUT  (GPU machine): "
                    "tests/bench/gpu_decode_bench and tests/gpu/hf_decode_peer.py; "
                    "tests/bench/collect_gpu_results.py OUT",
-        "hbm_roofline_note": "roofline = batch x 4.27e12 B/s / (weight bytes + KV bytes read per "
-                             "step); host_overhead_fraction = 1 - GPU-only time per step (graph "
-                             "replayed back to back at the longest context) / wall time per "
+        "hbm_roofline_note": "roofline = batch x 4.27e12 B/s / bytes a step reads (layers, LM "
+                             "head, one embedding row per token, KV at the mean context: "
+                             "step_bytes, decode_step_bytes.h); host_overhead_fraction = "
+                             "1 - GPU-only time per step (graph replayed back to back at the longest context) / wall time per "
                              "step; negative = within measurement noise",
         "summary": summary,
         "long_prefill": tessera.get("long_prefill"),

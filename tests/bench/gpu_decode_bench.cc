@@ -6,8 +6,11 @@
 // one step, then --decode_steps greedy decode steps run (argmax on the GPU,
 // only token ids come back), each a CUDA graph. Reported per B:
 //   decode_tokens_per_second = B * steps / wall time of the decode steps
-//   bytes_per_step           = weights + the KV cache read by attention
-//                              (mean context over the steps)
+//   bytes_per_step           = what the step reads (step_bytes in the JSON,
+//                              decode_step_bytes.h): the layers' weights, the
+//                              LM head, one embedding row per token (not the
+//                              table) and the KV cache attention reads (mean
+//                              context over the steps)
 //   roofline_tokens_per_second = B * hbm_bytes_per_second / bytes_per_step
 //   roofline_fraction        = measured / roofline
 //   gpu_ms_per_step          = device time of one step: the last step's
@@ -21,12 +24,8 @@
 //                              the token ids back, the next batch)
 // --model=qwen3_8b takes Qwen3-8B's shapes instead (per-head q/k norms).
 // --model=qwen3_30b_a3b takes Qwen3-30B-A3B's (mixture of experts: 128
-// experts, top-8). A step of an MoE model reads only what its tokens use,
-// so bytes_per_step is then counted part by part (step_bytes in the JSON):
-// attention weights, routers and norms of every layer, the experts the
-// step selects, the LM head, one embedding row per token (not the table)
-// and the KV cache. Selected experts per layer: the expectation under
-// uniform routing, E (1 - (1 - k/E)^B) distinct experts for B tokens (random
+// experts, top-8): a step then reads only the experts its tokens select,
+// E (1 - (1 - k/E)^B) per layer for B tokens under uniform routing (random
 // routers and random tokens route about uniformly); at B = 64 that is
 // 125.9 of 128. The long prefill's TFLOP/s counts active FLOPs (attention,
 // router, k experts per token).
@@ -48,6 +47,7 @@
 #include "kernels/registry.h"
 #include "nlohmann/json.hpp"
 #include "tests/bench/cuda_runner_bench_peer.h"
+#include "tests/bench/decode_step_bytes.h"
 #include "tests/bench/llama3_8b_config.h"
 #include "tests/bench/qwen3_30b_a3b_config.h"
 #include "tests/bench/qwen3_8b_config.h"
@@ -89,48 +89,6 @@ bool FindModel(const std::string& name, BenchModel* out) {
     return false;
   }
   return true;
-}
-
-// Expected distinct experts B tokens select in one layer, each choosing k
-// of E uniformly: E (1 - (1 - k/E)^B).
-double ExpectedDistinctExperts(const model::MoeConfig& moe, int tokens) {
-  const double E = moe.num_experts, k = moe.top_k;
-  return E * (1.0 - std::pow(1.0 - k / E, tokens));
-}
-
-// What one decode step of `batch` tokens at mean context `mean_ctx` must
-// read from HBM, part by part, for an MoE model (bf16 matrices, fp32
-// norms and correction biases, as the runner holds them).
-nlohmann::json MoeStepBytes(const model::ModelConfig& c, int batch, double mean_ctx) {
-  const double H = c.hidden_size, Q = c.q_size(), K = c.kv_size(), L = c.num_hidden_layers;
-  const model::MoeConfig& moe = *c.moe;
-  const double J = moe.intermediate_size, E = moe.num_experts;
-  double attention = 0, routers = 0, experts = 0, dense = 0, norms = 4 * H;  // + final norm
-  const double experts_per_layer = ExpectedDistinctExperts(moe, batch);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    attention += 2 * (H * (Q + 2 * K) + Q * H);
-    norms += 4 * (2 * H + (c.qk_norm ? 2.0 * c.head_dim : 0.0));
-    if (!c.IsSparseLayer(l)) {
-      dense += 2 * 3 * H * c.intermediate_size;
-      continue;
-    }
-    routers += 2 * E * H + (moe.has_correction_bias() ? 4 * E : 0);
-    experts += experts_per_layer * 2 * 3 * H * J;
-    dense += 2 * 3 * H * moe.shared_intermediate_size();
-  }
-  const double lm_head = 2 * H * c.vocab_size, embedding = 2 * H * batch;
-  const double kv = batch * mean_ctx * 2.0 * L * K * 2;  // K and V, bf16
-  const double total = attention + routers + experts + dense + norms + lm_head + embedding + kv;
-  return {{"attention_weights", attention},
-          {"routers", routers},
-          {"selected_experts", experts},
-          {"selected_experts_per_layer", experts_per_layer},
-          {"dense_and_shared_mlp", dense},
-          {"norms", norms},
-          {"lm_head", lm_head},
-          {"embedding_rows", embedding},
-          {"kv_cache", kv},
-          {"total", total}};
 }
 
 // The long prefill's FLOPs of T tokens: the matmuls every token runs (MoE:
@@ -204,7 +162,6 @@ int Run() {
   }
   const model::ModelConfig& c = (*runner)->config();
   const double hbm = absl::GetFlag(FLAGS_hbm_tbps) * 1e12;
-  const double kv_bytes_per_token = 2.0 * c.num_hidden_layers * c.kv_size() * 2;  // K+V, bf16
   nlohmann::json results = nlohmann::json::array();
   std::mt19937 rng(42);
   for (int batch : batches) {
@@ -263,11 +220,8 @@ int Run() {
       gpu_ms_per_step = *gpu_ms;
     }
     const double mean_ctx = prompt_len + 1 + (steps + 1) / 2.0;
-    const nlohmann::json step_bytes =
-        c.moe ? MoeStepBytes(c, batch, mean_ctx) : nlohmann::json(nullptr);
-    const double bytes_per_step = c.moe ? step_bytes["total"].get<double>()
-                                        : static_cast<double>((*runner)->weight_bytes()) +
-                                              batch * mean_ctx * kv_bytes_per_token;
+    const bench::StepBytes step_bytes = bench::DecodeStepBytes(c, batch, mean_ctx);
+    const double bytes_per_step = step_bytes.total();
     const double tps = batch * steps / decode_s;
     const double roofline = batch * hbm / bytes_per_step;
     nlohmann::json r = {
@@ -282,7 +236,7 @@ int Run() {
         {"roofline_tokens_per_second", roofline},
         {"roofline_fraction", tps / roofline},
     };
-    if (c.moe) r["step_bytes"] = step_bytes;
+    r["step_bytes"] = step_bytes.ToJson();
     if (gpu_ms_per_step > 0) {
       const double wall_ms = 1e3 * decode_s / steps;
       r["gpu_ms_per_step"] = gpu_ms_per_step;
