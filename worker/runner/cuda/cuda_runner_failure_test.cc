@@ -1,7 +1,7 @@
 // The CUDA runner's failure paths for bad weights: a weights factory that
-// makes the wrong number of layers, and shard plans whose slices fall
-// outside a tensor. Each
-// must be a clear error naming what is wrong, never a crash. The cases that
+// makes the wrong number of layers, a model whose layer list disagrees
+// with its config, and shard plans whose slices fall outside a tensor.
+// Each must be a clear error naming what is wrong, never a crash. The cases that
 // fail before any device call run without a GPU too (HOST_CASES).
 #include <string>
 #include <vector>
@@ -73,6 +73,22 @@ TEST(CudaRunnerFailureTest, UploadWeightsRefusesAVocabularySliceOutsideTheEmbedd
     EXPECT_EQ(w.status().code(), absl::StatusCode::kOutOfRange);
     EXPECT_THAT(w.status().message(), HasSubstr("model.embed_tokens.weight"));
   }
+}
+
+// A hand-built model whose layer list disagrees with its config: refused
+// before any upload (the loop would read past the list), with or without a GPU.
+TEST(CudaRunnerFailureTest, UploadWeightsRefusesAModelWithAnotherNumberOfLayers) {
+  SmallTestModel small("LlamaForCausalLM", 64);
+  ASSERT_TRUE(small.model.ok()) << small.model.status();
+  model::LoadedModel& model = **small.model;
+  const int64_t layers = model.config.num_hidden_layers;
+  ASSERT_GE(layers, 2);
+  model.weights.layers.resize(static_cast<size_t>(layers - 1));
+  absl::StatusOr<CudaWeights> w = UploadWeights(model, parallel::FullPlan(model.config));
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(w.status().message(), HasSubstr(absl::StrCat("weights for ", layers - 1,
+                                                           " layers, its config has ", layers)));
 }
 
 // The layer slices need the device: the embedding and norms before them

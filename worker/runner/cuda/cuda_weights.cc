@@ -425,6 +425,11 @@ absl::StatusOr<CudaWeights> UploadWeights(const model::LoadedModel& model,
                                           const parallel::ShardPlan& plan) {
   const model::ModelConfig& c = model.config;
   const model::ModelWeights& w = model.weights;
+  if (static_cast<int64_t>(w.layers.size()) != c.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("the model holds weights for ", w.layers.size(),
+                                                   " layers, its config has ",
+                                                   c.num_hidden_layers));
+  }
   CudaWeights out;
   out.qkv_rope_order = UsesQkvRopeOrder(c);
   out.gate_up_interleaved = UsesGateUpInterleaved(plan);
