@@ -35,24 +35,18 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/host_buffer.h"
 #include "kernels/cpu/reference_ops.h"
+#include "tests/bench/cpu_bench_util.h"
 
 namespace tessera::kernels::cpu {
 namespace {
 
 using Counter = benchmark::Counter;
-
-// Deterministic, fast fill (xorshift), values in [-scale, scale).
-std::vector<float> Filled(size_t n, float scale = 1.0f, uint64_t seed = 88172645463325252ull) {
-  std::vector<float> v(n);
-  uint64_t x = seed;
-  for (float& f : v) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    f = scale * (static_cast<float>(x >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f);
-  }
-  return v;
-}
+using bench::Filled;
+using bench::Impl;
+using bench::Opt;
+using bench::Pool;
+using bench::Register;
+using bench::SetRates;
 
 struct Weights {
   std::vector<uint16_t> half;
@@ -75,35 +69,6 @@ std::shared_ptr<Weights> MakeWeights(DType dtype, int64_t n, int64_t k) {
     w->view.data = w->half.data();
   }
   return w;
-}
-
-// One pool per thread count, shared by all benchmarks.
-ThreadPool* Pool(int threads) {
-  static auto* pools = new std::map<int, std::unique_ptr<ThreadPool>>;
-  auto& p = (*pools)[threads];
-  if (!p) p = std::make_unique<ThreadPool>(threads);
-  return p.get();
-}
-
-CpuContext Opt(int threads) { return CpuContext{Pool(threads), BestCpuIsa(HostCpuFeatures())}; }
-
-std::string Impl(int threads) { return threads == 0 ? "ref" : absl::StrCat("opt_t", threads); }
-
-void Register(const std::string& name, std::function<void(benchmark::State&)> fn) {
-  // With repetitions, "min" (the least disturbed run on a shared machine)
-  // joins the default mean/median/stddev/cv aggregates.
-  benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& s) { fn(s); })
-      ->UseRealTime()
-      ->Unit(benchmark::kMicrosecond)
-      ->ComputeStatistics("min", [](const std::vector<double>& v) {
-        return *std::min_element(v.begin(), v.end());
-      });
-}
-
-void SetRates(benchmark::State& state, double bytes, double flops = 0) {
-  state.counters["GB/s"] = Counter(bytes / 1e9, Counter::kIsIterationInvariantRate);
-  if (flops > 0)
-    state.counters["GFLOP/s"] = Counter(flops / 1e9, Counter::kIsIterationInvariantRate);
 }
 
 // ---------------------------------------------------------------------------

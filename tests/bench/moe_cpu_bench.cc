@@ -25,26 +25,20 @@
 #include "benchmark/benchmark.h"
 #include "kernels/cpu/moe_experts.h"
 #include "kernels/cpu/moe_routing.h"
+#include "tests/bench/cpu_bench_util.h"
 
 namespace tessera::kernels::cpu {
 namespace {
 
 using Counter = benchmark::Counter;
+using bench::Filled;
+using bench::Impl;
+using bench::Pool;
+using bench::Register;
+using bench::SetRates;
 
 constexpr int64_t kHidden = 2048, kWidth = 768;
 constexpr int kExperts = 32, kTopK = 8;
-
-std::vector<float> Filled(size_t n, float scale, uint64_t seed) {
-  std::vector<float> v(n);
-  uint64_t x = seed;
-  for (float& f : v) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    f = scale * (static_cast<float>(x >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f);
-  }
-  return v;
-}
 
 // The experts' bf16 weights, built once.
 struct Experts {
@@ -69,13 +63,6 @@ const Experts& BenchExperts() {
   return *experts;
 }
 
-ThreadPool* Pool(int threads) {
-  static auto* pools = new std::map<int, std::unique_ptr<ThreadPool>>;
-  auto& p = (*pools)[threads];
-  if (!p) p = std::make_unique<ThreadPool>(threads);
-  return p.get();
-}
-
 // Softmax top-8 routing of random router logits for `tokens` tokens.
 void Route(int64_t tokens, std::vector<int32_t>* ids, std::vector<float>* weights) {
   const std::vector<float> logits = Filled(tokens * kExperts, 3.0f, 7);
@@ -86,17 +73,11 @@ void Route(int64_t tokens, std::vector<int32_t>* ids, std::vector<float>* weight
                       ids->data(), weights->data());
 }
 
-void Register(const std::string& name, std::function<void(benchmark::State&)> fn) {
-  benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& s) { fn(s); })
-      ->UseRealTime()
-      ->Unit(benchmark::kMicrosecond);
-}
-
 void RegisterExperts() {
   for (int64_t tokens : {1, 8, 64, 256}) {
     for (int threads : {0, 1, 2}) {
       if (threads == 0 && tokens > 8) continue;  // the reference is too slow to matter there
-      const std::string impl = threads == 0 ? "ref" : absl::StrCat("opt_t", threads);
+      const std::string impl = Impl(threads);
       Register(absl::StrCat("moe_experts/", impl, "/tokens", tokens), [=](benchmark::State& st) {
         const Experts& e = BenchExperts();
         const std::vector<float> x = Filled(tokens * kHidden, 1.0f, 3);
@@ -118,8 +99,7 @@ void RegisterExperts() {
         const std::set<int32_t> chosen(ids.begin(), ids.end());
         const double bytes = chosen.size() * 3.0 * kHidden * kWidth * sizeof(bf16_t);
         const double flops = tokens * kTopK * 2.0 * 3 * kHidden * kWidth;
-        st.counters["GB/s"] = Counter(bytes / 1e9, Counter::kIsIterationInvariantRate);
-        st.counters["GFLOP/s"] = Counter(flops / 1e9, Counter::kIsIterationInvariantRate);
+        SetRates(st, bytes, flops);
         st.counters["experts_touched"] = static_cast<double>(chosen.size());
       });
     }
