@@ -21,7 +21,8 @@
 // about 1e-6 relative and the choices agree unless two scores are that
 // close without being equal.
 //
-// One CTA routes one token; E <= kMoeRoutingMaxExperts, k <= kMoeMaxTopK.
+// One CTA routes one token (moe_routing.cuh); E <= kMoeRoutingMaxExperts,
+// k <= kMoeMaxTopK.
 //
 // Thread-safety: enqueues on `stream`; concurrent calls must not write
 // overlapping outputs.
@@ -58,9 +59,11 @@ struct MoeRoutingParams {
 absl::Status ValidateMoeRouting(const MoeRoutingParams& params);
 
 // For t < num_tokens: experts[t * k + j], weights[t * k + j] from
-// logits[t * E .. + E) (all device pointers). num_tokens == 0 enqueues
-// nothing. REQUIRES: no NaN logits.
+// logits[t * E .. + E) (all device pointers), plus addend[t * E .. + E)
+// where `addend` is set (the fp32 router's two halves, moe_router.h).
+// num_tokens == 0 enqueues nothing. REQUIRES: no NaN logits.
 absl::Status MoeRoute(const float* logits, int64_t num_tokens, const MoeRoutingParams& params,
-                      int32_t* experts, float* weights, CudaStream stream);
+                      int32_t* experts, float* weights, CudaStream stream,
+                      const float* addend = nullptr);
 
 }  // namespace tessera::kernels::cuda

@@ -165,7 +165,7 @@ absl::Status DenseMlp(const ForwardContext& c, const StepPlan& plan, const CudaL
 
 absl::Status MlpBlock(const ForwardContext& c, const StepPlan& plan, int64_t layer) {
   const CudaLayerWeights& l = c.weights->layers[layer];
-  if (l.moe) return MoeBlock(c, plan, *l.moe);
+  if (l.moe) return MoeBlock(c, plan, *l.moe, l.post_norm, static_cast<int>(layer));
   return DenseMlp(c, plan, l.gate_up, l.down, c.inter, plan.gate_up_silu_in_gemv,
                   c.act->delta.as<Bf16>());
 }

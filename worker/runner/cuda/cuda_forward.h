@@ -39,6 +39,8 @@ class GemmContext;
 
 namespace tessera::runner {
 
+class MoeRoutingObserver;  // worker/runner/cpu_mlp_block.h
+
 // Which kernels a step runs, decided once before it.
 struct StepPlan {
   int64_t tokens = 0;  // rows of every activation (padded for graphs)
@@ -75,11 +77,13 @@ struct CudaActivations {
   kernels::cuda::DeviceBuffer gate_up;   // bf16 [T, 2 W], W = DenseMlpWidth
   kernels::cuda::DeviceBuffer act;       // bf16 [T, W]
   // MoE layers (empty for dense models), sized for moe_max_tokens rows:
-  kernels::cuda::DeviceBuffer router_logits;  // fp32 [T, E]
-  kernels::cuda::DeviceBuffer moe_ids;        // int32 [T, top_k]
-  kernels::cuda::DeviceBuffer moe_weights;    // fp32 [T, top_k]
-  kernels::cuda::DeviceBuffer shared_out;     // bf16 [T, hidden]: the shared experts' output
-  kernels::cuda::DeviceBuffer moe_workspace;  // kernels/cuda/moe_experts.h
+  kernels::cuda::DeviceBuffer router_logits;    // fp32 [2T, E] (cuda_moe_block.h)
+  kernels::cuda::DeviceBuffer router_split;     // bf16 [2T, hidden]: the router input's halves
+  kernels::cuda::DeviceBuffer router_counters;  // int32 [T], zeros: the fused router's
+  kernels::cuda::DeviceBuffer moe_ids;          // int32 [T, top_k]
+  kernels::cuda::DeviceBuffer moe_weights;      // fp32 [T, top_k]
+  kernels::cuda::DeviceBuffer shared_out;       // bf16 [T, hidden]: the shared experts' output
+  kernels::cuda::DeviceBuffer moe_workspace;    // kernels/cuda/moe_experts.h
   int64_t moe_max_tokens = 0;
   kernels::cuda::DeviceBuffer rows;    // bf16 [logits rows, hidden]
   kernels::cuda::DeviceBuffer logits;  // fp32 [logits rows, vocab slice]
@@ -98,6 +102,7 @@ struct ForwardContext {
   kernels::cuda::CudaStream stream = nullptr;
   int64_t heads = 0, kv_heads = 0, inter = 0, vocab = 0;  // this rank's
   int block_size = 16;
+  MoeRoutingObserver* routing_observer = nullptr;  // CudaRunnerOptions::routing_observer
 };
 
 // Token ids -> the residual stream, and the first layer's input norm -> xb.

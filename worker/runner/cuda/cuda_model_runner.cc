@@ -81,6 +81,9 @@ absl::Status CudaModelRunner::Init(const kernels::DeviceDescription& device) {
   if (options_.block_size < 1 || options_.max_num_tokens < 1 || options_.max_num_seqs < 1) {
     return absl::InvalidArgumentError("block_size, max_num_tokens and max_num_seqs must be >= 1");
   }
+  if (options_.routing_observer != nullptr && options_.cuda_graphs) {
+    return absl::InvalidArgumentError("routing_observer needs cuda_graphs = false");
+  }
   if (config_.head_dim != 64 && config_.head_dim != 128 && config_.head_dim != 256) {
     return absl::InvalidArgumentError(
         absl::StrCat("the CUDA attention kernels support head_dim 64, 128 and 256; this model has ",
@@ -211,7 +214,12 @@ absl::Status CudaModelRunner::AllocateMoeActivations() {
   const int64_t E = moe->router.out, k = moe->routing.top_k;
   CudaActivations& a = m.act;
   a.moe_max_tokens = T;
-  ASSIGN_OR_RETURN(a.router_logits, AllocateDevice(T * E * sizeof(float), "router logits"));
+  // The router's logits, and for steps above the fused router's limit its
+  // input's hi/lo halves and both halves' logits (kernels/cuda/moe_router.h).
+  ASSIGN_OR_RETURN(a.router_logits, AllocateDevice(2 * T * E * sizeof(float), "router logits"));
+  ASSIGN_OR_RETURN(a.router_split, AllocateDevice(2 * T * H * sizeof(Bf16), "router input"));
+  ASSIGN_OR_RETURN(a.router_counters, AllocateDevice(T * sizeof(int32_t), "router counters"));
+  RETURN_IF_ERROR(kcu::MemsetDevice(a.router_counters.data(), 0, a.router_counters.size()));
   ASSIGN_OR_RETURN(a.moe_ids, AllocateDevice(T * k * sizeof(int32_t), "expert ids"));
   ASSIGN_OR_RETURN(a.moe_weights, AllocateDevice(T * k * sizeof(float), "expert weights"));
   if (moe->has_shared()) {
@@ -296,6 +304,7 @@ absl::Status CudaModelRunner::RunModel(const StepPlan& plan) {
   c.inter = m.plan.intermediate.size;
   c.vocab = m.vocab();
   c.block_size = options_.block_size;
+  c.routing_observer = options_.routing_observer;
 
   RETURN_IF_ERROR(Embed(c, plan));
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {

@@ -98,6 +98,10 @@ struct CudaRunnerOptions {
   // (head_dim 64, 128), the portable one for the rest. Create() fails when
   // "cuda-sm90a" cannot run on the device.
   std::string prefill_attention_backend = "cuda";
+  // Tests: told every sparse layer's router logits, chosen experts and
+  // weights (worker/runner/cpu_mlp_block.h), read back after each layer's
+  // routing (the step synchronises there, so cuda_graphs must be false).
+  MoeRoutingObserver* routing_observer = nullptr;
 };
 
 class CudaModelRunner final : public ModelRunner {
