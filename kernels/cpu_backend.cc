@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/fp8_e4m3.h"
+#include "kernels/cpu/fp8_linear.h"
 #include "kernels/cpu/moe_experts.h"
 #include "kernels/cpu/moe_routing.h"
 #include "kernels/cpu/reference_ops.h"
@@ -77,6 +79,10 @@ void MoeRoute(const cpu::CpuContext&, const float* logits, int64_t tokens,
 void MoeExperts(const cpu::CpuContext&, const cpu::MoeExpertsArgs& args) {
   cpu::reference::MoeExperts(args);
 }
+void Fp8Gemm(const cpu::CpuContext&, const float* x, int64_t m, const cpu::Fp8WeightMatrix& w,
+             const cpu::Fp8Activation& a, const float* bias, float* y, int64_t ldy) {
+  cpu::reference::Fp8Gemm(x, m, w, a, bias, y, ldy);
+}
 }  // namespace ref
 
 CpuKernels MakeTable(bool optimized) {
@@ -97,6 +103,7 @@ CpuKernels MakeTable(bool optimized) {
     k.reduce_sum = &cpu::ReduceSum;
     k.moe_route = &cpu::MoeRoute;
     k.moe_experts = &cpu::MoeExperts;
+    k.fp8_gemm = &cpu::Fp8Gemm;
   } else {
     k.embedding = &ref::Embedding;
     k.rms_norm = &ref::RmsNorm;
@@ -113,6 +120,7 @@ CpuKernels MakeTable(bool optimized) {
     k.reduce_sum = &ref::ReduceSum;
     k.moe_route = &ref::MoeRoute;
     k.moe_experts = &ref::MoeExperts;
+    k.fp8_gemm = &ref::Fp8Gemm;
   }
   for (Op op : kAllOps) {
     k.backend[static_cast<size_t>(op)] = S(optimized ? kCpuBackend : kCpuReferenceBackend);
@@ -164,6 +172,9 @@ void CopyOp(Op op, const CpuKernels& from, CpuKernels* to) {
     case Op::kMoeExperts:
       to->moe_experts = from.moe_experts;
       break;
+    case Op::kFp8Gemm:
+      to->fp8_gemm = from.fp8_gemm;
+      break;
   }
   to->backend[static_cast<size_t>(op)] = from.BackendOf(op);
 }
@@ -186,6 +197,7 @@ class Preflight {
     RunReduceSum();
     RunMoeRouting();
     RunMoeExperts();
+    RunFp8Gemm();
     return status_;
   }
 
@@ -440,6 +452,23 @@ class Preflight {
     // Each output sums two expert outputs of magnitude <= inter * hidden.
     Compare(Op::kMoeExperts, "moe_experts", got, want,
             [](size_t) { return 1e-5f * hidden * inter; });
+  }
+
+  // Two tokens through a 130 x 300 FP8 weight with 128-blocks (partial last
+  // blocks), per-token groups of 128.
+  void RunFp8Gemm() {
+    const int64_t m = 2, rows = 130, cols = 300;
+    std::vector<uint8_t> w;
+    for (float v : Random(rows * cols, -400, 400)) w.push_back(cpu::FloatToE4m3(v));
+    std::vector<float> scales = Random(rows * 3, 1e-3f, 2e-3f);
+    const cpu::Fp8WeightMatrix matrix{w.data(), rows, cols, scales.data(), 128};
+    const cpu::Fp8Activation act{cpu::Fp8ActivationMode::kDynamicGroup, 128, 1.f};
+    std::vector<float> x = Random(m * cols, -2, 2), bias = Random(rows);
+    std::vector<float> got(m * rows), want(m * rows);
+    Check(Op::kFp8Gemm, cpu::ValidateFp8Gemm(matrix, act));
+    k_.fp8_gemm(ctx_, x.data(), m, matrix, act, bias.data(), got.data(), rows);
+    cpu::reference::Fp8Gemm(x.data(), m, matrix, act, bias.data(), want.data(), rows);
+    Compare(Op::kFp8Gemm, "fp8_gemm", got, want, Rel(want, 1e-5f, 1e-5f));
   }
 
   const CpuKernels& k_;

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/fp8_linear.h"
 #include "kernels/cpu/moe_experts.h"
 #include "kernels/cpu/moe_routing.h"
 #include "kernels/device.h"
@@ -84,6 +85,10 @@ struct CpuKernels {
                     int32_t*, float*);  // Op::kMoeRouting
   void (*moe_experts)(const cpu::CpuContext&,
                       const cpu::MoeExpertsArgs&);  // Op::kMoeExperts
+  // Contract in kernels/cpu/fp8_linear.h (y with row stride ldy).
+  void (*fp8_gemm)(const cpu::CpuContext&, const float*, int64_t, const cpu::Fp8WeightMatrix&,
+                   const cpu::Fp8Activation&, const float*, float*,
+                   int64_t);  // Op::kFp8Gemm
 
   // Backend name per op, indexed by static_cast<size_t>(op).
   std::array<std::string, std::size(kAllOps)> backend;

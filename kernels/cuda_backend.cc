@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/arch/build_manifest.h"
+#include "kernels/cuda_fp8_backend.h"
 
 namespace tessera::kernels {
 namespace {
@@ -191,6 +192,9 @@ void AddCudaCandidates(Registry* registry) {
                             "grouped GEMM above; fp32 combine; ",
                             CudaBackendDetails(d));
                       }});
+        break;
+      case Op::kFp8Gemm:
+        s = AddFp8GemmCandidates(registry);
         break;
       default:
         s = registry->Add(Candidate{S(kCudaBackend), op, &CudaKernelsWhyNot, details});

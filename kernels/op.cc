@@ -30,6 +30,8 @@ std::string_view OpName(Op op) {
       return "moe_routing";
     case Op::kMoeExperts:
       return "moe_experts";
+    case Op::kFp8Gemm:
+      return "fp8_gemm";
   }
   return "unknown";
 }

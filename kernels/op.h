@@ -24,6 +24,7 @@ enum class Op {
   kAllReduce,         // tensor-parallel sum across ranks
   kMoeRouting,        // router logits -> each token's top-k experts and weights
   kMoeExperts,        // the routed experts' SwiGLU MLPs, combined weighted in fp32
+  kFp8Gemm,           // x . W^T for FP8 (e4m3 + scales) weights, activations quantized on the fly
 };
 
 // Every op, in the order reports list them.
@@ -41,11 +42,12 @@ inline constexpr Op kAllOps[] = {
     Op::kAllReduce,
     Op::kMoeRouting,
     Op::kMoeExperts,
+    Op::kFp8Gemm,
 };
 
 // "embedding", "rmsnorm", "rope", "gemm", "silu_mul", "kv_cache_write",
 // "attention_prefill", "attention_decode", "logits_processing", "sampling",
-// "all_reduce", "moe_routing", "moe_experts".
+// "all_reduce", "moe_routing", "moe_experts", "fp8_gemm".
 std::string_view OpName(Op op);
 std::optional<Op> OpFromName(std::string_view name);
 

@@ -32,6 +32,9 @@ const std::vector<Family>& Families() {
       {"moe_backend",
        "mixture-of-experts routing and expert MLPs",
        {Op::kMoeRouting, Op::kMoeExperts}},
+      {"fp8_gemm_backend",
+       "FP8 linears (block-scaled and compressed-tensors checkpoints)",
+       {Op::kFp8Gemm}},
   };
   return *families;
 }

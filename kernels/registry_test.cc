@@ -17,6 +17,9 @@ TEST(BackendOverrideTest, AutoAndKnownNamesAreValid) {
     EXPECT_TRUE(ValidateBackendOverride(f.flag, "auto").ok()) << f.flag;
     if (f.flag == "gemm_backend") {
       EXPECT_THAT(KnownBackends(f.flag), ElementsAre("cublas", "cpu", "cpu_reference"));
+    } else if (f.flag == "fp8_gemm_backend") {
+      EXPECT_THAT(KnownBackends(f.flag),
+                  ElementsAre("cublaslt-fp8-block", "cuda-fp8-dequant", "cpu", "cpu_reference"));
     } else if (f.flag == "all_reduce_backend") {
       EXPECT_THAT(KnownBackends(f.flag),
                   ElementsAre("p2p", "nccl", "single_rank", "cpu", "cpu_reference"));
@@ -176,8 +179,11 @@ TEST(BuiltinRegistryTest, HostCpuGetsTheOptimizedBackendEverywhere) {
     EXPECT_THAT(s->why, HasSubstr(isa + " kernels"));
     // The CUDA candidates (rejected: not a CUDA device; all_reduce has
     // three, p2p, nccl and single_rank; attention_prefill two, cuda-sm90a
-    // and cuda), then cpu_reference.
-    const size_t cuda = op == Op::kAllReduce ? 3 : op == Op::kAttentionPrefill ? 2 : 1;
+    // and cuda; fp8_gemm two, cublaslt-fp8-block and cuda-fp8-dequant), then
+    // cpu_reference.
+    const size_t cuda = op == Op::kAllReduce                                ? 3
+                        : op == Op::kAttentionPrefill || op == Op::kFp8Gemm ? 2
+                                                                            : 1;
     ASSERT_EQ(s->rejected.size(), cuda + 1);
     for (size_t i = 0; i < cuda; ++i) {
       EXPECT_THAT(s->rejected[i].reason, HasSubstr("needs a CUDA device"));

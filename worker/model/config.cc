@@ -666,6 +666,9 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& obj) {
 
   if (absl::Status s = ParseTokenIds(obj, &config); !s.ok()) return s;
   if (absl::Status s = ParseSlidingWindow(obj, &config); !s.ok()) return s;
+  absl::StatusOr<std::optional<QuantizationConfig>> quantization = ParseQuantizationConfig(obj);
+  if (!quantization.ok()) return quantization.status();
+  config.quantization = *std::move(quantization);
   return config;
 }
 
@@ -678,7 +681,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::st
   absl::StatusOr<ModelConfig> config =
       json.ok() ? ParseConfigObject(*json) : absl::StatusOr<ModelConfig>(json.status());
   if (!config.ok()) {
-    return absl::InvalidArgumentError(Cat(source, ": ", config.status().message()));
+    return absl::Status(config.status().code(), Cat(source, ": ", config.status().message()));
   }
   return config;
 }
@@ -693,7 +696,7 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path) {
   if (!json.ok()) return json.status();
   absl::StatusOr<ModelConfig> config = ParseConfigObject(*json);
   if (!config.ok()) {
-    return absl::InvalidArgumentError(Cat(file, ": ", config.status().message()));
+    return absl::Status(config.status().code(), Cat(file, ": ", config.status().message()));
   }
   return config;
 }

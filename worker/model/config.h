@@ -52,7 +52,8 @@
 // accepted), torch_dtype or dtype, bos_token_id, eos_token_id (an int, a list
 // of ints, or null). The newer "rope_parameters" object (rope_type,
 // rope_theta, scaling fields) is read when "rope_scaling" is absent. Integer
-// fields must be JSON integers; unknown keys are ignored.
+// fields must be JSON integers; unknown keys are ignored. An FP8
+// quantization_config is parsed and checked by quantization.h.
 //
 // Thread-safety: plain values; the functions are pure.
 #pragma once
@@ -66,6 +67,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/model/dtype.h"
+#include "worker/model/quantization.h"
 
 namespace tessera::model {
 
@@ -159,6 +161,10 @@ struct ModelConfig {
   // Multi-token-prediction layers a GLM-4.5 checkpoint stores as
   // model.layers.<num_hidden_layers + i>.*; not run, skipped at load.
   int64_t num_nextn_predict_layers = 0;
+
+  // FP8 checkpoints: config.json's quantization_config (quantization.h);
+  // unset for bf16/fp16/fp32 weights.
+  std::optional<QuantizationConfig> quantization;
 
   std::optional<DType> torch_dtype;  // the dtype the model was saved in
   std::optional<int64_t> bos_token_id;

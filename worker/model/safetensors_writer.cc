@@ -6,8 +6,9 @@
 #include <fstream>
 #include <set>
 
-#include "nlohmann/json.hpp"
 #include "base/str_cat.h"
+#include "kernels/cpu/fp8_e4m3.h"
+#include "nlohmann/json.hpp"
 #include "worker/model/tensor.h"
 
 namespace tessera::model {
@@ -40,9 +41,12 @@ absl::StatusOr<TensorToWrite> MakeTensor(std::string name, DType dtype, std::vec
     case DType::kF16:
       for (float v : values) AppendU16(&t.bytes, FloatToHalf(v));
       return t;
+    case DType::kF8E4M3:
+      for (float v : values) t.bytes.push_back(static_cast<char>(kernels::cpu::FloatToE4m3(v)));
+      return t;
     default:
       return absl::InvalidArgumentError(
-          Cat("MakeTensor supports F32, F16 and BF16, not ", DTypeName(dtype)));
+          Cat("MakeTensor supports F32, F16, BF16 and F8_E4M3, not ", DTypeName(dtype)));
   }
 }
 

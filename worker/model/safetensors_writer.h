@@ -25,9 +25,9 @@ struct TensorToWrite {
   std::string bytes;  // raw little-endian elements, row-major
 };
 
-// float32 values -> a tensor of `dtype` (F32, F16 or BF16; rounding to
-// nearest even). INVALID_ARGUMENT when the value count does not match the
-// shape or the dtype is not one of those three.
+// float32 values -> a tensor of `dtype` (F32, F16, BF16 or F8_E4M3; rounding
+// to nearest even; F8_E4M3 values beyond +-448 become NaN, as in torch). INVALID_ARGUMENT when the
+// value count does not match the shape or the dtype is not one of those three.
 absl::StatusOr<TensorToWrite> MakeTensor(std::string name, DType dtype, std::vector<int64_t> shape,
                                          absl::Span<const float> values);
 

@@ -18,7 +18,62 @@ constexpr std::string_view kLayerPrefix = "model.layers.";
 // Binds tensors by name while recording which names were used.
 class Binder {
  public:
-  explicit Binder(const Checkpoint& checkpoint) : checkpoint_(checkpoint) {}
+  Binder(const ModelConfig& config, const Checkpoint& checkpoint)
+      : config_(config), checkpoint_(checkpoint) {}
+
+  // Where BindLinear puts the scales of FP8 linears (the current layer's).
+  void set_fp8_sink(absl::flat_hash_map<std::string, Fp8Scales>* sink) { fp8_sink_ = sink; }
+
+  // A linear projection's weight: FP8 with its scales when the quantization
+  // config quantizes the module, else as Bind.
+  absl::Status BindLinear(const std::string& name, std::vector<int64_t> shape, TensorView* out) {
+    const std::string module = name.substr(0, name.size() - std::string_view(".weight").size());
+    const std::optional<QuantizationConfig>& q = config_.quantization;
+    if (!q || !q->IsQuantizedModule(module)) {
+      const TensorView* view = checkpoint_.Find(name);
+      if (view != nullptr && view->dtype == DType::kF8E4M3) {
+        return absl::InvalidArgumentError(
+            Cat(checkpoint_.description(), ": tensor \"", name, "\" has dtype F8_E4M3 but ",
+                q ? Cat("quantization_config lists module \"", module, "\" as not quantized")
+                  : std::string("config.json has no quantization_config")));
+      }
+      return Bind(name, std::move(shape), out);
+    }
+    const TensorView* view = checkpoint_.Find(name);
+    if (view == nullptr) {
+      return absl::NotFoundError(Cat(checkpoint_.description(), ": missing tensor \"", name,
+                                     "\" (expected shape ", ShapeString(shape), ")"));
+    }
+    if (view->shape != shape) {
+      return absl::InvalidArgumentError(Cat(checkpoint_.description(), ": tensor \"", name,
+                                            "\" has shape ", ShapeString(view->shape),
+                                            " but the config needs ", ShapeString(shape)));
+    }
+    const std::string scale_name = Cat(module, ".", q->weight_scale_suffix());
+    const TensorView* scale = checkpoint_.Find(scale_name);
+    if (scale == nullptr) {
+      return absl::NotFoundError(Cat(checkpoint_.description(), ": missing tensor \"", scale_name,
+                                     "\", the scales of the FP8 weight \"", name,
+                                     "\" (expected shape ",
+                                     ShapeString(WeightScaleShape(*q, shape[0], shape[1])), ")"));
+    }
+    const std::string input_name = Cat(module, ".input_scale");
+    const TensorView* input = checkpoint_.Find(input_name);
+    if (absl::Status s = CheckFp8Linear(*q, checkpoint_.description(), *view, *scale, input);
+        !s.ok()) {
+      return s;
+    }
+    Fp8Scales scales{*scale, std::nullopt};
+    used_.insert(scale_name);
+    if (q->activation == ActivationQuant::kStaticTensor) {
+      scales.input_scale = *input;
+      used_.insert(input_name);
+    }
+    if (fp8_sink_ != nullptr) fp8_sink_->insert_or_assign(name, std::move(scales));
+    *out = *view;
+    used_.insert(name);
+    return absl::OkStatus();
+  }
 
   absl::Status Bind(const std::string& name, std::vector<int64_t> shape, TensorView* out) {
     const TensorView* view = checkpoint_.Find(name);
@@ -32,9 +87,12 @@ class Binder {
                                             " but the config needs ", ShapeString(shape)));
     }
     if (!IsFloatWeightDType(view->dtype)) {
-      return absl::InvalidArgumentError(Cat(checkpoint_.description(), ": tensor \"", name,
-                                            "\" has dtype ", DTypeName(view->dtype),
-                                            "; weights must be F32, F16 or BF16"));
+      return absl::InvalidArgumentError(
+          Cat(checkpoint_.description(), ": tensor \"", name, "\" has dtype ",
+              DTypeName(view->dtype), "; weights must be F32, F16 or BF16",
+              view->dtype == DType::kF8E4M3
+                  ? " (only the linear projections of an FP8 checkpoint may be F8_E4M3)"
+                  : ""));
     }
     *out = *view;
     used_.insert(name);
@@ -53,8 +111,10 @@ class Binder {
   bool Used(const std::string& name) const { return used_.contains(name); }
 
  private:
+  const ModelConfig& config_;
   const Checkpoint& checkpoint_;
   absl::flat_hash_set<std::string> used_;
+  absl::flat_hash_map<std::string, Fp8Scales>* fp8_sink_ = nullptr;
 };
 
 // The layer index of "model.layers.<N>.<rest>", or -1.
@@ -139,9 +199,9 @@ absl::StatusOr<bool> IsMtpLayer(const ModelConfig& c, const Checkpoint& checkpoi
 absl::Status BindSwiGlu(Binder& b, int64_t l, std::string_view prefix, int64_t H, int64_t width,
                         ExpertWeights* out) {
   for (absl::Status s : {
-           b.Bind(LayerName(l, Cat(prefix, "gate_proj.weight")), {width, H}, &out->gate_proj),
-           b.Bind(LayerName(l, Cat(prefix, "up_proj.weight")), {width, H}, &out->up_proj),
-           b.Bind(LayerName(l, Cat(prefix, "down_proj.weight")), {H, width}, &out->down_proj),
+           b.BindLinear(LayerName(l, Cat(prefix, "gate_proj.weight")), {width, H}, &out->gate_proj),
+           b.BindLinear(LayerName(l, Cat(prefix, "up_proj.weight")), {width, H}, &out->up_proj),
+           b.BindLinear(LayerName(l, Cat(prefix, "down_proj.weight")), {H, width}, &out->down_proj),
        }) {
     if (!s.ok()) return s;
   }
@@ -226,12 +286,13 @@ absl::Status BindLayer(const ModelConfig& config, Binder& b, int64_t l, LayerWei
   const int64_t K = config.kv_size();
   auto attn = [&](std::string_view s) { return LayerName(l, Cat("self_attn.", s)); };
   auto mlp = [&](std::string_view s) { return LayerName(l, Cat("mlp.", s)); };
+  b.set_fp8_sink(&lw->fp8);
   for (absl::Status s : {
            b.Bind(LayerName(l, "input_layernorm.weight"), {H}, &lw->input_layernorm),
-           b.Bind(attn("q_proj.weight"), {Q, H}, &lw->q_proj),
-           b.Bind(attn("k_proj.weight"), {K, H}, &lw->k_proj),
-           b.Bind(attn("v_proj.weight"), {K, H}, &lw->v_proj),
-           b.Bind(attn("o_proj.weight"), {H, Q}, &lw->o_proj),
+           b.BindLinear(attn("q_proj.weight"), {Q, H}, &lw->q_proj),
+           b.BindLinear(attn("k_proj.weight"), {K, H}, &lw->k_proj),
+           b.BindLinear(attn("v_proj.weight"), {K, H}, &lw->v_proj),
+           b.BindLinear(attn("o_proj.weight"), {H, Q}, &lw->o_proj),
            b.BindOptional(config.qkv_bias, attn("q_proj.bias"), {Q}, &lw->q_bias),
            b.BindOptional(config.qkv_bias, attn("k_proj.bias"), {K}, &lw->k_bias),
            b.BindOptional(config.qkv_bias, attn("v_proj.bias"), {K}, &lw->v_bias),
@@ -248,9 +309,9 @@ absl::Status BindLayer(const ModelConfig& config, Binder& b, int64_t l, LayerWei
     return BindMoe(config, b, l, &*lw->moe);
   }
   for (absl::Status s : {
-           b.Bind(mlp("gate_proj.weight"), {I, H}, &lw->gate_proj),
-           b.Bind(mlp("up_proj.weight"), {I, H}, &lw->up_proj),
-           b.Bind(mlp("down_proj.weight"), {H, I}, &lw->down_proj),
+           b.BindLinear(mlp("gate_proj.weight"), {I, H}, &lw->gate_proj),
+           b.BindLinear(mlp("up_proj.weight"), {I, H}, &lw->up_proj),
+           b.BindLinear(mlp("down_proj.weight"), {H, I}, &lw->down_proj),
            b.BindOptional(config.mlp_bias, mlp("gate_proj.bias"), {I}, &lw->gate_bias),
            b.BindOptional(config.mlp_bias, mlp("up_proj.bias"), {I}, &lw->up_bias),
            b.BindOptional(config.mlp_bias, mlp("down_proj.bias"), {H}, &lw->down_bias),
@@ -307,7 +368,7 @@ absl::StatusOr<ModelWeights> BindModelWeights(const ModelConfig& config,
          {"tensors", w.skipped_tensors.size()}});
   }
 
-  Binder b(checkpoint);
+  Binder b(config, checkpoint);
   if (absl::Status s = b.Bind("model.embed_tokens.weight", {V, H}, &w.embed_tokens); !s.ok()) {
     return s;
   }

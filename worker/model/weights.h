@@ -48,6 +48,13 @@
 // listed in `skipped_tensors`; other unknown tensors (e.g. old
 // rotary_emb.inv_freq buffers) are listed in `unused_tensors`.
 //
+// FP8 checkpoints (config.quantization, worker/model/quantization.h): the
+// linear projections of the decoder layers (q/k/v/o, gate/up/down, experts'
+// and shared experts') that the quantization config quantizes are F8_E4M3
+// views of the same shapes, and their scales are in LayerWeights::fp8, keyed
+// by the weight's tensor name; every other tensor is F32/F16/BF16 as above.
+// CheckFp8Linear's rules apply to each.
+//
 // Lifetime: views point into the Checkpoint; keep it alive (LoadedModel does).
 // Thread-safety: immutable after binding; safe to read from any thread.
 #pragma once
@@ -57,6 +64,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "worker/model/checkpoint.h"
 #include "worker/model/config.h"
@@ -78,6 +86,14 @@ struct MoeWeights {
   std::optional<ExpertWeights> shared;        // width S, when S > 0
 };
 
+// The scales of one FP8 linear (quantization.h): the weight scale
+// (weight_scale_inv for fine-grained, weight_scale for compressed-tensors) and,
+// for static activation quantization, the input scale.
+struct Fp8Scales {
+  TensorView weight_scale;
+  std::optional<TensorView> input_scale;
+};
+
 struct LayerWeights {
   TensorView input_layernorm;                               // [H]
   TensorView q_proj;                                        // [Q, H]
@@ -93,6 +109,15 @@ struct LayerWeights {
   TensorView down_proj;                                     // [H, I]
   std::optional<TensorView> gate_bias, up_bias, down_bias;  // when config.mlp_bias
   std::optional<MoeWeights> moe;  // sparse layers (the dense MLP fields unset)
+  // FP8 linears of this layer: weight tensor name -> scales. Empty for
+  // unquantized checkpoints.
+  absl::flat_hash_map<std::string, Fp8Scales> fp8;
+
+  // The scales of `weight` when it is an FP8 linear of this layer, else null.
+  const Fp8Scales* Fp8ScalesOf(const TensorView& weight) const {
+    auto it = fp8.find(weight.name);
+    return it == fp8.end() ? nullptr : &it->second;
+  }
 };
 
 struct ModelWeights {

@@ -29,11 +29,10 @@ kc::MoeRoutingParams RoutingParams(const model::MoeConfig& m) {
 
 }  // namespace
 
-absl::StatusOr<CpuMlpBlock::SwiGlu> CpuMlpBlock::PrepareSwiGlu(const model::TensorView& gate,
-                                                               const model::TensorView& up,
-                                                               const model::TensorView& down,
-                                                               parallel::Range rows,
-                                                               CpuWeightLoader* loader) {
+absl::StatusOr<CpuMlpBlock::SwiGlu> CpuMlpBlock::PrepareSwiGlu(
+    const model::ModelConfig& config, const model::LayerWeights& layer,
+    const model::TensorView& gate, const model::TensorView& up, const model::TensorView& down,
+    parallel::Range rows, CpuWeightLoader* loader) {
   // Column-parallel gate/up (this rank's rows), row-parallel down.
   auto gate_rows = CpuWeightLoader::Rows(gate, rows);
   if (!gate_rows.ok()) return gate_rows.status();
@@ -41,19 +40,28 @@ absl::StatusOr<CpuMlpBlock::SwiGlu> CpuMlpBlock::PrepareSwiGlu(const model::Tens
   if (!up_rows.ok()) return up_rows.status();
   SwiGlu s;
   s.width = rows.size;
-  auto gate_up = loader->Fuse({&*gate_rows, &*up_rows});
+  auto gate_up = CpuLinear::Prepare({&*gate_rows, &*up_rows}, layer, config.quantization, loader);
   if (!gate_up.ok()) return gate_up.status();
-  s.gate_up = *gate_up;
+  s.gate_up = *std::move(gate_up);
+  if (layer.Fp8ScalesOf(down) != nullptr) {  // FP8 runs unsharded (CpuModelRunner::Create)
+    auto fp8_down = CpuLinear::Prepare({&down}, layer, config.quantization, loader);
+    if (!fp8_down.ok()) return fp8_down.status();
+    s.down = *std::move(fp8_down);
+    return s;
+  }
   auto down_cols = loader->Columns(down, rows);
   if (!down_cols.ok()) return down_cols.status();
-  s.down = *down_cols;
+  s.down.dense = *down_cols;
+  s.down.rows = down_cols->rows;
+  s.down.cols = down_cols->cols;
   return s;
 }
 
 absl::StatusOr<CpuMlpBlock::Moe> CpuMlpBlock::PrepareMoe(const model::ModelConfig& config,
-                                                         const model::MoeWeights& w,
+                                                         const model::LayerWeights& layer,
                                                          const parallel::ShardPlan& plan,
                                                          CpuWeightLoader* loader) {
+  const model::MoeWeights& w = *layer.moe;
   Moe moe;
   moe.routing = RoutingParams(*config.moe);
   if (auto s = kc::ValidateMoeRouting(moe.routing); !s.ok()) return s;
@@ -66,15 +74,21 @@ absl::StatusOr<CpuMlpBlock::Moe> CpuMlpBlock::PrepareMoe(const model::ModelConfi
   moe.first_expert = static_cast<int32_t>(plan.experts.start);
   for (int64_t e = plan.experts.start; e < plan.experts.end(); ++e) {
     const model::ExpertWeights& ew = w.experts[e];
-    auto expert =
-        PrepareSwiGlu(ew.gate_proj, ew.up_proj, ew.down_proj, plan.expert_intermediate, loader);
+    auto expert = PrepareSwiGlu(config, layer, ew.gate_proj, ew.up_proj, ew.down_proj,
+                                plan.expert_intermediate, loader);
     if (!expert.ok()) return expert.status();
-    moe.gate_up.push_back(expert->gate_up);
-    moe.down.push_back(expert->down);
+    if (expert->gate_up.is_fp8() || expert->down.is_fp8()) {
+      return absl::UnimplementedError(
+          absl::StrCat(ew.gate_proj.name,
+                       ": FP8 experts are not supported on the CPU yet (the expert kernels "
+                       "take bf16/fp16/fp32 weights)"));
+    }
+    moe.gate_up.push_back(expert->gate_up.dense);
+    moe.down.push_back(expert->down.dense);
   }
   if (w.shared) {
-    auto shared = PrepareSwiGlu(w.shared->gate_proj, w.shared->up_proj, w.shared->down_proj,
-                                plan.shared_intermediate, loader);
+    auto shared = PrepareSwiGlu(config, layer, w.shared->gate_proj, w.shared->up_proj,
+                                w.shared->down_proj, plan.shared_intermediate, loader);
     if (!shared.ok()) return shared.status();
     moe.shared = std::move(*shared);
   }
@@ -89,12 +103,13 @@ absl::StatusOr<CpuMlpBlock> CpuMlpBlock::Prepare(const model::ModelConfig& confi
   block.layer_ = layer;
   block.hidden_ = config.hidden_size;
   if (w.moe) {
-    auto moe = PrepareMoe(config, *w.moe, plan, loader);
+    auto moe = PrepareMoe(config, w, plan, loader);
     if (!moe.ok()) return moe.status();
     block.moe_ = std::move(*moe);
     return block;
   }
-  auto dense = PrepareSwiGlu(w.gate_proj, w.up_proj, w.down_proj, plan.intermediate, loader);
+  auto dense =
+      PrepareSwiGlu(config, w, w.gate_proj, w.up_proj, w.down_proj, plan.intermediate, loader);
   if (!dense.ok()) return dense.status();
   if (w.gate_bias) {
     for (const auto* b : {&w.gate_bias, &w.up_bias}) {
@@ -118,10 +133,10 @@ void CpuMlpBlock::SwiGlu::Run(const kc::CpuContext& ctx, const kernels::CpuKerne
   Grow(&scratch->gate_up, n * 2 * width);
   Grow(&scratch->act, n * width);
   const float* gu_bias = gate_up_bias.empty() ? nullptr : gate_up_bias.data();
-  k.gemm(ctx, x, n, gate_up, gu_bias, scratch->gate_up.data());
+  gate_up.Apply(ctx, k, x, n, gu_bias, scratch->gate_up.data());
   k.silu_mul(ctx, scratch->gate_up.data(), n, width, scratch->act.data());
   const float* d_bias = down_bias.empty() ? nullptr : down_bias.data();
-  k.gemm(ctx, scratch->act.data(), n, down, d_bias, out);
+  down.Apply(ctx, k, scratch->act.data(), n, d_bias, out);
 }
 
 void CpuMlpBlock::Run(const kc::CpuContext& ctx, const kernels::CpuKernels& k, const float* x,

@@ -28,6 +28,7 @@
 #include "worker/model/config.h"
 #include "worker/model/weights.h"
 #include "worker/parallel/shard_plan.h"
+#include "worker/runner/cpu_linear.h"
 #include "worker/runner/cpu_weight_loader.h"
 
 namespace tessera::runner {
@@ -69,7 +70,7 @@ class CpuMlpBlock {
 
  private:
   struct SwiGlu {
-    kernels::cpu::WeightMatrix gate_up, down;    // [2W, H], [H, W]
+    CpuLinear gate_up, down;                     // [2W, H], [H, W]; dense or FP8
     std::vector<float> gate_up_bias, down_bias;  // empty = none
     int64_t width = 0;                           // W on this rank
     void Run(const kernels::cpu::CpuContext& ctx, const kernels::CpuKernels& k, const float* x,
@@ -84,12 +85,14 @@ class CpuMlpBlock {
     int32_t first_expert = 0;
     std::optional<SwiGlu> shared;
   };
-  static absl::StatusOr<SwiGlu> PrepareSwiGlu(const model::TensorView& gate,
+  static absl::StatusOr<SwiGlu> PrepareSwiGlu(const model::ModelConfig& config,
+                                              const model::LayerWeights& layer,
+                                              const model::TensorView& gate,
                                               const model::TensorView& up,
                                               const model::TensorView& down, parallel::Range rows,
                                               CpuWeightLoader* loader);
   static absl::StatusOr<Moe> PrepareMoe(const model::ModelConfig& config,
-                                        const model::MoeWeights& weights,
+                                        const model::LayerWeights& layer,
                                         const parallel::ShardPlan& plan, CpuWeightLoader* loader);
   void RunMoe(const kernels::cpu::CpuContext& ctx, const kernels::CpuKernels& k, const float* x,
               int64_t n, MlpScratch* scratch, float* out, MoeRoutingObserver* observer) const;

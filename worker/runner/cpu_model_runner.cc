@@ -18,7 +18,7 @@ namespace kc = ::tessera::kernels::cpu;
 
 struct CpuModelRunner::Layer {
   std::vector<float> input_norm, post_norm, q_norm, k_norm;
-  kc::WeightMatrix qkv, o;
+  CpuLinear qkv, o;                     // dense or FP8 (cpu_linear.h)
   std::vector<float> qkv_bias, o_bias;  // empty = none
   CpuMlpBlock mlp;                      // dense SwiGLU or mixture of experts
   kc::PagedKvCache cache;
@@ -40,6 +40,11 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
                                        options.shard->moe_parallelism);
     if (!checked.ok()) return checked.status();
     plan = *options.shard;
+    if (model->config.quantization && plan.sharded()) {
+      return absl::UnimplementedError(
+          absl::StrCat("FP8 checkpoints (", model->config.quantization->Describe(),
+                       ") are not supported with tensor parallelism on the CPU yet"));
+    }
     if (plan.sharded() &&
         (options.collectives == nullptr || options.collectives->size() != plan.size ||
          options.collectives->rank() != plan.rank)) {
@@ -129,9 +134,9 @@ absl::Status CpuModelRunner::PrepareAttention(const model::LayerWeights& lw, Lay
   if (!q.ok()) return q.status();
   if (!k.ok()) return k.status();
   if (!v.ok()) return v.status();
-  auto qkv = loader_.Fuse({&*q, &*k, &*v});
+  auto qkv = CpuLinear::Prepare({&*q, &*k, &*v}, lw, model_->config.quantization, &loader_);
   if (!qkv.ok()) return qkv.status();
-  l->qkv = *qkv;
+  l->qkv = *std::move(qkv);
   if (lw.q_bias) {
     const std::pair<const std::optional<model::TensorView>*, parallel::Range> parts[] = {
         {&lw.q_bias, q_rows}, {&lw.k_bias, kv_rows}, {&lw.v_bias, kv_rows}};
@@ -144,9 +149,17 @@ absl::Status CpuModelRunner::PrepareAttention(const model::LayerWeights& lw, Lay
 
   // Row-parallel: the matching input columns of o_proj; the partial sums
   // are all-reduced, so only rank 0 adds the bias.
-  auto o = loader_.Columns(lw.o_proj, q_rows);
-  if (!o.ok()) return o.status();
-  l->o = *o;
+  if (lw.Fp8ScalesOf(lw.o_proj) != nullptr) {  // unsharded (checked in Create)
+    auto o = CpuLinear::Prepare({&lw.o_proj}, lw, model_->config.quantization, &loader_);
+    if (!o.ok()) return o.status();
+    l->o = *std::move(o);
+  } else {
+    auto o = loader_.Columns(lw.o_proj, q_rows);
+    if (!o.ok()) return o.status();
+    l->o.dense = *o;
+    l->o.rows = o->rows;
+    l->o.cols = o->cols;
+  }
   if (p.add_row_bias) {
     auto o_bias = CpuWeightLoader::Floats(lw.o_bias);
     if (!o_bias.ok()) return o_bias.status();
@@ -199,7 +212,7 @@ void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
 
   // Attention.
   const float* qkv_bias = l.qkv_bias.empty() ? nullptr : l.qkv_bias.data();
-  k.gemm(ctx_, x_.data(), n, l.qkv, qkv_bias, qkv_.data());
+  l.qkv.Apply(ctx_, k, x_.data(), n, qkv_bias, qkv_.data());
   for (int64_t t = 0; t < n; ++t) {
     const float* row = qkv_.data() + t * (Q + 2 * K);
     std::memcpy(q_.data() + t * Q, row, sizeof(float) * Q);
@@ -229,7 +242,7 @@ void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
   (k.attention_prefill(ctx_, args)).IgnoreError();
   if (!batch.tree_parents.empty()) TreeAttention(l, batch, args.scale);
   const float* o_bias = l.o_bias.empty() ? nullptr : l.o_bias.data();
-  k.gemm(ctx_, attn_.data(), n, l.o, o_bias, x_.data());
+  l.o.Apply(ctx_, k, attn_.data(), n, o_bias, x_.data());
   AllReduce(x_.data(), n * H);
 
   // MLP: dense SwiGLU or mixture of experts (cpu_mlp_block.h).

@@ -17,7 +17,9 @@
 // Weights (cpu_weight_loader.h): q/k/v and gate/up are fused into owned
 // copies at load (in the checkpoint's dtype); other matrices are used in
 // place from the memory map when aligned, else copied. Norm weights and
-// biases are widened to fp32.
+// biases are widened to fp32. FP8 checkpoints (worker/model/quantization.h)
+// run every linear projection through CpuLinear's FP8 parts (kFp8Gemm, the
+// reference arithmetic of kernels/cpu/fp8_linear.h), unsharded only.
 //
 // Token trees (ForwardBatch::tree_parents): the attention kernel runs over
 // the whole batch as for chains, then the rows of the chunks that branch are
@@ -52,6 +54,7 @@
 #include "worker/model/weights.h"
 #include "worker/parallel/collectives.h"
 #include "worker/parallel/shard_plan.h"
+#include "worker/runner/cpu_linear.h"
 #include "worker/runner/cpu_mlp_block.h"
 #include "worker/runner/cpu_weight_loader.h"
 #include "worker/runner/model_runner.h"

@@ -30,6 +30,11 @@ const std::byte* CpuWeightLoader::Own(std::vector<std::byte> bytes) {
   return owned_.back()->data();
 }
 
+const float* CpuWeightLoader::OwnFloats(std::vector<float> values) {
+  owned_floats_.push_back(std::make_unique<std::vector<float>>(std::move(values)));
+  return owned_floats_.back()->data();
+}
+
 absl::StatusOr<kc::WeightMatrix> CpuWeightLoader::Matrix(const model::TensorView& t) {
   auto dtype = KernelDType(t.dtype, t.name);
   if (!dtype.ok()) return dtype.status();

@@ -41,9 +41,13 @@ class CpuWeightLoader {
   static absl::StatusOr<std::vector<float>> Floats(const model::TensorView& t);
   static absl::StatusOr<std::vector<float>> Floats(const std::optional<model::TensorView>& t);
 
+  // Keeps `values` alive as long as the loader (FP8 scales expanded at load).
+  const float* OwnFloats(std::vector<float> values);
+
  private:
   // Each copy in its own allocation: returned matrices point into them.
   std::vector<std::unique_ptr<std::vector<std::byte>>> owned_;
+  std::vector<std::unique_ptr<std::vector<float>>> owned_floats_;
   const std::byte* Own(std::vector<std::byte> bytes);
 };
 
