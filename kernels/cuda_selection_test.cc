@@ -303,6 +303,96 @@ TEST(ArchSpecificTest, MissingArchSpecificImageNamesTheRebuild) {
   EXPECT_THAT(s->rejected[1].reason, Not(HasSubstr("tcgen05")));
 }
 
+// FP8 linears (Op::kFp8Gemm, kernels/cuda_fp8_backend.h) per architecture:
+// SM 8.0 / 8.6 have no FP8 tensor cores and dequantize; Hopper takes
+// cuBLASLt's block-scaled FP8 GEMM (its own wgmma kernels, so with or
+// without this binary's sm_90a image); 8.9, 10.0 and 12.0 have FP8 MMA but
+// cuBLASLt's 128-block scaling is Hopper-only and Tessera has no mma.sync
+// e4m3 GEMM yet, so they dequantize too, and the details say why.
+struct Fp8Row {
+  arch::SmArch sm;
+  const char* archs;
+  int toolkit;
+  std::string chosen;
+  std::vector<std::string> why;           // substrings of the chosen candidate's details
+  std::vector<std::string> rejected_why;  // substrings of the first rejection
+};
+
+class Fp8SelectionTableTest : public ::testing::TestWithParam<Fp8Row> {};
+
+TEST_P(Fp8SelectionTableTest, ChoiceAndReasons) {
+  const Fp8Row& row = GetParam();
+  absl::StatusOr<SelectionReport> report =
+      BuiltinRegistry().SelectAll(FakeGpu(row.sm, Build(row.archs, row.toolkit)));
+  ASSERT_TRUE(report.ok()) << report.status();
+  const Selection* fp8 = report->Find(Op::kFp8Gemm);
+  ASSERT_NE(fp8, nullptr);
+  EXPECT_EQ(fp8->chosen, row.chosen) << report->ToTable();
+  for (const std::string& s : row.why) EXPECT_THAT(fp8->why, HasSubstr(s)) << report->ToTable();
+  ASSERT_FALSE(fp8->rejected.empty());
+  for (const std::string& s : row.rejected_why) {
+    EXPECT_THAT(fp8->rejected[0].reason, HasSubstr(s)) << report->ToTable();
+  }
+  // The CPU candidates are rejected with their reason; no host fallback.
+  EXPECT_EQ(fp8->rejected.back().name, "cpu_reference");
+  EXPECT_THAT(report->ToTable(), HasSubstr("fp8_gemm"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    FakeDevices, Fp8SelectionTableTest,
+    ::testing::Values(
+        Fp8Row{{8, 0},
+               kDefaultArchs,
+               13000,
+               "cuda-fp8-dequant",
+               {"SM 8.0 has no FP8 tensor cores, so prefill dequantizes to bf16", "FP8 GEMV"},
+               {"Hopper (SM 9.x) only", "SM 8.0, which has no FP8 tensor cores"}},
+        Fp8Row{{8, 6},
+               kDefaultArchs,
+               13000,
+               "cuda-fp8-dequant",
+               {"SM 8.6 has no FP8 tensor cores"},
+               {"SM 8.6, which has no FP8 tensor cores"}},
+        Fp8Row{{8, 9},
+               kDefaultArchs,
+               13000,
+               "cuda-fp8-dequant",
+               {"no mma.sync e4m3 GEMM yet", "Hopper (SM 9.x) only"},
+               {"the device is SM 8.9"}},
+        Fp8Row{{10, 0},
+               kDefaultArchs,
+               13000,
+               "cuda-fp8-dequant",
+               {"no mma.sync e4m3 GEMM yet"},
+               {"the device is SM 10.0"}},
+        Fp8Row{{12, 0},
+               kDefaultArchs,
+               13000,
+               "cuda-fp8-dequant",
+               {"no mma.sync e4m3 GEMM yet"},
+               {"the device is SM 12.0"}},
+        // Hopper with the sm_90a image, and with plain sm_90 code: cuBLASLt
+        // brings its own wgmma kernels either way.
+        Fp8Row{{9, 0},
+               kDefaultArchs,
+               13000,
+               "cublaslt-fp8-block",
+               {"cuBLASLt FP8 GEMM (Hopper wgmma kernels)", "per-token-group-128", "SASS sm_90a"},
+               {"lower priority than cublaslt-fp8-block"}},
+        Fp8Row{{9, 0},
+               "sm_80;sm_90;compute_90",
+               13000,
+               "cublaslt-fp8-block",
+               {"SASS sm_90"},
+               {"lower priority than cublaslt-fp8-block"}},
+        // A binary built with a toolkit older than cuBLASLt's block scaling.
+        Fp8Row{{9, 0},
+               kDefaultArchs,
+               12080,
+               "cuda-fp8-dequant",
+               {"needs CUDA 12.9 or newer"},
+               {"needs CUDA 12.9 or newer; this binary was built with CUDA 12.8"}}));
+
 // The built-in wgmma prefill candidate: chosen for attention_prefill on SM
 // 9.0 when the binary carries sm_90a code, never elsewhere, and never a
 // value of --attention_backend (it covers prefill only).
