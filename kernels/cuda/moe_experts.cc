@@ -54,8 +54,8 @@ absl::Status CheckArgs(const MoeExpertsArgs& a) {
 }
 
 absl::Status RunPairs(const MoeExpertsArgs& a, Bf16* act, CudaStream stream) {
-  const MoePairGemvArgs p{a.x,       a.num_tokens, a.ids, a.weights, a.top_k, a.first_expert,
-                          a.experts, a.shared,     act,   a.out};
+  const MoePairGemvArgs p{a.x,       a.num_tokens, a.ids, a.weights, a.top_k,      a.first_expert,
+                          a.experts, a.shared,     act,   a.out,     a.pair_kernel};
   if (absl::Status s = MoePairGemvGateUp(p, stream); !s.ok()) return s;
   return MoePairGemvDownCombine(p, stream);
 }

@@ -24,6 +24,7 @@
 #include "kernels/cuda/cuda_types.h"
 #include "kernels/cuda/moe_expert_weights.h"
 #include "kernels/cuda/moe_grouped_gemm.h"
+#include "kernels/cuda/moe_pair_gemv.h"
 
 namespace tessera::kernels::cuda {
 
@@ -50,6 +51,7 @@ struct MoeExpertsArgs {
   int64_t max_tokens = 0;  // what the workspace was sized for
   MoeExpertsPath path = MoeExpertsPath::kAuto;
   MoeGemmKernelKind gemm_kernel = MoeGemmKernelKind::kAuto;  // the grouped GEMM's
+  MoePairGemvKernel pair_kernel = MoePairGemvKernel::kAuto;  // the pair GEMVs'
 };
 
 size_t MoeExpertsWorkspaceBytes(int64_t max_tokens, int top_k, const MoeExpertWeights& experts);

@@ -127,6 +127,7 @@ struct Variant {
   MoeExpertsPath path;
   MoeGemmKernelKind kernel;
   const char* name;
+  MoePairGemvKernel pair = MoePairGemvKernel::kAuto;
 };
 
 // The problem's buffers on the device and one MoeExperts call over them.
@@ -155,6 +156,7 @@ struct DeviceProblem {
     args.max_tokens = max_tokens;
     args.path = variant.path;
     args.gemm_kernel = variant.kernel;
+    args.pair_kernel = variant.pair;
     args.workspace_bytes = MoeExpertsWorkspaceBytes(max_tokens, p.top_k, args.experts);
     workspace = Zeros(args.workspace_bytes);
     args.workspace = workspace.data();
@@ -185,6 +187,10 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want) 
 
 constexpr Variant kGemvPairs{MoeExpertsPath::kGemvPairs, MoeGemmKernelKind::kAuto,
                              "pair-major gemv"};
+constexpr Variant kGemvPairsUnrolled{MoeExpertsPath::kGemvPairs, MoeGemmKernelKind::kAuto,
+                                     "pair-major gemv, unrolled", MoePairGemvKernel::kUnrolled};
+constexpr Variant kGemvPairsPrefetch8{MoeExpertsPath::kGemvPairs, MoeGemmKernelKind::kAuto,
+                                      "pair-major gemv, prefetch 8", MoePairGemvKernel::kPrefetch8};
 constexpr Variant kGemv{MoeExpertsPath::kGemv, MoeGemmKernelKind::kAuto, "gemv"};
 constexpr Variant kGemmMmaSync{MoeExpertsPath::kGroupedGemm, MoeGemmKernelKind::kMmaSync,
                                "grouped gemm, mma.sync"};
@@ -193,7 +199,7 @@ constexpr Variant kGemmAuto{MoeExpertsPath::kGroupedGemm, MoeGemmKernelKind::kAu
 
 // Every variant that can run the problem's shapes.
 std::vector<Variant> Variants(const Problem& p) {
-  std::vector<Variant> v = {kGemvPairs, kGemv};
+  std::vector<Variant> v = {kGemvPairs, kGemvPairsUnrolled, kGemv};
   if (MoeGroupedGemmSupports(p.hidden, p.inter)) {
     v.push_back(kGemmMmaSync);
     v.push_back(kGemmAuto);
@@ -479,8 +485,14 @@ TEST(CudaMoeExpertsTest, PairGemvEqualsTheGroupedGemvBitwise) {
   ep.first_expert = 8;
   ep.shared = RandomBf16Floats(ep.tokens * ep.hidden, 122);
   Problem odd = RandomProblem(5, 72, 40, 6, 3, 6, 123);  // 15 pairs on 6 experts
-  for (const Problem* p : {&one, &ep, &odd}) {
-    EXPECT_EQ(RunGpu(*p, kGemvPairs), RunGpu(*p, kGemv)) << p->tokens << " tokens";
+  // Wider than the prefetched kernels' registers hold (2048 gate/up
+  // columns, 768 down columns): their tail loops run too.
+  Problem wide = RandomProblem(2, 2304, 1032, 4, 2, 4, 124);
+  for (const Problem* p : {&one, &ep, &odd, &wide}) {
+    const std::vector<float> grouped = RunGpu(*p, kGemv);
+    EXPECT_EQ(RunGpu(*p, kGemvPairs), grouped) << p->tokens << " tokens";
+    EXPECT_EQ(RunGpu(*p, kGemvPairsUnrolled), grouped) << p->tokens << " tokens, unrolled";
+    EXPECT_EQ(RunGpu(*p, kGemvPairsPrefetch8), grouped) << p->tokens << " tokens, prefetch 8";
   }
 }
 

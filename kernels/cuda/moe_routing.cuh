@@ -113,6 +113,60 @@ __device__ __forceinline__ void SigmoidGroupedScores(const LogitsRow& x, const M
   }
 }
 
+// Softmax scoring of up to kMoeWarpRouteMaxExperts experts by one warp,
+// without a block barrier: lane l holds experts l, l + 32, ... in
+// registers; the denominator is a warp tree sum; each choice is one
+// WarpArgmax (probability, then lower index), the owner lane striking it
+// out. The same choices and weights as the block path up to the
+// denominator's summation order (an ulp or two).
+inline constexpr int kMoeWarpRouteMaxExperts = 256;
+
+__device__ __forceinline__ void WarpSoftmaxRoute(const LogitsRow& x, const MoeRoutingParams& p,
+                                                 int32_t* experts, float* weights) {
+  constexpr int kPer = kMoeWarpRouteMaxExperts / 32;
+  const int lane = threadIdx.x & 31, n = p.num_experts;
+  float v[kPer];
+  float m = kMoeNegInf;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = i * 32 + lane;
+    v[i] = e < n ? x[e] : kMoeNegInf;
+    m = fmaxf(m, v[i]);
+  }
+  m = WarpMax(m);
+  float part = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    v[i] = i * 32 + lane < n ? expf(v[i] - m) : 0.0f;
+    part += v[i];
+  }
+  const float sum = WarpSum(part);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) v[i] = i * 32 + lane < n ? v[i] / sum : kMoeNegInf;
+  float chosen_sum = 0.0f;
+  for (int j = 0; j < p.top_k; ++j) {
+    ValueIndex own{kMoeNegInf, INT64_MAX};
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const ValueIndex c{v[i], i * 32 + lane};
+      if (Better(c, own)) own = c;
+    }
+    const ValueIndex best = WarpArgmax(own);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      if (i * 32 + lane == best.index) v[i] = kMoeNegInf;
+    }
+    if (lane == 0) {
+      experts[j] = static_cast<int32_t>(best.index);
+      weights[j] = best.value;
+      chosen_sum += best.value;
+    }
+  }
+  if (lane == 0 && p.renormalize) {
+    for (int j = 0; j < p.top_k; ++j) weights[j] = weights[j] / chosen_sum;
+  }
+}
+
 // Routes the token whose logits are x: experts[j], weights[j] for j < k.
 // Every thread of the CTA calls it; `smem` holds MoeRouteSmemFloats(p)
 // floats (dynamic shared memory the caller may reuse before, after a
@@ -120,6 +174,10 @@ __device__ __forceinline__ void SigmoidGroupedScores(const LogitsRow& x, const M
 __device__ __forceinline__ void RouteOneToken(const LogitsRow& x, const MoeRoutingParams& p,
                                               float* smem, int32_t* experts, float* weights) {
   const int n = p.num_experts, k = p.top_k;
+  if (p.scoring == MoeScoring::kSoftmax && n <= kMoeWarpRouteMaxExperts) {
+    if (threadIdx.x < 32) WarpSoftmaxRoute(x, p, experts, weights);
+    return;
+  }
   float* score = smem;
   float* choice = score + n;
   float* group_score = choice + n;

@@ -7,7 +7,20 @@
 //     grouped GEMVs and
 //     T = 64, 4096 through the grouped GEMM (its mma.sync kernel and the
 //     default, wgmma on SM 9.0), and each stage alone;
-//   - routing (MoeRoute) at every T.
+//   - routing (MoeRoute) at every T;
+//   - the router from the layer input to the routed experts ("router"):
+//     the old path (cuBLAS/GEMV of the bf16 xb to fp32 logits, then
+//     MoeRoute), the fused fp32 router (moe_router.h) at T <= 64 (plain and
+//     programmatic launch) and the hi/lo split router at T >= 64, with the
+//     router weights cycled over 128 layer copies (64 MB > L2);
+//   - the pair-GEMV load schedules (MoePairGemvKernel) at T = 1, 8, each
+//     kernel alone and the pair path whole ("pair_kernels");
+//   - the grouped GEMV against the grouped GEMM at T = 16 .. 128, for
+//     kMoeGemvMaxTokens ("crossover");
+//   - one whole sparse layer at batch 1 from the residual ("layer_b1"):
+//     the old sequence (router GEMV of xb, MoeRoute, unrolled pair GEMVs)
+//     against the new (fused fp32 router, prefetched pair GEMVs).
+// A summary table goes to stderr.
 // Each result reports the bytes of the experts the step selected (each
 // read once) over the time, as a fraction of a device-to-device copy's
 // bandwidth measured in the same run and of the 4.8 TB/s nominal, and the
@@ -32,11 +45,14 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/moe_combine.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_gemv.h"
 #include "kernels/cuda/moe_grouped_gemm.h"
 #include "kernels/cuda/moe_grouping.h"
+#include "kernels/cuda/moe_pair_gemv.h"
+#include "kernels/cuda/moe_router.h"
 #include "kernels/cuda/moe_routing.h"
 #include "kernels/cuda/random_fill.h"
 #include "nlohmann/json.hpp"
@@ -49,6 +65,7 @@ constexpr int64_t kInter = 768;
 constexpr int kExperts = 128;
 constexpr int kTopK = 8;
 constexpr int kLayerCopies = 4;
+constexpr int kRouterCopies = 128;  // 64 MB of router weights: beyond L2
 constexpr double kNominalHbm = 4.8e12;
 constexpr double kNominalBf16 = 989e12;
 constexpr double kIssueBf16Peak = 785e12;
@@ -236,6 +253,223 @@ nlohmann::json Measure(const Step& st, const Layers& layers, MoeExpertsPath path
   return j;
 }
 
+// ---- router ----
+
+struct Router {
+  DeviceBuffer weights;  // kRouterCopies x [E, H] bf16
+  DeviceBuffer residual, norm, xb, split, logits, counters, ids, w;
+  const Bf16* At(int i) const {
+    return weights.as<Bf16>() + static_cast<int64_t>(i % kRouterCopies) * kExperts * kHidden;
+  }
+};
+
+Router MakeRouter(int64_t tokens, CudaStream s) {
+  Router r;
+  r.weights = Allocate(sizeof(Bf16) * kRouterCopies * kExperts * kHidden);
+  BENCH_CHECK(FillRandomBf16(r.weights.as<Bf16>(), kRouterCopies * kExperts * kHidden, 300,
+                             1.0f / 45.0f, s));
+  std::mt19937 rng(static_cast<uint32_t>(tokens) + 1);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> residual(tokens * kHidden), norm(kHidden);
+  for (float& v : residual) v = dist(rng);
+  for (float& v : norm) v = 1.0f + 0.1f * dist(rng);
+  r.residual = Allocate(residual.size() * sizeof(float));
+  r.norm = Allocate(norm.size() * sizeof(float));
+  BENCH_CHECK(CopyToDevice(r.residual.data(), residual.data(), residual.size() * sizeof(float), s));
+  BENCH_CHECK(CopyToDevice(r.norm.data(), norm.data(), norm.size() * sizeof(float), s));
+  r.xb = Allocate(tokens * kHidden * sizeof(Bf16));
+  BENCH_CHECK(FillRandomBf16(r.xb.as<Bf16>(), tokens * kHidden, 8, 1.0f, s));
+  r.split = Allocate(2 * tokens * kHidden * sizeof(Bf16));
+  r.logits = Allocate(2 * tokens * kExperts * sizeof(float));
+  r.counters = Allocate(tokens * sizeof(int32_t));
+  BENCH_CHECK(MemsetDevice(r.counters.data(), 0, r.counters.size(), s));
+  r.ids = Allocate(tokens * kTopK * sizeof(int32_t));
+  r.w = Allocate(tokens * kTopK * sizeof(float));
+  return r;
+}
+
+MoeRoutingParams BenchRouting() {
+  MoeRoutingParams p;
+  p.num_experts = kExperts;
+  p.top_k = kTopK;
+  p.renormalize = true;
+  return p;
+}
+
+absl::Status OldRouter(const Router& r, int64_t T, int i, GemmContext& gemm, CudaStream s) {
+  float* logits = r.logits.as<float>();
+  if (absl::Status st =
+          gemm.Gemm(r.xb.as<Bf16>(), T, kHidden, r.At(i), kExperts, nullptr, logits, s);
+      !st.ok()) {
+    return st;
+  }
+  return MoeRoute(logits, T, BenchRouting(), r.ids.as<int32_t>(), r.w.as<float>(), s);
+}
+
+absl::Status FusedRouter(const Router& r, int64_t T, int i, bool programmatic, CudaStream s) {
+  MoeRouterArgs a;
+  a.residual = r.residual.as<float>();
+  a.norm = r.norm.as<float>();
+  a.num_tokens = T;
+  a.hidden = kHidden;
+  a.router = r.At(i);
+  a.routing = BenchRouting();
+  a.logits = r.logits.as<float>();
+  a.counters = r.counters.as<int32_t>();
+  a.experts = r.ids.as<int32_t>();
+  a.weights = r.w.as<float>();
+  a.programmatic = programmatic;
+  return MoeRouteFromResidual(a, s);
+}
+
+absl::Status SplitRouter(const Router& r, int64_t T, int i, GemmContext& gemm, CudaStream s) {
+  float* logits = r.logits.as<float>();
+  if (absl::Status st = MoeRouterSplitInput(r.residual.as<float>(), r.norm.as<float>(), 1e-6f, T,
+                                            kHidden, r.split.as<Bf16>(), s);
+      !st.ok()) {
+    return st;
+  }
+  if (absl::Status st =
+          gemm.Gemm(r.split.as<Bf16>(), 2 * T, kHidden, r.At(i), kExperts, nullptr, logits, s);
+      !st.ok()) {
+    return st;
+  }
+  return MoeRoute(logits, T, BenchRouting(), r.ids.as<int32_t>(), r.w.as<float>(), s,
+                  logits + T * kExperts);
+}
+
+nlohmann::json RouterTimes(GemmContext& gemm, CudaStream s) {
+  nlohmann::json out = nlohmann::json::array();
+  for (int64_t T : {1, 8, 64, 4096}) {
+    const Router r = MakeRouter(T, s);
+    nlohmann::json j;
+    j["tokens"] = T;
+    j["old_gemm_bf16_xb_then_route_us"] =
+        1e6 * TimeIt(s, [&](int i) { return OldRouter(r, T, i, gemm, s); });
+    if (T <= kMoeFusedRouterMaxTokens) {
+      j["fused_fp32_us"] = 1e6 * TimeIt(s, [&](int i) { return FusedRouter(r, T, i, false, s); });
+      j["fused_fp32_programmatic_us"] =
+          1e6 * TimeIt(s, [&](int i) { return FusedRouter(r, T, i, true, s); });
+    }
+    if (T >= kMoeFusedRouterMaxTokens) {
+      j["split_fp32_us"] = 1e6 * TimeIt(s, [&](int i) { return SplitRouter(r, T, i, gemm, s); });
+    }
+    out.push_back(j);
+  }
+  return out;
+}
+
+// ---- pair GEMV schedules ----
+
+const char* PairKernelName(MoePairGemvKernel k) {
+  switch (k) {
+    case MoePairGemvKernel::kUnrolled:
+      return "unrolled";
+    case MoePairGemvKernel::kPrefetch4:
+      return "prefetch4";
+    case MoePairGemvKernel::kPrefetch8:
+      return "prefetch8";
+    case MoePairGemvKernel::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+nlohmann::json PairKernelTimes(const Step& st, const Layers& layers, double copy_bw, CudaStream s) {
+  nlohmann::json out = nlohmann::json::array();
+  DeviceBuffer act = Allocate(st.tokens * kTopK * kInter * sizeof(Bf16));
+  const double bytes =
+      static_cast<double>(st.selected_experts) * 3 * kInter * kHidden * sizeof(Bf16);
+  for (MoePairGemvKernel k : {MoePairGemvKernel::kUnrolled, MoePairGemvKernel::kPrefetch4,
+                              MoePairGemvKernel::kPrefetch8}) {
+    auto args = [&](int i) {
+      return MoePairGemvArgs{
+          st.x.as<Bf16>(), st.tokens, st.ids.as<int32_t>(), st.weights.as<float>(), kTopK, 0,
+          layers.At(i),    nullptr,   act.as<Bf16>(),       st.out.as<Bf16>(),      k};
+    };
+    nlohmann::json j;
+    j["tokens"] = st.tokens;
+    j["kernel"] = PairKernelName(k);
+    j["gate_up_us"] = 1e6 * TimeIt(s, [&](int i) { return MoePairGemvGateUp(args(i), s); });
+    j["down_combine_us"] =
+        1e6 * TimeIt(s, [&](int i) { return MoePairGemvDownCombine(args(i), s); });
+    const double sec = TimeIt(s, [&](int i) {
+      MoeExpertsArgs a =
+          ExpertsArgs(st, layers.At(i), MoeExpertsPath::kGemvPairs, MoeGemmKernelKind::kAuto);
+      a.pair_kernel = k;
+      return MoeExperts(a, s);
+    });
+    j["experts_us"] = sec * 1e6;
+    j["fraction_of_copy_bw"] = bytes / sec / copy_bw;
+    out.push_back(j);
+  }
+  return out;
+}
+
+// ---- one sparse layer at batch 1 ----
+
+nlohmann::json LayerB1(const Layers& layers, GemmContext& gemm, double copy_bw, CudaStream s) {
+  const Router r = MakeRouter(1, s);
+  DeviceBuffer act = Allocate(kTopK * kInter * sizeof(Bf16));
+  DeviceBuffer out = Allocate(kHidden * sizeof(Bf16));
+  auto pairs = [&](int i, MoePairGemvKernel k) {
+    const MoePairGemvArgs a{
+        r.xb.as<Bf16>(), 1,       r.ids.as<int32_t>(), r.w.as<float>(), kTopK, 0,
+        layers.At(i),    nullptr, act.as<Bf16>(),      out.as<Bf16>(),  k};
+    if (absl::Status st = MoePairGemvGateUp(a, s); !st.ok()) return st;
+    return MoePairGemvDownCombine(a, s);
+  };
+  nlohmann::json j;
+  const double old_sec = TimeIt(s, [&](int i) {
+    if (absl::Status st = OldRouter(r, 1, i, gemm, s); !st.ok()) return st;
+    return pairs(i, MoePairGemvKernel::kUnrolled);
+  });
+  const double new_sec = TimeIt(s, [&](int i) {
+    if (absl::Status st = FusedRouter(r, 1, i, true, s); !st.ok()) return st;
+    return pairs(i, MoePairGemvKernel::kAuto);
+  });
+  const double bytes = 8.0 * 3 * kInter * kHidden * sizeof(Bf16) + kExperts * kHidden * 2.0;
+  j["old_us"] = old_sec * 1e6;
+  j["new_us"] = new_sec * 1e6;
+  j["bytes"] = bytes;
+  j["old_fraction_of_copy_bw"] = bytes / old_sec / copy_bw;
+  j["new_fraction_of_copy_bw"] = bytes / new_sec / copy_bw;
+  j["ideal_us_at_copy_bw"] = bytes / copy_bw * 1e6;
+  return j;
+}
+
+// The numbers to read first, one line each, on stderr.
+void PrintSummary(const nlohmann::json& doc) {
+  std::fprintf(stderr, "== router (us) ==\n");
+  for (const nlohmann::json& j : doc["router"]) {
+    std::fprintf(stderr, "T=%-5lld old %.2f", static_cast<long long>(j["tokens"].get<int64_t>()),
+                 j["old_gemm_bf16_xb_then_route_us"].get<double>());
+    for (const char* k : {"fused_fp32_us", "fused_fp32_programmatic_us", "split_fp32_us"}) {
+      if (j.contains(k)) std::fprintf(stderr, "  %s %.2f", k, j[k].get<double>());
+    }
+    std::fprintf(stderr, "\n");
+  }
+  std::fprintf(stderr, "== pair kernels (us) ==\n");
+  for (const nlohmann::json& j : doc["pair_kernels"]) {
+    std::fprintf(stderr, "T=%lld %-10s gate_up %.2f down %.2f experts %.2f (%.0f%% of copy bw)\n",
+                 static_cast<long long>(j["tokens"].get<int64_t>()),
+                 j["kernel"].get<std::string>().c_str(), j["gate_up_us"].get<double>(),
+                 j["down_combine_us"].get<double>(), j["experts_us"].get<double>(),
+                 100 * j["fraction_of_copy_bw"].get<double>());
+  }
+  std::fprintf(stderr, "== gemv vs grouped gemm (us) ==\n");
+  for (const nlohmann::json& j : doc["crossover"]) {
+    std::fprintf(stderr, "T=%-4lld %-18s %.1f (%.0f%% of copy bw, %d experts)\n",
+                 static_cast<long long>(j["tokens"].get<int64_t>()),
+                 j["path"].get<std::string>().c_str(), j["us"].get<double>(),
+                 100 * j["fraction_of_copy_bw"].get<double>(), j["selected_experts"].get<int>());
+  }
+  const nlohmann::json& l = doc["layer_b1"];
+  std::fprintf(stderr, "== one sparse layer, b1 ==\nold %.2f us, new %.2f us, ideal %.2f us\n",
+               l["old_us"].get<double>(), l["new_us"].get<double>(),
+               l["ideal_us_at_copy_bw"].get<double>());
+}
+
 void Run() {
   BENCH_CHECK(SetDevice(0));
   cudaDeviceProp prop{};
@@ -247,8 +481,19 @@ void Run() {
   CudaStream s = stream.get();
   const double copy_bw = CopyBandwidth(s);
   const Layers layers = RandomLayers(s);
+  std::unique_ptr<GemmContext> gemm = Must(GemmContext::Create(), "GemmContext::Create");
   nlohmann::json results = nlohmann::json::array();
   nlohmann::json routing = nlohmann::json::array();
+  nlohmann::json pair_kernels = nlohmann::json::array();
+  nlohmann::json crossover = nlohmann::json::array();
+  for (int64_t tokens : {16, 32, 48, 64, 96, 128}) {
+    const Step st = MakeStep(tokens, layers, s);
+    for (MoeExpertsPath path : {MoeExpertsPath::kGemv, MoeExpertsPath::kGroupedGemm}) {
+      nlohmann::json m = Measure(st, layers, path, MoeGemmKernelKind::kAuto, copy_bw, s);
+      m.erase("stages");
+      crossover.push_back(m);
+    }
+  }
   for (int64_t tokens : {1, 8, 64, 4096}) {
     const Step st = MakeStep(tokens, layers, s);
     const double route_sec = TimeIt(s, [&](int) {
@@ -257,6 +502,9 @@ void Run() {
     });
     routing.push_back({{"tokens", tokens}, {"us", route_sec * 1e6}});
     if (tokens <= 8) {
+      for (const nlohmann::json& j : PairKernelTimes(st, layers, copy_bw, s)) {
+        pair_kernels.push_back(j);
+      }
       results.push_back(
           Measure(st, layers, MoeExpertsPath::kGemvPairs, MoeGemmKernelKind::kAuto, copy_bw, s));
     }
@@ -284,7 +532,12 @@ void Run() {
   doc["auto_gemv_max_tokens"] = kMoeGemvMaxTokens;
   doc["routing"] = routing;
   doc["results"] = results;
+  doc["router"] = RouterTimes(*gemm, s);
+  doc["pair_kernels"] = pair_kernels;
+  doc["crossover"] = crossover;
+  doc["layer_b1"] = LayerB1(layers, *gemm, copy_bw, s);
   std::printf("%s\n", doc.dump(2).c_str());
+  PrintSummary(doc);
 }
 
 }  // namespace
