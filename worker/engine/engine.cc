@@ -273,7 +273,8 @@ void Engine::DrainInbox() {
   }
 }
 
-// One engine step: (drafts →) schedule → run → sample / verify → emit → free.
+// One engine step: (drafts →) schedule → run → sample / verify → emit → free;
+// pipelined: schedule → submit → collect the step before → emit it.
 bool Engine::Step() {
   const DraftTokens drafts = speculation_.CollectDrafts(*scheduler_, runner_->config().vocab_size,
                                                         runner_->SupportsTreeAttention());
@@ -282,24 +283,188 @@ bool Engine::Step() {
     FailAll(batch.status());
     return false;
   }
-  if (batch->empty()) return false;
-
-  ModelOutput model;
-  if (absl::Status run = RunModel(*batch, &model); !run.ok()) {
-    OnModelFailed(*batch, run);
+  if (batch->empty()) return FinishPending();
+  std::vector<runner::DeviceSamplingRow> rows;
+  if (CanPipeline(*batch, &rows)) {
+    PipelineStep(*batch, rows);
     return true;
   }
-  const std::vector<SampledTokens> sampled = Sample(*batch, model);
+  if (FinishPending()) FillResolvedTokens(&*batch);
+  RunStep(*batch);
+  return true;
+}
+
+void Engine::RunStep(const ScheduledBatch& batch) {
+  ModelOutput model;
+  if (absl::Status run = RunModel(batch, &model); !run.ok()) {
+    OnModelFailed(batch, run);
+    return;
+  }
+  const std::vector<SampledTokens> sampled = Sample(batch, model);
   absl::StatusOr<std::vector<SequenceOutput>> outputs = scheduler_->OnStepDone(sampled);
   if (!outputs.ok()) {
     FailAll(outputs.status());
     EndFailedStep();
-    return true;
+    return;
   }
   // Load first: a reader that sees a request finish then sees its blocks freed.
   PublishLoad();
   Emit(*outputs);
+}
+
+// ---- Pipelined steps ----
+
+bool Engine::CanPipeline(const ScheduledBatch& batch,
+                         std::vector<runner::DeviceSamplingRow>* rows) const {
+  if (!options_.pipeline_steps || !runner_->SupportsAsyncSampling() || speculation_.enabled()) {
+    return false;
+  }
+  for (const ScheduledSequence& s : batch.sequences) {
+    if (s.num_draft_tokens > 0) return false;
+  }
+  return DeviceSamplingRows(batch, rows);
+}
+
+void Engine::PipelineStep(const ScheduledBatch& batch,
+                          absl::Span<const runner::DeviceSamplingRow> rows) {
+  std::vector<runner::PreviousStepToken> from_previous;
+  absl::StatusOr<runner::ForwardBatch> forward = PipelinedForwardBatch(batch, &from_previous);
+  const absl::Time start = absl::Now();
+  absl::Status submitted = forward.status();
+  if (submitted.ok()) submitted = runner_->SubmitSample(*forward, rows, from_previous);
+  // Step N's tokens, while N + 1 runs. (A failed submission queued nothing.)
+  FinishPending();
+  if (!submitted.ok()) {
+    OnModelFailed(batch, submitted);
+    return;
+  }
+  PendingStep step;
+  step.submitted = start;
+  std::vector<SampledTokens> placeholders;
+  int32_t row = 0;
+  for (const ScheduledSequence& s : batch.sequences) {
+    if (!s.needs_logits) continue;
+    step.row_of[s.id] = row++;
+    // Finished or aborted meanwhile: nothing to hand in.
+    if (Find(s.id) != nullptr && scheduler_->FindSequence(s.id) != nullptr) {
+      placeholders.push_back({s.id, {kPendingToken}, {}});
+    }
+  }
+  absl::StatusOr<std::vector<SequenceOutput>> outputs = scheduler_->OnStepDone(placeholders);
+  if (!outputs.ok()) {  // unreachable: placeholders match the batch
+    std::vector<int32_t> ignored;
+    runner_->CollectSample(&ignored).IgnoreError();
+    FailAll(outputs.status());
+    EndFailedStep();
+    return;
+  }
+  step.batch = batch;
+  step.outputs = *std::move(outputs);
+  pending_ = std::move(step);
+  PublishLoad();
+}
+
+absl::StatusOr<runner::ForwardBatch> Engine::PipelinedForwardBatch(
+    const ScheduledBatch& batch, std::vector<runner::PreviousStepToken>* from_previous) const {
+  runner::ForwardBatch forward = ToForwardBatch(batch);
+  for (int32_t i = 0; i < forward.num_tokens(); ++i) {
+    if (forward.token_ids[i] != kPendingToken) continue;
+    // The placeholder of a sequence the pending step samples: the runner
+    // takes the id that step draws for its row.
+    const auto seq =
+        std::upper_bound(forward.query_start_loc.begin() + 1, forward.query_start_loc.end(), i) -
+        (forward.query_start_loc.begin() + 1);
+    const SequenceId id = batch.sequences[seq].id;
+    if (!pending_ || !pending_->row_of.contains(id)) {
+      return absl::InternalError(
+          absl::StrCat("sequence ", id, " has a pending token but no pending step draws it"));
+    }
+    from_previous->push_back({i, pending_->row_of.at(id)});
+    forward.token_ids[i] = 0;  // any id: the runner replaces it
+  }
+  return forward;
+}
+
+bool Engine::FinishPending() {
+  if (!pending_) return false;
+  PendingStep step = std::move(*pending_);
+  pending_.reset();
+  std::vector<int32_t> drawn;
+  const absl::Status collected = runner_->CollectSample(&drawn);
+  observer_->OnStep(step.batch, absl::Now() - step.submitted);
+  if (!collected.ok()) {
+    OnPendingFailed(step, collected);
+    return true;
+  }
+  const std::vector<SequenceOutput> outputs = ResolvePending(step, drawn);
+  PublishLoad();
+  Emit(outputs);
   return true;
+}
+
+std::vector<SequenceOutput> Engine::ResolvePending(PendingStep& step,
+                                                   absl::Span<const int32_t> drawn) {
+  const int64_t vocab = runner_->config().vocab_size;
+  std::vector<SequenceOutput> outputs;
+  outputs.reserve(step.outputs.size());
+  for (SequenceOutput& out : step.outputs) {
+    Request* req = Find(out.id);
+    const bool pending = !out.new_token_ids.empty() && out.new_token_ids.back() == kPendingToken;
+    if (!pending) {
+      outputs.push_back(std::move(out));
+      continue;
+    }
+    const size_t row = static_cast<size_t>(step.row_of.at(out.id));
+    absl::Status checked =
+        row < drawn.size() ? CheckDrawnTokens(drawn.subspan(row, 1), vocab)
+                           : absl::InternalError(absl::StrCat("the runner drew ", drawn.size(),
+                                                              " tokens for ", row + 1, " rows"));
+    absl::StatusOr<std::optional<SequenceOutput>> resolved =
+        checked.ok() ? scheduler_->ResolvePendingToken(out.id, drawn[row]) : checked;
+    if (req == nullptr) continue;  // aborted meanwhile
+    if (!resolved.ok()) {
+      FailSampling(out.id, resolved.status());
+      continue;
+    }
+    const TokenId token = drawn[row];
+    if (resolved->has_value()) out = **std::move(resolved);
+    out.new_token_ids.back() = token;
+    req->counts.AddOutput(token);
+    req->reports.push_back(ReportOf(*req, token, {}));
+    outputs.push_back(std::move(out));
+  }
+  return outputs;
+}
+
+void Engine::OnPendingFailed(const PendingStep& step, const absl::Status& error) {
+  const absl::Status health = runner_->Health();
+  LogError(health.ok() ? "pipelined model step failed; failing its requests"
+                       : "pipelined model step failed and the runner can run no more; failing "
+                         "every request",
+           {{"error", std::string(error.message())}});
+  if (!health.ok()) {
+    OnRunnerBroken(health);
+    return;
+  }
+  // Their KV is unknown: they end here (a step in flight that includes one
+  // frees it when it completes).
+  for (const ScheduledSequence& s : step.batch.sequences) {
+    if (Find(s.id) == nullptr) continue;
+    FailActive(s.id, error);
+    scheduler_->Abort(s.id).IgnoreError();
+  }
+  PublishLoad();
+}
+
+void Engine::FillResolvedTokens(ScheduledBatch* batch) const {
+  for (ScheduledSequence& s : batch->sequences) {
+    const Sequence* seq = scheduler_->FindSequence(s.id);
+    for (int i = 0; i < s.num_tokens; ++i) {
+      if (s.token_ids[i] != kPendingToken) continue;
+      // Finished or aborted meanwhile: any id (its result is dropped).
+      s.token_ids[i] = seq != nullptr ? seq->token_ids()[s.start_position + i] : 0;
+    }
+  }
 }
 
 runner::ForwardBatch ToForwardBatch(const ScheduledBatch& batch) {
@@ -389,6 +554,11 @@ void Engine::OnModelFailed(const ScheduledBatch& batch, const absl::Status& erro
     FailStep(batch, error);
     return;
   }
+  OnRunnerBroken(health);
+  EndFailedStep();
+}
+
+void Engine::OnRunnerBroken(const absl::Status& health) {
   // The worker leaves service first, so that a router does not send the
   // failed requests back to it.
   if (!runner_failed_) {
@@ -399,7 +569,6 @@ void Engine::OnModelFailed(const ScheduledBatch& batch, const absl::Status& erro
   // them, or resumes them after the tokens already sent, elsewhere.
   FailAll(absl::UnavailableError(
       absl::StrCat("the worker's model runner failed for good: ", health.message())));
-  EndFailedStep();
 }
 
 std::vector<SampledTokens> Engine::Sample(const ScheduledBatch& batch, const ModelOutput& model) {
@@ -601,6 +770,11 @@ void Engine::EndFailedStep() {
 }
 
 void Engine::FailAll(const absl::Status& status) {
+  if (pending_) {  // its tokens have no reader any more
+    std::vector<int32_t> ignored;
+    runner_->CollectSample(&ignored).IgnoreError();
+    pending_.reset();
+  }
   for (auto& [id, req] : active_) {
     scheduler_->Abort(id).IgnoreError();
     speculation_.Remove(id);

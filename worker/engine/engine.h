@@ -2,6 +2,14 @@
 //
 //   schedule → run the model → sample → emit tokens → free finished requests
 //
+// With a runner that takes steps asynchronously (ModelRunner::
+// SupportsAsyncSampling) and a step that samples on the device, the loop is
+// pipelined one step deep: step N+1 is scheduled, built and submitted while
+// step N still runs, its decodes feeding on N's tokens on the device
+// (kPendingToken placeholders, runner::PreviousStepToken); then N's tokens
+// are collected, resolved, emitted and the load published while N+1 runs.
+// README.md has the design and its invariants.
+//
 // fed by a thread-safe inbox (new requests, cancellations) from the gRPC
 // threads. Each request gets a RequestStream its caller reads tokens from.
 // Batching, KV blocks and preemption are the Scheduler's business
@@ -148,6 +156,10 @@ struct EngineOptions {
   // ForwardSample) and no sequence of the step needs the host: no drafts to
   // verify, no logprobs, no penalties. Same tokens as host sampling.
   bool device_sampling = true;
+  // Pipeline steps (schedule and submit step N+1 before collecting step N)
+  // when the runner has asynchronous steps and a step samples on the device
+  // without speculation. Same tokens either way.
+  bool pipeline_steps = true;
 };
 
 class Engine {
@@ -190,9 +202,13 @@ class Engine {
   const runner::ModelRunner& runner() const { return *runner_; }
   const EngineOptions& options() const { return options_; }
 
-  // Runs one step on the calling thread (for tests that drive the engine
-  // without its thread). Returns false when there was nothing to do.
-  bool StepForTest() { return Step(); }
+  // Runs one iteration of the loop on the calling thread (takes the new
+  // requests and cancellations, then one step), for tests that drive the
+  // engine without its thread. Returns false when there was nothing to do.
+  bool StepForTest() {
+    DrainInbox();
+    return Step();
+  }
 
  private:
   struct Request;
@@ -203,10 +219,42 @@ class Engine {
     std::vector<float> logits;
     std::vector<int32_t> device_tokens;
   };
+  // A step submitted to the runner whose tokens are not collected yet.
+  struct PendingStep {
+    ScheduledBatch batch;
+    // The scheduler's outputs for it, with kPendingToken for drawn tokens.
+    std::vector<SequenceOutput> outputs;
+    absl::flat_hash_map<SequenceId, int32_t> row_of;  // drawn-token row per sequence
+    absl::Time submitted;
+  };
   Engine(std::unique_ptr<runner::ModelRunner> runner, EngineOptions options,
          EngineObserver* observer);
   void Loop();
   bool Step();
+  // The synchronous step: run, sample / verify, complete, emit.
+  void RunStep(const ScheduledBatch& batch);
+
+  // Pipelined steps. Whether `batch` can be submitted before the pending
+  // step is collected (fills the device rows when so).
+  bool CanPipeline(const ScheduledBatch& batch, std::vector<runner::DeviceSamplingRow>* rows) const;
+  // Submits `batch`, collects the pending step (if any), completes `batch`
+  // with pending tokens and keeps it as the pending step.
+  void PipelineStep(const ScheduledBatch& batch, absl::Span<const runner::DeviceSamplingRow> rows);
+  // The forward batch of `batch`, placeholders from the pending step's rows.
+  absl::StatusOr<runner::ForwardBatch> PipelinedForwardBatch(
+      const ScheduledBatch& batch, std::vector<runner::PreviousStepToken>* from_previous) const;
+  // Collects the pending step: resolves its tokens, publishes and emits.
+  // False when there was none.
+  bool FinishPending();
+  // The pending step's drawn tokens taken into its outputs and the scheduler.
+  std::vector<SequenceOutput> ResolvePending(PendingStep& step, absl::Span<const int32_t> drawn);
+  // A pending step whose collection failed.
+  void OnPendingFailed(const PendingStep& step, const absl::Status& error);
+  // Placeholders in a batch scheduled while a step was pending, replaced by
+  // the ids now known (after FinishPending), for a synchronous step.
+  void FillResolvedTokens(ScheduledBatch* batch) const;
+  // The runner can run no more: the worker leaves service, every request fails.
+  void OnRunnerBroken(const absl::Status& health);
   void DrainInbox();
   SamplingOptions SamplingOptionsOf(const EngineRequest& request) const;
   Request* Find(SequenceId id);
@@ -298,6 +346,7 @@ class Engine {
   // Engine thread only.
   absl::flat_hash_map<SequenceId, std::unique_ptr<Request>> active_;
   Speculation speculation_;
+  std::optional<PendingStep> pending_;
   std::thread thread_;
 };
 

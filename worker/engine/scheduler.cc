@@ -113,6 +113,7 @@ absl::Status Scheduler::AddSequence(SequenceId id, std::vector<TokenId> prompt,
 }
 
 absl::Status Scheduler::Abort(SequenceId id) {
+  finished_pending_.erase(id);  // finished already; its token no longer matters
   auto it = sequences_.find(id);
   if (it == sequences_.end() || it->second->is_finished()) {
     return absl::NotFoundError(absl::StrCat("no active sequence ", id));
@@ -122,16 +123,65 @@ absl::Status Scheduler::Abort(SequenceId id) {
   running_.erase(seq);
   seq->Finish(FinishReason::kAbort, Now());
   ++counters_.num_aborted;
-  const bool in_step =
-      in_flight_.has_value() && std::any_of(in_flight_->begin(), in_flight_->end(),
-                                            [id](const InFlight& e) { return e.id == id; });
-  if (in_step) {
+  if (InStepInFlight(id)) {
     aborted_in_flight_.push_back(id);
   } else {
     blocks_->Free(id);
     sequences_.erase(it);
   }
   return absl::OkStatus();
+}
+
+bool Scheduler::InStepInFlight(SequenceId id) const {
+  return in_flight_.has_value() && std::any_of(in_flight_->begin(), in_flight_->end(),
+                                               [id](const InFlight& e) { return e.id == id; });
+}
+
+absl::StatusOr<std::optional<SequenceOutput>> Scheduler::ResolvePendingToken(SequenceId id,
+                                                                             TokenId token) {
+  if (token < 0 || (options_.vocab_size > 0 && token >= options_.vocab_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resolved token id ", token, " for sequence ", id, " is out of range"));
+  }
+  SequenceOutput out;
+  out.id = id;
+  out.new_token_ids = {token};
+  out.finished = true;
+  if (auto done = finished_pending_.find(id); done != finished_pending_.end()) {
+    const std::unique_ptr<Sequence> seq = std::move(done->second);
+    finished_pending_.erase(done);
+    seq->ResolvePendingToken(token);
+    out.finish_reason = seq->CheckStop(options_.max_model_len);  // a stop id before the length
+    FillOutput(*seq, &out);
+    return out;
+  }
+  auto it = sequences_.find(id);
+  if (it == sequences_.end() || it->second->is_finished() || !it->second->has_pending_token()) {
+    return std::nullopt;
+  }
+  Sequence* seq = it->second.get();
+  seq->ResolvePendingToken(token);
+  out.finish_reason = seq->CheckStop(options_.max_model_len);
+  if (out.finish_reason == FinishReason::kNone) return std::nullopt;
+  waiting_.erase(seq);  // preempted while its token was pending
+  running_.erase(seq);
+  seq->Finish(out.finish_reason, Now());
+  ++counters_.num_finished;
+  FillOutput(*seq, &out);
+  if (InStepInFlight(id)) {
+    aborted_in_flight_.push_back(id);  // its KV is being written: freed when the step completes
+  } else {
+    blocks_->Free(id);
+    sequences_.erase(it);
+  }
+  return out;
+}
+
+void Scheduler::Retire(SequenceId id) {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end()) return;
+  if (it->second->has_pending_token()) finished_pending_[id] = std::move(it->second);
+  sequences_.erase(it);
 }
 
 const Sequence* Scheduler::FindSequence(SequenceId id) const {
@@ -244,6 +294,8 @@ void Scheduler::ScheduleWaiting(StepBuilder& step) {
   while (!waiting_.empty() && step.budget > 0 &&
          static_cast<int>(running_.size()) < options_.max_num_seqs) {
     Sequence* seq = *waiting_.begin();
+    // Preempted while its newest token was pending: it waits for the id.
+    if (seq->has_pending_token()) break;
     const PrefixMatch match = blocks_->FindCachedPrefix(seq->token_ids());
     // With nothing running, the whole pool is the request's: admission
     // guarantees it fits.
@@ -337,7 +389,13 @@ absl::Status Scheduler::ValidateSampled(absl::Span<const SampledTokens> sampled)
     if (s.token_ids.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("no token sampled for sequence ", s.id));
     }
+    const bool pending = s.token_ids.size() == 1 && s.token_ids[0] == kPendingToken;
+    if (pending && drafts.contains(s.id)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", s.id, " verified drafts but its token is pending"));
+    }
     for (TokenId t : s.token_ids) {
+      if (pending) break;
       if (t < 0 || (options_.vocab_size > 0 && t >= options_.vocab_size)) {
         return absl::InvalidArgumentError(
             absl::StrCat("sampled token id ", t, " for sequence ", s.id, " is out of range"));
@@ -468,7 +526,7 @@ void Scheduler::CompleteEntry(const InFlight& entry, const SampledTokens* sample
     out.finish_reason = reason;
   }
   FillOutput(*seq, &out);
-  if (out.finished) sequences_.erase(seq->id());
+  if (out.finished) Retire(seq->id());
   outputs->push_back(std::move(out));
 }
 
@@ -524,7 +582,7 @@ void Scheduler::CompleteSpeculativeEntry(const InFlight& entry, const SampledTok
     out.finish_reason = reason;
   }
   FillOutput(*seq, &out);
-  if (out.finished) sequences_.erase(seq->id());
+  if (out.finished) Retire(seq->id());
   outputs->push_back(std::move(out));
 }
 

@@ -121,6 +121,10 @@ using DraftTokens = absl::flat_hash_map<SequenceId, std::vector<TokenId>>;
 // nodes' K/V to the slots right after the decode token (in path order), so
 // the rollback is the same as for a chain. (The parent links are the
 // caller's to check: the scheduler does not see them.)
+// Pipelined steps: token_ids == {kPendingToken} for a sequence whose token
+// was drawn on a device and is not back yet (no drafts); the sequence gets
+// the placeholder, decodes it next step, and ResolvePendingToken supplies
+// its id before that step completes.
 struct SampledTokens {
   SequenceId id = 0;
   std::vector<TokenId> token_ids;
@@ -197,6 +201,16 @@ class Scheduler {
   // nothing, when `sampled` does not match the batch (missing, unexpected or
   // duplicate entries, ids outside the vocabulary).
   absl::StatusOr<std::vector<SequenceOutput>> OnStepDone(absl::Span<const SampledTokens> sampled);
+  // The id of sequence `id`'s pending newest token (a step completed with
+  // kPendingToken for it), now known: the stop conditions its id decides
+  // apply. Returns the sequence's output when it is finished: stopped by
+  // this id now (freed at once, or when the step in flight that includes it
+  // completes), or finished by length when the placeholder was appended
+  // (its output then carries the id and the final reason: kStop when the id
+  // is a stop id too, as a plain step decides). nullopt when it goes on, or
+  // for an id without a pending token (aborted, unknown).
+  // INVALID_ARGUMENT for a token outside the vocabulary.
+  absl::StatusOr<std::optional<SequenceOutput>> ResolvePendingToken(SequenceId id, TokenId token);
   // Ends the step in flight without results (the model step failed, or its
   // tokens were refused): its KV is unknown, so every sequence of the step
   // is aborted and freed, with those aborted during it; returns their ids
@@ -262,6 +276,11 @@ class Scheduler {
   void CompleteSpeculativeEntry(const InFlight& entry, const SampledTokens& sampled, absl::Time now,
                                 std::vector<SequenceOutput>* outputs);
   void FinishSequence(Sequence* seq, FinishReason reason, absl::Time now);
+  // Forgets a finished sequence, or keeps it until its pending token is
+  // resolved (ResolvePendingToken).
+  void Retire(SequenceId id);
+  // Whether the step in flight includes `id`.
+  bool InStepInFlight(SequenceId id) const;
   void FillOutput(const Sequence& seq, SequenceOutput* out) const;
 
   const SchedulerOptions options_;
@@ -273,8 +292,11 @@ class Scheduler {
   uint64_t next_arrival_order_ = 0;
   uint64_t next_step_ = 1;
   std::optional<std::vector<InFlight>> in_flight_;
-  // Aborted while in the step in flight: freed when it completes.
+  // Aborted (or stopped by a resolved pending token) while in the step in
+  // flight: freed when it completes.
   std::vector<SequenceId> aborted_in_flight_;
+  // Finished by length with a pending newest token, until it is resolved.
+  absl::flat_hash_map<SequenceId, std::unique_ptr<Sequence>> finished_pending_;
   SchedulerStats counters_;  // the cumulative fields
 };
 

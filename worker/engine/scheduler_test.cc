@@ -688,5 +688,120 @@ TEST(SchedulerTest, KvEventsCarryTheChainedHashesOfComputedBlocks) {
   EXPECT_THAT(removed, ::testing::UnorderedElementsAreArray(expected));
 }
 
+// ---- Pending tokens (the engine's pipelined steps) ----
+
+// Completes the step in flight with a pending token for every sequence
+// that samples.
+std::vector<SequenceOutput> CompletePending(Scheduler& s, const ScheduledBatch& batch) {
+  std::vector<SampledTokens> pending;
+  for (const ScheduledSequence& q : batch.sequences) {
+    if (q.needs_logits) pending.push_back({q.id, {kPendingToken}, {}});
+  }
+  absl::StatusOr<std::vector<SequenceOutput>> out = s.OnStepDone(pending);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? *out : std::vector<SequenceOutput>{};
+}
+
+TEST(SchedulerTest, APendingTokenIsDecodedAndResolvedBeforeItsStepCompletes) {
+  auto s = *Scheduler::Create(BaseOptions());
+  const auto prompt = RandomTokens(20, 41);
+  ASSERT_TRUE(s->AddSequence(1, prompt, Opts(10)).ok());
+  ScheduledBatch prefill = *s->Schedule();
+  const auto out = CompletePending(*s, prefill);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_THAT(out[0].new_token_ids, ElementsAreArray({kPendingToken}));
+  EXPECT_FALSE(out[0].finished);
+  // The next step decodes the placeholder; its id arrives meanwhile.
+  ScheduledBatch decode = *s->Schedule();
+  ASSERT_EQ(decode.sequences.size(), 1u);
+  EXPECT_THAT(decode.sequences[0].token_ids, ElementsAreArray({kPendingToken}));
+  absl::StatusOr<std::optional<SequenceOutput>> resolved = s->ResolvePendingToken(1, 7);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_FALSE(resolved->has_value());
+  EXPECT_EQ(s->FindSequence(1)->token_ids().back(), 7);
+  ASSERT_TRUE(s->OnStepDone({{1, {8}, {}}}).ok());
+  EXPECT_THAT(s->FindSequence(1)->output_token_ids(), ElementsAreArray({7, 8}));
+  EXPECT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
+  // Nothing pending any more: nothing to resolve.
+  resolved = s->ResolvePendingToken(1, 9);
+  ASSERT_TRUE(resolved.ok());
+  EXPECT_FALSE(resolved->has_value());
+  EXPECT_EQ(s->FindSequence(1)->token_ids().back(), 8);
+}
+
+TEST(SchedulerTest, AStopIdResolvedDuringTheNextStepFinishesTheSequence) {
+  auto s = *Scheduler::Create(BaseOptions());
+  SamplingOptions o = Opts(10);
+  o.stop_token_ids = {5};
+  ASSERT_TRUE(s->AddSequence(1, RandomTokens(20, 42), o).ok());
+  CompletePending(*s, *s->Schedule());
+  ScheduledBatch next = *s->Schedule();  // has the sequence, with its placeholder
+  absl::StatusOr<std::optional<SequenceOutput>> resolved = s->ResolvePendingToken(1, 5);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  ASSERT_TRUE(resolved->has_value());
+  EXPECT_TRUE((*resolved)->finished);
+  EXPECT_EQ((*resolved)->finish_reason, FinishReason::kStop);
+  EXPECT_THAT((*resolved)->new_token_ids, ElementsAreArray({5}));
+  EXPECT_EQ((*resolved)->num_output_tokens, 1);
+  EXPECT_EQ(s->FindSequence(1), nullptr);
+  // Its blocks are written by the step in flight: freed when it completes,
+  // which reports nothing for it.
+  EXPECT_GT(s->block_manager().stats().num_used_blocks, 0);
+  absl::StatusOr<std::vector<SequenceOutput>> done = s->OnStepDone({});
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(done->empty());
+  EXPECT_EQ(s->block_manager().stats().num_used_blocks, 0);
+  EXPECT_FALSE(s->HasUnfinished());
+  EXPECT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
+}
+
+TEST(SchedulerTest, ALengthLimitOnAPendingTokenFinishesAtOnceAndReportsTheIdLater) {
+  auto s = *Scheduler::Create(BaseOptions());
+  SamplingOptions o = Opts(1);
+  o.stop_token_ids = {5};
+  ASSERT_TRUE(s->AddSequence(1, RandomTokens(20, 43), o).ok());
+  ASSERT_TRUE(s->AddSequence(2, RandomTokens(20, 44), o).ok());
+  const auto out = CompletePending(*s, *s->Schedule());
+  ASSERT_EQ(out.size(), 2u);
+  for (const SequenceOutput& x : out) {
+    EXPECT_TRUE(x.finished);
+    EXPECT_EQ(x.finish_reason, FinishReason::kLength);
+  }
+  EXPECT_TRUE(s->Schedule()->empty()) << "finished: not scheduled again";
+  // The id decides the reason, as a plain step would: a stop id stops.
+  auto one = s->ResolvePendingToken(1, 5);
+  auto two = s->ResolvePendingToken(2, 6);
+  ASSERT_TRUE(one.ok() && two.ok());
+  ASSERT_TRUE(one->has_value() && two->has_value());
+  EXPECT_EQ((*one)->finish_reason, FinishReason::kStop);
+  EXPECT_EQ((*two)->finish_reason, FinishReason::kLength);
+  EXPECT_THAT((*two)->new_token_ids, ElementsAreArray({6}));
+  EXPECT_EQ((*two)->num_output_tokens, 1);
+  // Once only.
+  auto again = s->ResolvePendingToken(2, 6);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->has_value());
+  EXPECT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
+}
+
+TEST(SchedulerTest, PendingTokensAreCheckedAndAbortsForgetThem) {
+  auto s = *Scheduler::Create(BaseOptions());
+  ASSERT_TRUE(s->AddSequence(1, RandomTokens(20, 45), Opts(1)).ok());
+  ASSERT_TRUE(s->AddSequence(2, RandomTokens(20, 46), Opts(8)).ok());
+  CompletePending(*s, *s->Schedule());
+  EXPECT_EQ(s->ResolvePendingToken(2, kVocab).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->ResolvePendingToken(2, -1).status().code(), absl::StatusCode::kInvalidArgument);
+  // Aborted with its token pending (finished by length, or running).
+  s->Abort(1).IgnoreError();
+  ASSERT_TRUE(s->Abort(2).ok());
+  for (SequenceId id : {1, 2}) {
+    auto r = s->ResolvePendingToken(id, 3);
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(r->has_value()) << id;
+  }
+  EXPECT_EQ(s->block_manager().stats().num_used_blocks, 0);
+  EXPECT_TRUE(s->CheckInvariants().ok()) << s->CheckInvariants();
+}
+
 }  // namespace
 }  // namespace tessera::engine

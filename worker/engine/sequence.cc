@@ -71,7 +71,7 @@ void Sequence::Finish(FinishReason reason, absl::Time now) {
 }
 
 FinishReason Sequence::CheckStop(int max_model_len) const {
-  if (num_output_tokens() > num_resumed_output_tokens_) {
+  if (num_output_tokens() > num_resumed_output_tokens_ && !has_pending_token()) {
     const TokenId last = last_token_id();
     auto contains = [last](const std::vector<TokenId>& ids) {
       return std::find(ids.begin(), ids.end(), last) != ids.end();

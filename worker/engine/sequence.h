@@ -30,6 +30,13 @@ using SequenceId = uint64_t;
 // Token ids are base's (base/block_hash.h); engine::TokenId names them too.
 using ::tessera::TokenId;
 
+// The id of a token that was sampled in a step whose result is not back on
+// the host yet (the engine's pipelined steps, engine.h). Only the newest
+// token of a sequence can be pending, it is never part of the computed
+// prefix, and the scheduler replaces it (Scheduler::ResolvePendingToken)
+// before the step that computes it completes.
+inline constexpr TokenId kPendingToken = -1;
+
 // What the engine core needs of a request's sampling parameters. The
 // sampler's own parameters (temperature, top-p, seeds, penalties, ...) live
 // in worker/sampling and are found through sampler_state_id, which the core
@@ -125,13 +132,18 @@ class Sequence {
   void RecordCachedTokens(int n);
   void MarkScheduled(absl::Time now);
   void AppendToken(TokenId token, absl::Time now);
+  // Whether the newest token is kPendingToken.
+  bool has_pending_token() const { return !tokens_.empty() && tokens_.back() == kPendingToken; }
+  // The newest token's id, once known. REQUIRES: has_pending_token().
+  void ResolvePendingToken(TokenId token) { tokens_.back() = token; }
   // Drops the KV of computed tokens and queues the sequence again; the
   // tokens (prompt and output) are kept for recomputation.
   void Preempt();
   void Finish(FinishReason reason, absl::Time now);
 
   // The reason to stop after the newest token, or kNone to go on.
-  // `max_model_len` bounds prompt + output.
+  // `max_model_len` bounds prompt + output. A pending newest token can only
+  // stop by length (its id is checked once resolved).
   FinishReason CheckStop(int max_model_len) const;
 
  private:

@@ -1,6 +1,9 @@
 // ModelRunner: runs a decoder model's forward pass over a ForwardBatch,
-// owning the paged KV cache. The engine's step calls Forward() once; the
-// backends (CPU now, CUDA later) implement it.
+// owning the paged KV cache. The engine's step calls Forward() (or
+// ForwardSample()) once; the backends (CPU, CUDA, simulated) implement it.
+// A runner whose device works asynchronously may also take steps as a
+// submit/collect pair (SubmitSample, CollectSample), so that the engine
+// prepares step N+1 while step N runs.
 //
 // Thread-safety: not thread-safe; the engine loop owns its runner.
 #pragma once
@@ -25,6 +28,15 @@ struct DeviceSamplingRow {
   float min_p = 0.0f;
   uint64_t seed = 0;
   int64_t position = 0;  // index of the token being drawn in its sequence
+};
+
+// A token of a submitted step whose id is not known on the host yet: the one
+// drawn for logits row `row` of the step submitted just before it
+// (SubmitSample). The batch's token_ids[token_index] is a placeholder (any
+// id in the vocabulary) that the runner replaces on its device.
+struct PreviousStepToken {
+  int32_t token_index = 0;  // into ForwardBatch::token_ids
+  int32_t row = 0;          // into the previous step's drawn tokens
 };
 
 class ModelRunner {
@@ -68,6 +80,31 @@ class ModelRunner {
                                      absl::Span<const DeviceSamplingRow> rows,
                                      std::vector<int32_t>* tokens) {
     return absl::UnimplementedError("this runner samples on the host only");
+  }
+
+  // Whether SubmitSample / CollectSample are available (and
+  // SupportsDeviceSampling() is true).
+  virtual bool SupportsAsyncSampling() const { return false; }
+
+  // ForwardSample split in two, for an engine that overlaps its host work
+  // with the device. SubmitSample validates and stages the batch and queues
+  // its work (the forward pass, then the draws) without waiting for it; the
+  // caller may change or free `batch` and `rows` when it returns. Tokens in
+  // `from_previous` take the ids drawn by the step submitted just before
+  // (which may still be running; the device orders the two). CollectSample
+  // waits for the oldest submitted step not yet collected and returns its
+  // tokens, as ForwardSample would. At most two steps are submitted and not
+  // collected at once. ForwardSample(b, rows, t) is SubmitSample(b, rows, {})
+  // then CollectSample(t). A failed SubmitSample queues nothing (nothing to
+  // collect); INVALID_ARGUMENT for a `from_previous` entry outside the batch
+  // or the previous step's rows, or with no previous step.
+  virtual absl::Status SubmitSample(const ForwardBatch& batch,
+                                    absl::Span<const DeviceSamplingRow> rows,
+                                    absl::Span<const PreviousStepToken> from_previous) {
+    return absl::UnimplementedError("this runner has no asynchronous steps");
+  }
+  virtual absl::Status CollectSample(std::vector<int32_t>* tokens) {
+    return absl::UnimplementedError("this runner has no asynchronous steps");
   }
 
   // OK while the runner can run steps; otherwise why not, for good (a
