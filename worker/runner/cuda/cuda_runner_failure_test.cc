@@ -30,6 +30,29 @@ CudaWeightsFactory WeightsWithLayers(const model::LoadedModel* model, int64_t la
   };
 }
 
+// FP8 checkpoints are refused before any device call, naming the format
+// (the CUDA linear seam holds bf16 weights only so far).
+TEST(CudaRunnerFailureTest, CreateRefusesFp8CheckpointsClearly) {
+  SmallTestModel small("LlamaForCausalLM", 64);
+  ASSERT_TRUE(small.model.ok()) << small.model.status();
+  model::ModelConfig config = small.model->get()->config;
+  config.quantization.emplace();  // fine-grained FP8, 128x128 blocks
+  bool called = false;
+  auto runner = CudaModelRunner::Create(
+      config,
+      [&](const model::ModelConfig&, const parallel::ShardPlan&) -> absl::StatusOr<CudaWeights> {
+        called = true;
+        return absl::InternalError("not reached");
+      },
+      kernels::DeviceDescription{}, TestOptions(16, 64));
+  ASSERT_FALSE(runner.ok());
+  EXPECT_EQ(runner.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(runner.status().message(),
+              HasSubstr("FP8 checkpoints (fp8 (fine-grained): e4m3 weights, 128x128 block scales"));
+  EXPECT_THAT(runner.status().message(), HasSubstr("--device=cpu"));
+  EXPECT_FALSE(called);
+}
+
 TEST(CudaRunnerFailureTest, CreateRefusesWeightsForAnotherNumberOfLayers) {
   REQUIRE_GPU(device);
   SmallTestModel small("LlamaForCausalLM", 64);
