@@ -9,6 +9,8 @@
 //                                      (kernels/cuda/prefill_attention_sm90.h) on SM 9.0
 //                                      with this binary's sm_90a image; head_dim 64 and
 //                                      128, the portable kernel for other shapes
+//   fp8_gemm                  cublaslt-fp8-block, cuda-fp8-dequant
+//                                      (kernels/cuda_fp8_backend.h)
 //   every other op            cuda     Tessera's portable CUDA kernels (SM 8.0+)
 //   all_reduce                p2p      peer-to-peer one-shot all-reduce (kernels/cuda/
 //                                      p2p_all_reduce.h) for bf16 messages up to
