@@ -95,8 +95,8 @@ absl::Status MoeExperts(const MoeExpertsArgs& a, CudaStream stream) {
     s = MoeGemmGateUp(a.x, a.num_tokens, a.experts, g, act, stream, a.gemm_kernel);
     if (s.ok()) s = MoeGemmDown(act, a.num_tokens, a.experts, g, y, stream, a.gemm_kernel);
   } else {
-    s = MoeGemvGateUp(a.x, a.num_tokens, a.experts, g, act, stream);
-    if (s.ok()) s = MoeGemvDown(act, a.num_tokens, a.experts, g, y, stream);
+    s = MoeGemvGateUp(a.x, a.num_tokens, a.experts, g, act, stream, a.gemv_kernel);
+    if (s.ok()) s = MoeGemvDown(act, a.num_tokens, a.experts, g, y, stream, a.gemv_kernel);
   }
   if (!s.ok()) return s;
   return MoeCombine(

@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "kernels/cuda/cuda_types.h"
 #include "kernels/cuda/moe_expert_weights.h"
+#include "kernels/cuda/moe_gemv.h"
 #include "kernels/cuda/moe_grouped_gemm.h"
 #include "kernels/cuda/moe_pair_gemv.h"
 
@@ -52,6 +53,7 @@ struct MoeExpertsArgs {
   MoeExpertsPath path = MoeExpertsPath::kAuto;
   MoeGemmKernelKind gemm_kernel = MoeGemmKernelKind::kAuto;  // the grouped GEMM's
   MoePairGemvKernel pair_kernel = MoePairGemvKernel::kAuto;  // the pair GEMVs'
+  MoeGemvKernel gemv_kernel = MoeGemvKernel::kAuto;          // the grouped GEMVs'
 };
 
 size_t MoeExpertsWorkspaceBytes(int64_t max_tokens, int top_k, const MoeExpertWeights& experts);

@@ -128,6 +128,7 @@ struct Variant {
   MoeGemmKernelKind kernel;
   const char* name;
   MoePairGemvKernel pair = MoePairGemvKernel::kAuto;
+  MoeGemvKernel gemv = MoeGemvKernel::kAuto;
 };
 
 // The problem's buffers on the device and one MoeExperts call over them.
@@ -157,6 +158,7 @@ struct DeviceProblem {
     args.path = variant.path;
     args.gemm_kernel = variant.kernel;
     args.pair_kernel = variant.pair;
+    args.gemv_kernel = variant.gemv;
     args.workspace_bytes = MoeExpertsWorkspaceBytes(max_tokens, p.top_k, args.experts);
     workspace = Zeros(args.workspace_bytes);
     args.workspace = workspace.data();
@@ -192,6 +194,8 @@ constexpr Variant kGemvPairsUnrolled{MoeExpertsPath::kGemvPairs, MoeGemmKernelKi
 constexpr Variant kGemvPairsPrefetch8{MoeExpertsPath::kGemvPairs, MoeGemmKernelKind::kAuto,
                                       "pair-major gemv, prefetch 8", MoePairGemvKernel::kPrefetch8};
 constexpr Variant kGemv{MoeExpertsPath::kGemv, MoeGemmKernelKind::kAuto, "gemv"};
+constexpr Variant kGemvUnrolled{MoeExpertsPath::kGemv, MoeGemmKernelKind::kAuto, "gemv, unrolled",
+                                MoePairGemvKernel::kAuto, MoeGemvKernel::kUnrolled};
 constexpr Variant kGemmMmaSync{MoeExpertsPath::kGroupedGemm, MoeGemmKernelKind::kMmaSync,
                                "grouped gemm, mma.sync"};
 constexpr Variant kGemmAuto{MoeExpertsPath::kGroupedGemm, MoeGemmKernelKind::kAuto,
@@ -199,7 +203,7 @@ constexpr Variant kGemmAuto{MoeExpertsPath::kGroupedGemm, MoeGemmKernelKind::kAu
 
 // Every variant that can run the problem's shapes.
 std::vector<Variant> Variants(const Problem& p) {
-  std::vector<Variant> v = {kGemvPairs, kGemvPairsUnrolled, kGemv};
+  std::vector<Variant> v = {kGemvPairs, kGemvPairsUnrolled, kGemv, kGemvUnrolled};
   if (MoeGroupedGemmSupports(p.hidden, p.inter)) {
     v.push_back(kGemmMmaSync);
     v.push_back(kGemmAuto);
@@ -488,11 +492,13 @@ TEST(CudaMoeExpertsTest, PairGemvEqualsTheGroupedGemvBitwise) {
   // Wider than the prefetched kernels' registers hold (2048 gate/up
   // columns, 768 down columns): their tail loops run too.
   Problem wide = RandomProblem(2, 2304, 1032, 4, 2, 4, 124);
-  for (const Problem* p : {&one, &ep, &odd, &wide}) {
+  Problem many = RandomProblem(20, 256, 128, 4, 2, 4, 125);  // ~10 rows per expert: 2 passes
+  for (const Problem* p : {&one, &ep, &odd, &wide, &many}) {
     const std::vector<float> grouped = RunGpu(*p, kGemv);
     EXPECT_EQ(RunGpu(*p, kGemvPairs), grouped) << p->tokens << " tokens";
     EXPECT_EQ(RunGpu(*p, kGemvPairsUnrolled), grouped) << p->tokens << " tokens, unrolled";
     EXPECT_EQ(RunGpu(*p, kGemvPairsPrefetch8), grouped) << p->tokens << " tokens, prefetch 8";
+    EXPECT_EQ(RunGpu(*p, kGemvUnrolled), grouped) << p->tokens << " tokens, grouped unrolled";
   }
 }
 

@@ -226,19 +226,24 @@ nlohmann::json StageTimes(const Step& st, const Layers& layers, bool gemm, MoeGe
 }
 
 nlohmann::json Measure(const Step& st, const Layers& layers, MoeExpertsPath path,
-                       MoeGemmKernelKind kernel, double copy_bw, CudaStream s) {
-  const double sec =
-      TimeIt(s, [&](int i) { return MoeExperts(ExpertsArgs(st, layers.At(i), path, kernel), s); });
+                       MoeGemmKernelKind kernel, double copy_bw, CudaStream s,
+                       MoeGemvKernel gemv = MoeGemvKernel::kAuto) {
+  const double sec = TimeIt(s, [&](int i) {
+    MoeExpertsArgs a = ExpertsArgs(st, layers.At(i), path, kernel);
+    a.gemv_kernel = gemv;
+    return MoeExperts(a, s);
+  });
   const double bytes =
       static_cast<double>(st.selected_experts) * 3 * kInter * kHidden * sizeof(Bf16);
   const double flops = static_cast<double>(st.tokens) * kTopK * 3 * 2 * kHidden * kInter;
   const bool gemm = path == MoeExpertsPath::kGroupedGemm;
   nlohmann::json j;
   j["tokens"] = st.tokens;
-  j["path"] = path == MoeExpertsPath::kGemvPairs      ? "gemv_pairs"
-              : !gemm                                 ? "gemv"
-              : kernel == MoeGemmKernelKind::kMmaSync ? "grouped_gemm_mma_sync"
-                                                      : "grouped_gemm_auto";
+  j["path"] = path == MoeExpertsPath::kGemvPairs          ? "gemv_pairs"
+              : !gemm && gemv == MoeGemvKernel::kUnrolled ? "gemv_unrolled"
+              : !gemm                                     ? "gemv"
+              : kernel == MoeGemmKernelKind::kMmaSync     ? "grouped_gemm_mma_sync"
+                                                          : "grouped_gemm_auto";
   j["us"] = sec * 1e6;
   j["selected_experts"] = st.selected_experts;
   j["selected_bytes"] = bytes;
@@ -490,6 +495,12 @@ void Run() {
     const Step st = MakeStep(tokens, layers, s);
     for (MoeExpertsPath path : {MoeExpertsPath::kGemv, MoeExpertsPath::kGroupedGemm}) {
       nlohmann::json m = Measure(st, layers, path, MoeGemmKernelKind::kAuto, copy_bw, s);
+      m.erase("stages");
+      crossover.push_back(m);
+    }
+    if (tokens == 16 || tokens == 64) {
+      nlohmann::json m = Measure(st, layers, MoeExpertsPath::kGemv, MoeGemmKernelKind::kAuto,
+                                 copy_bw, s, MoeGemvKernel::kUnrolled);
       m.erase("stages");
       crossover.push_back(m);
     }
