@@ -50,7 +50,10 @@ ABSL_FLAG(int, block_size, 16, "Tokens per KV-cache block");
 ABSL_FLAG(int, kv_cache_blocks, 0, "KV-cache blocks; 0 = from --kv_cache_memory_mb");
 ABSL_FLAG(int, kv_cache_memory_mb, 512, "KV-cache size when --kv_cache_blocks is 0");
 ABSL_FLAG(int, max_num_seqs, 64, "Requests running (holding KV) at once");
-ABSL_FLAG(int, max_num_batched_tokens, 2048, "Tokens computed per engine step");
+ABSL_FLAG(int, max_num_batched_tokens, 256,
+          "Tokens computed per engine step (decodes first, then prefill chunks): bounds how "
+          "much a prefill wave slows the running decodes; 256 is about the GEMM ridge point of "
+          "an H100/H200 (docs/serving.md)");
 ABSL_FLAG(int, max_model_len, 0, "Context length (prompt + output); 0 = the model's");
 ABSL_FLAG(int, max_waiting, 1024, "Queued requests before Generate answers RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, cpu_threads, 0, "Threads for the CPU kernels; 0 = all cores");

@@ -104,7 +104,8 @@ struct LocalEngineOptions {
   int64_t kv_cache_memory_mb = 512;
   int max_model_len = 0;  // 0 = the model's
   int max_num_seqs = 64;
-  int max_num_batched_tokens = 2048;
+  // The per-step token budget; the worker's default, docs/serving.md.
+  int max_num_batched_tokens = 256;
   int max_waiting = 1024;
   bool enable_prefix_caching = true;
   // Speculative decoding (engine.h): off unless a provider is given.
