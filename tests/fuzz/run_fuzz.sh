@@ -37,7 +37,7 @@ mkdir -p "${OUT}/corpus-${TARGET}" "${OUT}/artifacts-${TARGET}"
 BIN="${OUT}/${TARGET}_fuzz"
 
 # The same sources tests/fuzz/CMakeLists.txt compiles.
-MODEL_SOURCES=(checkpoint config dtype rope safetensors safetensors_writer tensor weights)
+MODEL_SOURCES=(checkpoint config deepseek_v3_config dtype quantization rope safetensors safetensors_writer tensor weights)
 SOURCES=("${ROOT}/tests/fuzz/${TARGET}_fuzz.cc")
 for s in "${MODEL_SOURCES[@]}"; do SOURCES+=("${ROOT}/worker/model/${s}.cc"); done
 SOURCES+=("${ROOT}/base/json.cc" "${ROOT}/base/file.cc")

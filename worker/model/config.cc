@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "base/json.h"
 #include "base/str_cat.h"
+#include "worker/model/deepseek_v3_config.h"
 
 namespace tessera::model {
 namespace {
@@ -29,7 +30,11 @@ constexpr ArchitectureInfo kArchitectures[] = {
     {ModelArchitecture::kQwen3, "Qwen3ForCausalLM", "qwen3", 32768},
     {ModelArchitecture::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe", 32768},
     {ModelArchitecture::kGlm4Moe, "Glm4MoeForCausalLM", "glm4_moe", 131072},
+    {ModelArchitecture::kDeepseekV3, "DeepseekV3ForCausalLM", "deepseek_v3", 4096},
 };
+
+// Kimi K2 ships DeepseekV3ForCausalLM under its own model_type.
+constexpr std::string_view kKimiK2ModelType = "kimi_k2";
 
 // Far above any released model (DeepSeek-V3 and Kimi K2 route over 256 and
 // 384 experts), so a corrupt config cannot size absurd tables.
@@ -179,6 +184,10 @@ absl::StatusOr<ModelArchitecture> ParseArchitecture(const Json& obj, std::string
         Cat("architecture \"", name, "\" is not supported (supported: ", names, ")"));
   }
   if (type->has_value()) {
+    if (**type == kKimiK2ModelType) {
+      *model_type = **type;
+      return ModelArchitecture::kDeepseekV3;
+    }
     for (const ArchitectureInfo& info : kArchitectures) {
       if (info.model_type == **type) {
         *model_type = **type;
@@ -194,6 +203,63 @@ absl::StatusOr<ModelArchitecture> ParseArchitecture(const Json& obj, std::string
   }
   return absl::InvalidArgumentError(
       Cat("neither architectures nor model_type is given (supported: ", names, ")"));
+}
+
+// YaRN's keys (transformers' _compute_yarn_parameters): factor (>= 1,
+// required), original_max_position_embeddings (0 when absent: the model's
+// max_position_embeddings, filled in later), beta_fast / beta_slow (32 / 1,
+// also when 0, as transformers' `or`), mscale, mscale_all_dim (absent = 0),
+// attention_factor, truncate (true).
+absl::StatusOr<RopeScaling> ParseYarn(const Json& obj, std::string_view prefix) {
+  RopeScaling y;
+  y.type = RopeScalingType::kYarn;
+  auto display = [&](std::string_view key) { return Cat(prefix, ".", key); };
+  absl::StatusOr<std::optional<double>> factor = OptNumber(obj, "factor", display("factor"));
+  if (!factor.ok()) return factor.status();
+  if (!factor->has_value()) {
+    return absl::InvalidArgumentError(
+        Cat(display("factor"), " is required for rope type \"yarn\""));
+  }
+  y.factor = **factor;
+  if (!(y.factor >= 1.0)) {
+    return absl::InvalidArgumentError(Cat(display("factor"), " = ", y.factor, " must be >= 1"));
+  }
+  absl::StatusOr<std::optional<int64_t>> original =
+      OptInt(obj, "original_max_position_embeddings", display("original_max_position_embeddings"));
+  if (!original.ok()) return original.status();
+  if (original->has_value()) {
+    if (**original < 1) {
+      return absl::InvalidArgumentError(
+          Cat(display("original_max_position_embeddings"), " must be a positive integer"));
+    }
+    y.original_max_position_embeddings = **original;
+  }
+  for (auto [key, out] :
+       {std::pair{"beta_fast", &y.beta_fast}, std::pair{"beta_slow", &y.beta_slow},
+        std::pair{"mscale", &y.mscale}, std::pair{"mscale_all_dim", &y.mscale_all_dim}}) {
+    absl::StatusOr<std::optional<double>> v = OptNumber(obj, key, display(key));
+    if (!v.ok()) return v.status();
+    if (v->has_value() && **v != 0) *out = **v;
+  }
+  if (!(y.beta_fast > 0) || !(y.beta_slow > 0)) {
+    return absl::InvalidArgumentError(Cat(prefix, ": yarn beta_fast and beta_slow must be > 0"));
+  }
+  if (!(y.mscale >= 0) || !(y.mscale_all_dim >= 0)) {
+    return absl::InvalidArgumentError(Cat(prefix, ": yarn mscale and mscale_all_dim must be >= 0"));
+  }
+  absl::StatusOr<std::optional<double>> attention =
+      OptNumber(obj, "attention_factor", display("attention_factor"));
+  if (!attention.ok()) return attention.status();
+  if (attention->has_value()) {
+    if (!(**attention > 0)) {
+      return absl::InvalidArgumentError(Cat(display("attention_factor"), " must be > 0"));
+    }
+    y.attention_factor = **attention;
+  }
+  absl::StatusOr<std::optional<bool>> truncate = OptBool(obj, "truncate");
+  if (!truncate.ok()) return truncate.status();
+  y.truncate = truncate->value_or(true);
+  return y;
 }
 
 // Parses a rope_scaling / rope_parameters object. `prefix` is its key.
@@ -249,8 +315,10 @@ absl::StatusOr<RopeScaling> ParseRopeScaling(const Json& obj, std::string_view p
     scaling.original_max_position_embeddings = **original;
     return scaling;
   }
-  return absl::InvalidArgumentError(
-      Cat(prefix, " type \"", type, "\" is not supported (supported: default, linear, llama3)"));
+  if (type == "yarn") return ParseYarn(obj, prefix);
+  return absl::InvalidArgumentError(Cat(prefix, " type \"", type,
+                                        "\" is not supported (supported: default, linear, llama3, "
+                                        "yarn)"));
 }
 
 absl::Status ParseSlidingWindow(const Json& obj, ModelConfig* config) {
@@ -417,15 +485,44 @@ absl::Status ParseQwen3Moe(const Json& obj, ModelConfig* c) {
   return absl::OkStatus();
 }
 
-// Glm4MoeDecoderLayer's choice: the first first_k_dense_replace layers dense.
-absl::Status ParseGlm4Moe(const Json& obj, ModelConfig* c) {
-  MoeConfig m;
+// The defaults of the sigmoid-grouped MoE keys, per architecture.
+struct GroupedMoeDefaults {
+  MoeConfig moe;
+  int64_t first_k_dense_replace = 1;
+  int64_t num_nextn_predict_layers = 1;
+};
+
+GroupedMoeDefaults Glm4MoeDefaults() {
+  GroupedMoeDefaults d;
+  d.moe.num_experts = 128;
+  d.moe.top_k = 8;
+  d.moe.intermediate_size = 1408;
+  d.moe.num_shared_experts = 1;
+  return d;
+}
+
+// transformers' DeepseekV3Config defaults (its config has no
+// num_nextn_predict_layers; real checkpoints that store an MTP layer say so).
+GroupedMoeDefaults DeepseekV3MoeDefaults() {
+  GroupedMoeDefaults d;
+  d.moe.num_experts = 256;
+  d.moe.top_k = 8;
+  d.moe.intermediate_size = 2048;
+  d.moe.num_shared_experts = 1;
+  d.moe.n_group = 8;
+  d.moe.topk_group = 4;
+  d.moe.routed_scaling_factor = 2.5;
+  d.first_k_dense_replace = 3;
+  d.num_nextn_predict_layers = 0;
+  return d;
+}
+
+// Glm4MoeDecoderLayer's (and DeepseekV3DecoderLayer's) choice: the first
+// first_k_dense_replace layers dense.
+absl::Status ParseGroupedMoe(const Json& obj, const GroupedMoeDefaults& defaults, ModelConfig* c) {
+  MoeConfig m = defaults.moe;
   m.scoring = MoeScoring::kSigmoidGrouped;
-  m.num_experts = 128;
-  m.top_k = 8;
-  m.intermediate_size = 1408;
   m.norm_topk_prob = true;
-  m.num_shared_experts = 1;
   if (absl::Status s = ExpertCount(obj, "n_routed_experts", &m.num_experts); !s.ok()) return s;
   if (absl::Status s = ParseCommonMoe(obj, &m); !s.ok()) return s;
   for (auto [key, out] :
@@ -439,7 +536,7 @@ absl::Status ParseGlm4Moe(const Json& obj, ModelConfig* c) {
       !s.ok()) {
     return s;
   }
-  int64_t first_dense = 1;
+  int64_t first_dense = defaults.first_k_dense_replace;
   if (absl::Status s =
           OptionalInt(obj, "first_k_dense_replace", 0, c->num_hidden_layers, &first_dense);
       !s.ok()) {
@@ -447,7 +544,7 @@ absl::Status ParseGlm4Moe(const Json& obj, ModelConfig* c) {
   }
   m.sparse_layers.assign(static_cast<size_t>(c->num_hidden_layers), false);
   for (int64_t l = first_dense; l < c->num_hidden_layers; ++l) m.sparse_layers[l] = true;
-  c->num_nextn_predict_layers = 1;
+  c->num_nextn_predict_layers = defaults.num_nextn_predict_layers;
   if (absl::Status s =
           OptionalInt(obj, "num_nextn_predict_layers", 0, kMaxLayers, &c->num_nextn_predict_layers);
       !s.ok()) {
@@ -523,8 +620,17 @@ absl::Status ParseArchitectureExtras(const Json& obj, ModelConfig* c) {
   if (c->architecture == ModelArchitecture::kQwen3Moe) {
     if (absl::Status s = ParseQwen3Moe(obj, c); !s.ok()) return s;
   } else if (c->architecture == ModelArchitecture::kGlm4Moe) {
-    if (absl::Status s = ParseGlm4Moe(obj, c); !s.ok()) return s;
+    if (absl::Status s = ParseGroupedMoe(obj, Glm4MoeDefaults(), c); !s.ok()) return s;
     if (absl::Status s = ParsePartialRotary(obj, c); !s.ok()) return s;
+  } else if (c->architecture == ModelArchitecture::kDeepseekV3) {
+    if (absl::Status s = ParseGroupedMoe(obj, DeepseekV3MoeDefaults(), c); !s.ok()) return s;
+    if (absl::Status s = ParseDeepseekV3Extras(obj, c); !s.ok()) return s;
+  }
+  if (c->rope_scaling.type == RopeScalingType::kYarn &&
+      c->architecture != ModelArchitecture::kDeepseekV3) {
+    return absl::InvalidArgumentError(
+        Cat("rope type \"yarn\" is supported for DeepseekV3ForCausalLM only (not ",
+            ArchitectureName(c->architecture), ")"));
   }
   return c->moe ? ValidateMoe(*c->moe) : absl::OkStatus();
 }
@@ -649,6 +755,8 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& obj) {
       config.qkv_bias = attention_bias;  // Glm4MoeAttention: o_proj never has a bias
       if (absl::Status s = OptionalBool(obj, "use_qk_norm", &config.qk_norm); !s.ok()) return s;
       break;
+    case ModelArchitecture::kDeepseekV3:
+      break;  // MLA projections: deepseek_v3_config.h (attention_bias refused there)
   }
   if (absl::Status s = ParseArchitectureExtras(obj, &config); !s.ok()) return s;
 

@@ -36,6 +36,12 @@
 //            norm_topk_prob (true), num_nextn_predict_layers (1: the
 //            multi-token-prediction layers stored after the decoder layers,
 //            which Tessera skips). Sigmoid routing with a correction bias.
+//   DeepSeek-V3 / Kimi K2 (DeepseekV3ForCausalLM, model_type deepseek_v3 or
+//            kimi_k2): multi-head latent attention (`mla`, mla_config.h and
+//            deepseek_v3_config.h); GLM-4.5's routing keys with DeepSeek's
+//            defaults (256 experts, top-8, 8 groups, top-4 groups, scaling
+//            2.5, moe_intermediate_size 2048, first_k_dense_replace 3,
+//            num_nextn_predict_layers 0); rope_scaling may be "yarn".
 //   MoE validation (INVALID_ARGUMENT naming the keys): 1 <= top_k <=
 //            experts; n_group divides experts; 1 <= topk_group <= n_group;
 //            top_k <= topk_group * (experts / n_group); groups of at least 2
@@ -67,6 +73,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/model/dtype.h"
+#include "worker/model/mla_config.h"
 #include "worker/model/quantization.h"
 
 namespace tessera::model {
@@ -82,7 +89,15 @@ inline constexpr int64_t kMaxHeads = 4096;
 inline constexpr int64_t kMaxHeadDim = 8192;
 inline constexpr int64_t kMaxPositionEmbeddings = int64_t{1} << 30;
 
-enum class ModelArchitecture { kLlama, kMistral, kQwen2, kQwen3, kQwen3Moe, kGlm4Moe };
+enum class ModelArchitecture {
+  kLlama,
+  kMistral,
+  kQwen2,
+  kQwen3,
+  kQwen3Moe,
+  kGlm4Moe,
+  kDeepseekV3,
+};
 
 // "LlamaForCausalLM", ...
 std::string_view ArchitectureName(ModelArchitecture arch);
@@ -91,6 +106,7 @@ enum class RopeScalingType {
   kNone,    // plain RoPE (rope_type "default" or no rope_scaling)
   kLinear,  // position interpolation: every inverse frequency / factor
   kLlama3,  // Llama 3.1 frequency-dependent scaling (see rope.h)
+  kYarn,    // YaRN (DeepSeek-V3 only: its attention factor scales cos/sin)
 };
 
 struct RopeScaling {
@@ -98,7 +114,14 @@ struct RopeScaling {
   double factor = 1.0;                           // linear, llama3; >= 1
   double low_freq_factor = 1.0;                  // llama3
   double high_freq_factor = 4.0;                 // llama3; > low_freq_factor
-  int64_t original_max_position_embeddings = 0;  // llama3; > 0
+  int64_t original_max_position_embeddings = 0;  // llama3, yarn; > 0
+  // YaRN (rope.h). mscale / mscale_all_dim 0 = absent.
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 0.0;
+  double mscale_all_dim = 0.0;
+  std::optional<double> attention_factor;  // explicit; else from the mscales
+  bool truncate = true;
 };
 
 // How a router turns its logits into each token's experts and weights;
@@ -133,7 +156,8 @@ struct MoeConfig {
 
 struct ModelConfig {
   ModelArchitecture architecture = ModelArchitecture::kLlama;
-  std::string model_type;  // "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "glm4_moe"
+  std::string model_type;  // "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "glm4_moe",
+                           // "deepseek_v3", "kimi_k2"
 
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -161,6 +185,10 @@ struct ModelConfig {
   // Multi-token-prediction layers a GLM-4.5 checkpoint stores as
   // model.layers.<num_hidden_layers + i>.*; not run, skipped at load.
   int64_t num_nextn_predict_layers = 0;
+
+  // Multi-head latent attention (DeepSeek-V3, Kimi K2); unset otherwise.
+  // Then head_dim = qk_rope_head_dim and q_size()/kv_size() do not apply.
+  std::optional<MlaConfig> mla;
 
   // FP8 checkpoints: config.json's quantization_config (quantization.h);
   // unset for bf16/fp16/fp32 weights.

@@ -256,10 +256,13 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfig{"UnknownArchitecture", "\"LlamaForCausalLM\"", "\"GPT2LMHeadModel\"",
                   "architecture \"GPT2LMHeadModel\" is not supported (supported: "
                   "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-                  "Qwen3MoeForCausalLM, Glm4MoeForCausalLM)"},
+                  "Qwen3MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM)"},
         BadConfig{"YarnRope", "\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\"",
-                  "rope_scaling type \"yarn\" is not supported (supported: default, linear, "
-                  "llama3)"},
+                  "rope type \"yarn\" is supported for DeepseekV3ForCausalLM only (not "
+                  "LlamaForCausalLM)"},
+        BadConfig{"UnknownRopeType", "\"rope_type\": \"llama3\"", "\"rope_type\": \"longrope\"",
+                  "rope_scaling type \"longrope\" is not supported (supported: default, linear, "
+                  "llama3, yarn)"},
         BadConfig{"Llama3MissingField", "\"low_freq_factor\": 1.0, ", "",
                   "rope_scaling.low_freq_factor is required for rope type \"llama3\""},
         BadConfig{"Llama3FactorsInverted", "\"high_freq_factor\": 4.0", "\"high_freq_factor\": 0.5",

@@ -1,5 +1,6 @@
 #include "worker/model/rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -7,6 +8,66 @@
 #include "base/str_cat.h"
 
 namespace tessera::model {
+
+namespace {
+
+absl::StatusOr<std::vector<float>> YarnInverseFrequencies(int64_t head_dim, double theta,
+                                                          const RopeScaling& y) {
+  if (!(y.factor >= 1.0) || y.original_max_position_embeddings < 1 || !(y.beta_fast > 0) ||
+      !(y.beta_slow > 0)) {
+    return absl::InvalidArgumentError(
+        "yarn rope scaling needs factor >= 1, original_max_position_embeddings >= 1 and "
+        "positive beta_fast / beta_slow");
+  }
+  // Python floats (double) for the correction range, as transformers.
+  const double dim = static_cast<double>(head_dim);
+  const double base = theta;
+  const double original = static_cast<double>(y.original_max_position_embeddings);
+  auto correction_dim = [&](double rotations) {
+    return (dim * std::log(original / (rotations * 2 * std::numbers::pi))) / (2 * std::log(base));
+  };
+  double low = correction_dim(y.beta_fast);
+  double high = correction_dim(y.beta_slow);
+  if (y.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1);
+  if (low == high) high += 0.001;
+  // torch float32 from here: the scalars are rounded to float32.
+  const float low_f = static_cast<float>(low);
+  const float range_f = static_cast<float>(high - low);
+  const float base_f = static_cast<float>(base);
+  const float factor_f = static_cast<float>(y.factor);
+  const int64_t half = head_dim / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    const float pos_freq = std::pow(base_f, static_cast<float>(2 * i) / static_cast<float>(dim));
+    const float extrapolation = 1.0f / pos_freq;
+    const float interpolation = 1.0f / (factor_f * pos_freq);
+    const float ramp = std::clamp((static_cast<float>(i) - low_f) / range_f, 0.0f, 1.0f);
+    const float keep = 1.0f - ramp;  // inv_freq_extrapolation_factor
+    inv_freq[i] = interpolation * (1.0f - keep) + extrapolation * keep;
+  }
+  return inv_freq;
+}
+
+}  // namespace
+
+double YarnMscale(double scale, double mscale) {
+  if (scale <= 1) return 1.0;
+  return 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+double RopeAttentionFactor(const RopeScaling& s) {
+  if (s.type != RopeScalingType::kYarn) return 1.0;
+  if (s.attention_factor) return *s.attention_factor;
+  if (s.mscale != 0 && s.mscale_all_dim != 0) {
+    return YarnMscale(s.factor, s.mscale) / YarnMscale(s.factor, s.mscale_all_dim);
+  }
+  return YarnMscale(s.factor, 1.0);
+}
 
 absl::StatusOr<std::vector<float>> RopeInverseFrequencies(int64_t head_dim, double theta,
                                                           const RopeScaling& scaling) {
@@ -69,6 +130,8 @@ absl::StatusOr<std::vector<float>> RopeInverseFrequencies(int64_t head_dim, doub
       }
       return inv_freq;
     }
+    case RopeScalingType::kYarn:
+      return YarnInverseFrequencies(head_dim, theta, scaling);
   }
   return absl::InternalError("unknown rope scaling type");
 }

@@ -21,6 +21,15 @@
 //              wavelen > L / lo  -> default[i] / factor    (low frequencies)
 //              otherwise         -> (1 - s) * default[i] / factor + s * default[i]
 //                                   with s = (L / wavelen - lo) / (hi - lo)
+//   yarn:    (transformers' _compute_yarn_parameters, DeepSeek-V3) with
+//            f = factor, L = original_max_position_embeddings and
+//            corr(r) = d * ln(L / (r * 2 pi)) / (2 ln base):
+//              low = max(floor(corr(beta_fast)), 0), high = min(ceil(corr(beta_slow)), d - 1)
+//              (no floor/ceil when truncate is false; high += 0.001 if equal)
+//              ramp[i] = clamp((i - low) / (high - low), 0, 1),  e = 1 - ramp[i]
+//              inv_freq[i] = default[i] / f * (1 - e) + default[i] * e
+//            (computed as 1 / (f * base^(2i/d)) and 1 / base^(2i/d), float32);
+//            cos and sin are then multiplied by RopeAttentionFactor().
 // Results agree with transformers' float32 tables to within 1 ulp (bit-exact
 // for 5 of the 6 reference tables in testdata/; the rest differ where torch's
 // vectorised pow() rounds differently from std::pow).
@@ -46,5 +55,16 @@ absl::StatusOr<std::vector<float>> RopeInverseFrequencies(int64_t head_dim, doub
 // unless a partial rotary factor applies, as GLM-4.5's), rope_theta and
 // rope_scaling. transformers computes partial RoPE's table with d = rotary_dim.
 absl::StatusOr<std::vector<float>> RopeInverseFrequencies(const ModelConfig& config);
+
+// DeepSeek's yarn_get_mscale: 1 for scale <= 1, else 0.1 * mscale * ln(scale) + 1.
+double YarnMscale(double scale, double mscale);
+
+// The factor transformers multiplies cos and sin by: 1 except for yarn,
+// where it is attention_factor when given, else mscale(factor, mscale) /
+// mscale(factor, mscale_all_dim) when both are set, else mscale(factor, 1).
+// (transformers 5 takes `factor` as written; some 4.x releases replaced it
+// by max_position_embeddings / original_max_position_embeddings, which
+// real DeepSeek-V3 and Kimi K2 configs make equal.)
+double RopeAttentionFactor(const RopeScaling& scaling);
 
 }  // namespace tessera::model

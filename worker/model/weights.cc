@@ -133,11 +133,37 @@ std::string LayerName(int64_t layer, std::string_view suffix) {
   return Cat(kLayerPrefix, layer, ".", suffix);
 }
 
+// The multi-head latent attention tensors of layer l (weights.h), with
+// the shapes the config implies; o_proj last.
+std::vector<TensorSpec> MlaSpecs(const ModelConfig& c, int64_t l) {
+  const MlaConfig& m = *c.mla;
+  const int64_t H = c.hidden_size, n = c.num_attention_heads;
+  auto attn = [&](std::string_view s) { return LayerName(l, Cat("self_attn.", s)); };
+  std::vector<TensorSpec> out;
+  if (m.q_lora_rank > 0) {
+    out.push_back({attn("q_a_proj.weight"), {m.q_lora_rank, H}});
+    out.push_back({attn("q_a_layernorm.weight"), {m.q_lora_rank}});
+    out.push_back({attn("q_b_proj.weight"), {n * m.qk_head_dim(), m.q_lora_rank}});
+  } else {
+    out.push_back({attn("q_proj.weight"), {n * m.qk_head_dim(), H}});
+  }
+  out.push_back({attn("kv_a_proj_with_mqa.weight"), {m.latent_dim(), H}});
+  out.push_back({attn("kv_a_layernorm.weight"), {m.kv_lora_rank}});
+  out.push_back({attn("kv_b_proj.weight"), {n * m.kv_b_rows_per_head(), m.kv_lora_rank}});
+  out.push_back({attn("o_proj.weight"), {H, n * m.v_head_dim}});
+  return out;
+}
+
 // The attention tensors of layer l, into `out`.
 void AttentionSpecs(const ModelConfig& c, int64_t l, std::vector<TensorSpec>* out) {
   const int64_t H = c.hidden_size, Q = c.q_size(), K = c.kv_size();
   auto attn = [&](std::string_view s) { return LayerName(l, Cat("self_attn.", s)); };
   out->push_back({LayerName(l, "input_layernorm.weight"), {H}});
+  if (c.mla) {
+    for (TensorSpec& t : MlaSpecs(c, l)) out->push_back(std::move(t));
+    out->push_back({LayerName(l, "post_attention_layernorm.weight"), {H}});
+    return;
+  }
   out->push_back({attn("q_proj.weight"), {Q, H}});
   out->push_back({attn("k_proj.weight"), {K, H}});
   out->push_back({attn("v_proj.weight"), {K, H}});
@@ -278,15 +304,57 @@ absl::Status BindMoe(const ModelConfig& c, Binder& b, int64_t l, MoeWeights* out
   return BindSwiGlu(b, l, "mlp.shared_experts.", H, m.shared_intermediate_size(), &*out->shared);
 }
 
+absl::Status BindDenseMlp(const ModelConfig& config, Binder& b, int64_t l, LayerWeights* lw);
+
+// Binds MlaSpecs(config, l): norms as plain tensors, projections as linears
+// (FP8 where the quantization config says so).
+absl::Status BindMla(const ModelConfig& config, Binder& b, int64_t l, LayerWeights* lw) {
+  MlaWeights& m = lw->mla.emplace();
+  for (TensorSpec& t : MlaSpecs(config, l)) {
+    const std::string_view name(t.name);
+    const std::string_view leaf = name.substr(name.find("self_attn.") + 10);
+    auto optional_slot = [&](std::optional<TensorView>* slot) {
+      slot->emplace();
+      return &**slot;
+    };
+    TensorView* out = nullptr;
+    if (leaf == "q_proj.weight") out = optional_slot(&m.q_proj);
+    if (leaf == "q_a_proj.weight") out = optional_slot(&m.q_a_proj);
+    if (leaf == "q_a_layernorm.weight") out = optional_slot(&m.q_a_layernorm);
+    if (leaf == "q_b_proj.weight") out = optional_slot(&m.q_b_proj);
+    if (leaf == "kv_a_proj_with_mqa.weight") out = &m.kv_a_proj_with_mqa;
+    if (leaf == "kv_a_layernorm.weight") out = &m.kv_a_layernorm;
+    if (leaf == "kv_b_proj.weight") out = &m.kv_b_proj;
+    if (leaf == "o_proj.weight") out = &lw->o_proj;
+    const bool norm = leaf.find("layernorm") != std::string_view::npos;
+    absl::Status s = norm ? b.Bind(t.name, t.shape, out) : b.BindLinear(t.name, t.shape, out);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status BindLayer(const ModelConfig& config, Binder& b, int64_t l, LayerWeights* lw) {
   const int64_t H = config.hidden_size;
-  const int64_t I = config.intermediate_size;
   const int64_t D = config.head_dim;
   const int64_t Q = config.q_size();
   const int64_t K = config.kv_size();
   auto attn = [&](std::string_view s) { return LayerName(l, Cat("self_attn.", s)); };
-  auto mlp = [&](std::string_view s) { return LayerName(l, Cat("mlp.", s)); };
   b.set_fp8_sink(&lw->fp8);
+  if (config.mla) {
+    for (absl::Status s : {
+             b.Bind(LayerName(l, "input_layernorm.weight"), {H}, &lw->input_layernorm),
+             BindMla(config, b, l, lw),
+             b.Bind(LayerName(l, "post_attention_layernorm.weight"), {H},
+                    &lw->post_attention_layernorm),
+         }) {
+      if (!s.ok()) return s;
+    }
+    if (config.IsSparseLayer(l)) {
+      lw->moe.emplace();
+      return BindMoe(config, b, l, &*lw->moe);
+    }
+    return BindDenseMlp(config, b, l, lw);
+  }
   for (absl::Status s : {
            b.Bind(LayerName(l, "input_layernorm.weight"), {H}, &lw->input_layernorm),
            b.BindLinear(attn("q_proj.weight"), {Q, H}, &lw->q_proj),
@@ -308,6 +376,13 @@ absl::Status BindLayer(const ModelConfig& config, Binder& b, int64_t l, LayerWei
     lw->moe.emplace();
     return BindMoe(config, b, l, &*lw->moe);
   }
+  return BindDenseMlp(config, b, l, lw);
+}
+
+absl::Status BindDenseMlp(const ModelConfig& config, Binder& b, int64_t l, LayerWeights* lw) {
+  const int64_t H = config.hidden_size;
+  const int64_t I = config.intermediate_size;
+  auto mlp = [&](std::string_view s) { return LayerName(l, Cat("mlp.", s)); };
   for (absl::Status s : {
            b.BindLinear(mlp("gate_proj.weight"), {I, H}, &lw->gate_proj),
            b.BindLinear(mlp("up_proj.weight"), {I, H}, &lw->up_proj),

@@ -31,6 +31,14 @@
 //     transformers' in-memory Experts module: mlp.experts.gate_up_proj
 //     [E, 2J, H] (gate rows first) and mlp.experts.down_proj [E, H, J];
 //     each expert's views then point into those tensors.
+//     Multi-head latent attention (config.mla; then q/k/v_proj are unset),
+//     n = heads, dn/dr/dv = qk_nope/qk_rope/v head dims, r = kv_lora_rank,
+//     rq = q_lora_rank (mla_config.h):
+//       self_attn.q_a_proj [rq, H], q_a_layernorm [rq], q_b_proj [n(dn+dr), rq]
+//         or, when rq = 0, self_attn.q_proj [n(dn+dr), H]
+//       self_attn.kv_a_proj_with_mqa [r + dr, H], kv_a_layernorm [r],
+//       self_attn.kv_b_proj [n(dn+dv), r]   (head h: dn k_nope rows, dv v rows)
+//       self_attn.o_proj [H, n dv]
 //     Head h of q occupies rows [h*D, (h+1)*D) of q_proj; query head h reads
 //     key/value head h / (num_attention_heads / num_key_value_heads).
 //   - RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight (Llama/Qwen: weight as
@@ -94,6 +102,18 @@ struct Fp8Scales {
   std::optional<TensorView> input_scale;
 };
 
+// A multi-head latent attention layer's projections (o_proj is
+// LayerWeights::o_proj).
+struct MlaWeights {
+  std::optional<TensorView> q_proj;         // [n(dn+dr), H] when q_lora_rank = 0
+  std::optional<TensorView> q_a_proj;       // [rq, H]
+  std::optional<TensorView> q_a_layernorm;  // [rq]
+  std::optional<TensorView> q_b_proj;       // [n(dn+dr), rq]
+  TensorView kv_a_proj_with_mqa;            // [r + dr, H]
+  TensorView kv_a_layernorm;                // [r]
+  TensorView kv_b_proj;                     // [n(dn+dv), r]
+};
+
 struct LayerWeights {
   TensorView input_layernorm;                               // [H]
   TensorView q_proj;                                        // [Q, H]
@@ -109,6 +129,7 @@ struct LayerWeights {
   TensorView down_proj;                                     // [H, I]
   std::optional<TensorView> gate_bias, up_bias, down_bias;  // when config.mlp_bias
   std::optional<MoeWeights> moe;  // sparse layers (the dense MLP fields unset)
+  std::optional<MlaWeights> mla;  // config.mla (q/k/v_proj unset)
   // FP8 linears of this layer: weight tensor name -> scales. Empty for
   // unquantized checkpoints.
   absl::flat_hash_map<std::string, Fp8Scales> fp8;
