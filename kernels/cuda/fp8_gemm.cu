@@ -68,6 +68,15 @@ __global__ void QdqKernel(const __nv_bfloat16* __restrict__ x, int k, int group,
   }
 }
 
+__global__ void CopyPartKernel(const __nv_bfloat16* __restrict__ src, int64_t rows, int64_t cols,
+                               __nv_bfloat16* __restrict__ dst, int64_t dst_ld) {
+  const int64_t total = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    dst[(i / cols) * dst_ld + i % cols] = src[i];
+  }
+}
+
 absl::Status LtError(cublasStatus_t st, std::string_view what) {
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
   const std::string load = LastCudaLibraryError();
@@ -113,6 +122,20 @@ absl::Status Fp8QuantizeDequantizeBf16(const Bf16* x, int64_t m, int64_t k,
       reinterpret_cast<const __nv_bfloat16*>(x), static_cast<int>(k), static_cast<int>(quant.group),
       quant.static_scale, reinterpret_cast<__nv_bfloat16*>(out));
   return CheckLastLaunch("Fp8QuantizeDequantizeBf16");
+}
+
+absl::Status Fp8CopyPartOutput(const Bf16* src, int64_t rows, int64_t cols, Bf16* dst,
+                               int64_t dst_ld, CudaStream stream) {
+  if (src == nullptr || dst == nullptr || rows < 1 || cols < 1 || dst_ld < cols) {
+    return absl::InvalidArgumentError(absl::StrCat("Fp8CopyPartOutput: bad arguments (rows ", rows,
+                                                   ", cols ", cols, ", dst_ld ", dst_ld, ")"));
+  }
+  const int64_t total = rows * cols;
+  const int blocks = static_cast<int>(std::min<int64_t>((total + kThreads - 1) / kThreads, 65535));
+  CopyPartKernel<<<blocks, kThreads, 0, AsCuda(stream)>>>(
+      reinterpret_cast<const __nv_bfloat16*>(src), rows, cols,
+      reinterpret_cast<__nv_bfloat16*>(dst), dst_ld);
+  return CheckLastLaunch("Fp8CopyPartOutput");
 }
 
 std::vector<float> Fp8LtWeightScales(const std::vector<float>& grid, int64_t rows, int64_t cols) {

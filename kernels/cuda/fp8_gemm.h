@@ -46,6 +46,12 @@ absl::Status Fp8QuantizeDequantizeBf16(const Bf16* x, int64_t m, int64_t k,
                                        const Fp8ActivationQuant& quant, Bf16* out,
                                        CudaStream stream);
 
+// dst[t * dst_ld + c] = src[t * cols + c] for t < rows, c < cols: one FP8
+// part's output into its columns of a fused linear's (worker/runner/cuda/
+// cuda_linear.h). Graph-capturable.
+absl::Status Fp8CopyPartOutput(const Bf16* src, int64_t rows, int64_t cols, Bf16* dst,
+                               int64_t dst_ld, CudaStream stream);
+
 // The row-major [rows, cols] block grid of a weight, transposed for cuBLASLt.
 std::vector<float> Fp8LtWeightScales(const std::vector<float>& grid, int64_t rows, int64_t cols);
 

@@ -75,6 +75,9 @@ absl::Status AttentionBlock(const ForwardContext& c, const StepPlan& plan, int64
   Bf16* qkv = c.act->qkv.as<Bf16>();
   Bf16* k_cache = c.kv->k(layer);
   Bf16* v_cache = c.kv->v(layer);
+  if (plan.rope_in_qkv_gemv && l.qkv.is_fp8()) {
+    return absl::InternalError("the qkv GEMV's RoPE epilogue reads bf16 weights, not FP8");
+  }
   if (plan.rope_in_qkv_gemv) {
     kcu::GemvQkvRope rope;
     rope.head_dim = static_cast<int>(D);
@@ -152,6 +155,9 @@ absl::Status DenseMlp(const ForwardContext& c, const StepPlan& plan, const CudaL
   const int64_t T = plan.tokens, H = c.config->hidden_size;
   const Bf16* xb = c.act->xb.as<Bf16>();
   Bf16* act = c.act->act.as<Bf16>();
+  if (silu_in_gemv && gate_up.is_fp8()) {
+    return absl::InternalError("the staged gate/up GEMV reads bf16 weights, not FP8");
+  }
   if (silu_in_gemv) {
     RETURN_IF_ERROR(
         kcu::GemvStagedGateUpSiluBf16(xb, T, H, gate_up.w(), width, gate_up.b(), act, c.stream));

@@ -121,11 +121,10 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     const model::ModelConfig& config, const CudaWeightsFactory& weights,
     const kernels::DeviceDescription& device, CudaRunnerOptions options) {
   if (config.quantization) {
-    // The FP8 kernels exist (kernels/cuda/fp8_gemv.h, fp8_gemm.h) but the
-    // runner's linear seam (cuda_linear.h) holds bf16 weights only so far.
-    return absl::UnimplementedError(
-        absl::StrCat("FP8 checkpoints (", config.quantization->Describe(),
-                     ") do not run on the CUDA runner yet; use --device=cpu (docs/fp8.md)"));
+    // FP8 linears run through CudaLinear's FP8 parts (cuda_linear.h); what
+    // they cannot run is refused here, before any device call.
+    RETURN_IF_ERROR(CheckCudaFp8Support(
+        config, options.shard ? *options.shard : parallel::FullPlan(config)));
   }
   std::unique_ptr<CudaModelRunner> r(new CudaModelRunner(config, std::move(options)));
   RETURN_IF_ERROR(r->Init(device));

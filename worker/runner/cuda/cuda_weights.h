@@ -23,6 +23,12 @@
 // instead of gate_up/down: the router (bf16, fp32 logits), the correction
 // bias, every held expert stacked as kernels/cuda/moe_expert_weights.h
 // wants, and the shared experts as a dense gate/up + down pair.
+// FP8 checkpoints (config.quantization): every quantized linear holds
+// CudaFp8Parts (cuda_linear.h): e4m3 bytes as stored and the scale grid of
+// each tensor, sliced for the plan (block scales only at multiples of 128,
+// CheckCudaFp8Support), merged where they stack; the two fused row layouts
+// above are off (their GEMV epilogues read bf16 weights), and fp8_plan
+// says which kernels run which linears.
 // With a tensor-parallel plan the weights are that rank's slices
 // (Megatron-style: q/k/v heads, gate/up rows and vocabulary rows; o_proj
 // and down_proj columns), and row biases only on the rank that adds them.
@@ -32,7 +38,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -86,7 +94,12 @@ struct CudaWeights {
   std::vector<CudaLayerWeights> layers;
   bool qkv_rope_order = false;
   bool gate_up_interleaved = false;
-  int64_t bytes = 0;  // bf16 matrices on the device
+  int64_t bytes = 0;  // matrices on the device (bf16, or e4m3 + scales)
+  // FP8 models: the linears' scratch, and one line for logs and `tessera
+  // doctor`-style reports: decode / prefill kernels per linear kind, and the
+  // fused paths switched off and why. Empty otherwise.
+  std::unique_ptr<CudaFp8Workspace> fp8_workspace;
+  std::string fp8_plan;
 
   const kernels::cuda::Bf16* lm_head() const {
     return (lm_head_own.size() != 0 ? lm_head_own : embed).as<kernels::cuda::Bf16>();
@@ -94,7 +107,8 @@ struct CudaWeights {
 };
 
 // The layouts above, as a model and a plan decide them (interleaved gate/up
-// covers the dense MLPs and the shared experts alike).
+// covers the dense MLPs and the shared experts alike; neither for FP8
+// models, see above).
 bool UsesQkvRopeOrder(const model::ModelConfig& config);
 bool UsesGateUpInterleaved(const parallel::ShardPlan& plan);
 
@@ -121,6 +135,20 @@ using CudaWeightsFactory = std::function<absl::StatusOr<CudaWeights>(
 // against the tensor (worker/model/tensor.h); errors name the tensor.
 absl::StatusOr<CudaWeights> UploadWeights(const model::LoadedModel& model,
                                           const parallel::ShardPlan& plan);
+
+// FP8 checkpoints: which prefill kernel the parts that can take it run
+// (cuBLASLt's block-scaled GEMM needs 128x128 weight scales, activations
+// per group of 128 and no bias; the rest dequantize). Default: the
+// registry's choice for the visible GPUs (SelectCudaFp8Prefill).
+struct CudaFp8UploadOptions {
+  std::optional<CudaFp8Prefill> prefill;
+};
+absl::StatusOr<CudaWeights> UploadWeights(const model::LoadedModel& model,
+                                          const parallel::ShardPlan& plan,
+                                          const CudaFp8UploadOptions& fp8);
+
+// One line describing an FP8 model's kernels (CudaWeights::fp8_plan).
+std::string DescribeFp8Plan(const CudaWeights& weights);
 
 // RoPE inverse frequencies of `config` as the kernels read them (head_dim
 // / 2 entries; partial RoPE padded with zeros, see above), on the current
