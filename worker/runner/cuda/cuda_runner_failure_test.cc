@@ -30,27 +30,82 @@ CudaWeightsFactory WeightsWithLayers(const model::LoadedModel* model, int64_t la
   };
 }
 
-// FP8 checkpoints are refused before any device call, naming the format
-// (the CUDA linear seam holds bf16 weights only so far).
-TEST(CudaRunnerFailureTest, CreateRefusesFp8CheckpointsClearly) {
-  SmallTestModel small("LlamaForCausalLM", 64);
-  ASSERT_TRUE(small.model.ok()) << small.model.status();
-  model::ModelConfig config = small.model->get()->config;
-  config.quantization.emplace();  // fine-grained FP8, 128x128 blocks
-  bool called = false;
-  auto runner = CudaModelRunner::Create(
-      config,
-      [&](const model::ModelConfig&, const parallel::ShardPlan&) -> absl::StatusOr<CudaWeights> {
-        called = true;
-        return absl::InternalError("not reached");
-      },
-      kernels::DeviceDescription{}, TestOptions(16, 64));
-  ASSERT_FALSE(runner.ok());
-  EXPECT_EQ(runner.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(runner.status().message(),
-              HasSubstr("FP8 checkpoints (fp8 (fine-grained): e4m3 weights, 128x128 block scales"));
-  EXPECT_THAT(runner.status().message(), HasSubstr("--device=cpu"));
-  EXPECT_FALSE(called);
+// What the CUDA runner cannot run of an FP8 checkpoint is refused before
+// any device call (CheckCudaFp8Support), naming what and why; a supported
+// FP8 config gets past those checks (here to Init, which needs a GPU).
+class CudaFp8RefusalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(small_.model.ok()) << small_.model.status();
+    config_ = small_.model->get()->config;
+    config_.quantization.emplace();  // fine-grained FP8, 128x128 blocks, dynamic group 128
+  }
+
+  // Create with a factory that must not be reached.
+  absl::Status Create(const model::ModelConfig& config, CudaRunnerOptions options) {
+    auto runner = CudaModelRunner::Create(
+        config,
+        [&](const model::ModelConfig&, const parallel::ShardPlan&) -> absl::StatusOr<CudaWeights> {
+          called_ = true;
+          return absl::InternalError("not reached");
+        },
+        kernels::DeviceDescription{}, std::move(options));
+    return runner.status();
+  }
+
+  SmallTestModel small_{"LlamaForCausalLM", 64};
+  model::ModelConfig config_;
+  bool called_ = false;
+};
+
+TEST_F(CudaFp8RefusalTest, SupportedFp8ConfigsAreNoLongerRefused) {
+  const absl::Status s = Create(config_, TestOptions(16, 64));
+  ASSERT_FALSE(s.ok());  // no CUDA device given
+  EXPECT_NE(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(s.message(), HasSubstr("needs a CUDA device"));
+  EXPECT_FALSE(called_);
+}
+
+TEST_F(CudaFp8RefusalTest, MixtureOfExpertsFp8IsRefused) {
+  config_.moe.emplace();
+  const absl::Status s = Create(config_, TestOptions(16, 64));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(s.message(), HasSubstr("FP8 mixture-of-experts checkpoints (fp8 (fine-grained)"));
+  EXPECT_THAT(s.message(), HasSubstr("part 3"));
+  EXPECT_FALSE(called_);
+}
+
+TEST_F(CudaFp8RefusalTest, PartialRopeFp8IsRefused) {
+  config_.partial_rotary_factor = 0.5;
+  const absl::Status s = Create(config_, TestOptions(16, 64));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(s.message(), HasSubstr("partial RoPE (rotary dim 32 of head_dim 64)"));
+  EXPECT_FALSE(called_);
+}
+
+// Two ranks of 2 KV heads x 64 rows: each rank's k/v rows [0, 64) cut the
+// 128-row scale block; o_proj/q rows (2 heads = 128) would not.
+TEST_F(CudaFp8RefusalTest, TensorParallelSlicesThatCutAScaleBlockAreRefused) {
+  auto plan = parallel::PlanShard(config_, 0, 2, {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  CudaRunnerOptions options = TestOptions(16, 64);
+  options.shard = *plan;
+  const absl::Status s = Create(config_, options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("rank 0 would hold rows [0, 64) of 128 of the FP8 "
+                                     "k_proj/v_proj, which cuts a 128 x 128 weight-scale block"));
+  EXPECT_FALSE(called_);
+  // Per-channel scales slice anywhere.
+  config_.quantization->weight_strategy = model::WeightScaleStrategy::kChannel;
+  config_.quantization->method = model::QuantMethod::kCompressedTensorsFp8;
+  EXPECT_THAT(std::string(Create(config_, options).message()), HasSubstr("needs a CUDA device"));
+}
+
+TEST_F(CudaFp8RefusalTest, ActivationGroupsOtherThan128AreRefused) {
+  config_.quantization->activation_group = 64;
+  const absl::Status s = Create(config_, TestOptions(16, 64));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(s.message(), HasSubstr("activation groups of 64"));
 }
 
 TEST(CudaRunnerFailureTest, CreateRefusesWeightsForAnotherNumberOfLayers) {
