@@ -1,6 +1,7 @@
 #include "worker/runner/cuda/cuda_model_runner.h"
 
 #include <algorithm>
+#include <array>
 
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
@@ -12,6 +13,7 @@
 #include "kernels/cuda/nccl_group.h"
 #include "kernels/cuda/p2p_all_reduce.h"
 #include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/pinned_buffer.h"
 #include "kernels/cuda/prefill_attention_sm90.h"
 #include "kernels/cuda_backend.h"
 #include "worker/runner/cuda/cuda_kv_cache.h"
@@ -60,6 +62,22 @@ struct CudaModelRunner::Impl {
   CudaActivations act;
   int64_t max_logits_rows = 0;
 
+  // Asynchronous steps (SubmitSample): a ring of the two that may be in
+  // flight, oldest first. A step's draws land in its pinned `tokens` once
+  // `done` has fired.
+  struct SubmittedStep {
+    int64_t rows = 0;
+    kcu::PinnedBuffer tokens;
+    kcu::Event done;
+  };
+  std::array<SubmittedStep, 2> submitted;
+  int oldest = 0;
+  int in_flight = 0;
+  // Rows the sampler's device ids hold for the next step's PreviousStepToken
+  // entries: the last SubmitSample's; -1 when another step has run since
+  // (or that submission failed part-way).
+  int64_t previous_rows = -1;
+
   int64_t heads() const { return plan.q_heads.size; }
   int64_t kv_heads() const { return plan.kv_heads.size; }
   int64_t vocab() const { return plan.vocab.size; }
@@ -69,7 +87,11 @@ CudaModelRunner::CudaModelRunner(model::ModelConfig config, CudaRunnerOptions op
     : config_(std::move(config)), options_(std::move(options)), impl_(std::make_unique<Impl>()) {}
 
 CudaModelRunner::~CudaModelRunner() {
-  if (impl_) (void)kcu::SetDevice(impl_->ordinal);
+  if (impl_) {
+    (void)kcu::SetDevice(impl_->ordinal);
+    // Steps still queued write into pinned buffers about to be freed.
+    if (impl_->stream.get() != nullptr) (void)kcu::Synchronize(impl_->stream.get());
+  }
   graphs_.Clear();
 }
 
@@ -199,6 +221,10 @@ absl::Status CudaModelRunner::AllocateActivations() {
   }
   RETURN_IF_ERROR(AllocateMoeActivations());
   RETURN_IF_ERROR(sampler_.Allocate(m.max_logits_rows));
+  for (Impl::SubmittedStep& step : m.submitted) {
+    ASSIGN_OR_RETURN(step.tokens, kcu::PinnedBuffer::Allocate(m.max_logits_rows * sizeof(int32_t)));
+    ASSIGN_OR_RETURN(step.done, kcu::Event::Create(/*timing=*/false));
+  }
   // Decode workspace for the largest graph bucket at a moderate context;
   // EnsureDecodeWorkspace grows it when a step needs more.
   const size_t attn_ws = kcu::PagedAttentionDecodeWorkspaceBytes(
@@ -324,9 +350,9 @@ absl::Status CudaModelRunner::RunModel(const StepPlan& plan) {
   return LmHead(c, plan);
 }
 
-absl::Status CudaModelRunner::Execute(const ForwardBatch& batch, int64_t* num_logits) {
+absl::StatusOr<CudaModelRunner::StepShape> CudaModelRunner::PrepareStep(
+    const ForwardBatch& batch) const {
   RETURN_IF_ERROR(ValidateBatch(batch));
-  RETURN_IF_ERROR(kcu::SetDevice(impl_->ordinal));
   StepShape shape;
   shape.seqs = batch.num_seqs();
   shape.tokens = batch.num_tokens();
@@ -340,20 +366,48 @@ absl::Status CudaModelRunner::Execute(const ForwardBatch& batch, int64_t* num_lo
     return absl::InvalidArgumentError(absl::StrCat(
         shape.logits_rows, " logits rows exceed the runner's ", impl_->max_logits_rows));
   }
+  return shape;
+}
+
+absl::Status CudaModelRunner::Execute(const ForwardBatch& batch, int64_t* num_logits) {
+  ASSIGN_OR_RETURN(const StepShape shape, PrepareStep(batch));
+  // The sampler's ids are about to stop being a submitted step's draws.
+  impl_->previous_rows = -1;
   // Padded rows follow in a graph step; callers read the first logits_rows.
   *num_logits = shape.logits_rows;
+  return Execute(batch, shape, {});
+}
+
+absl::Status CudaModelRunner::Execute(const ForwardBatch& batch, const StepShape& shape,
+                                      absl::Span<const PreviousStepToken> from_previous) {
+  RETURN_IF_ERROR(kcu::SetDevice(impl_->ordinal));
   // Graph path: a decode step whose every sequence wants its logits.
   const bool graph = shape.decode() && options_.cuda_graphs &&
                      shape.seqs <= options_.max_graph_batch && shape.logits_rows == shape.seqs;
-  return graph ? RunDecodeGraph(batch, shape) : RunEager(batch, shape);
+  return graph ? RunDecodeGraph(batch, shape, from_previous)
+               : RunEager(batch, shape, from_previous);
 }
 
-absl::Status CudaModelRunner::RunEager(const ForwardBatch& batch, const StepShape& shape) {
+absl::StatusOr<bool> CudaModelRunner::StageStep(const ForwardBatch& batch, int64_t padded_tokens,
+                                                int padded_seqs, int context,
+                                                absl::Span<const PreviousStepToken> from_previous) {
+  Impl& m = *impl_;
+  ASSIGN_OR_RETURN(const bool tree,
+                   m.batch->Stage(batch, padded_tokens, padded_seqs, context, options_.block_size,
+                                  m.plan.vocab.start, from_previous, m.stream.get()));
+  // After the staging copy, before the step reads them (a graph reads them
+  // from the same staged buffer).
+  RETURN_IF_ERROR(
+      m.batch->TakePreviousTokens(sampler_.drawn_ids(), config_.vocab_size, m.stream.get()));
+  return tree;
+}
+
+absl::Status CudaModelRunner::RunEager(const ForwardBatch& batch, const StepShape& shape,
+                                       absl::Span<const PreviousStepToken> from_previous) {
   Impl& m = *impl_;
   if (shape.decode()) RETURN_IF_ERROR(EnsureDecodeWorkspace(shape.seqs, shape.max_seq_len));
   absl::StatusOr<bool> tree =
-      m.batch->Stage(batch, shape.tokens, shape.seqs, shape.max_seq_len, options_.block_size,
-                     m.plan.vocab.start, m.stream.get());
+      StageStep(batch, shape.tokens, shape.seqs, shape.max_seq_len, from_previous);
   if (!tree.ok()) return tree.status();
   // A branching chunk has at least two tokens, so a tree step is never a
   // decode step.
@@ -362,14 +416,14 @@ absl::Status CudaModelRunner::RunEager(const ForwardBatch& batch, const StepShap
                            shape.max_seq_len, shape.max_query_len, *tree));
 }
 
-absl::Status CudaModelRunner::RunDecodeGraph(const ForwardBatch& batch, const StepShape& shape) {
+absl::Status CudaModelRunner::RunDecodeGraph(const ForwardBatch& batch, const StepShape& shape,
+                                             absl::Span<const PreviousStepToken> from_previous) {
   Impl& m = *impl_;
   const DecodeBucket bucket = DecodeBucketFor(shape.seqs, shape.max_seq_len, options_.max_num_seqs,
                                               config_.max_position_embeddings);
   RETURN_IF_ERROR(EnsureDecodeWorkspace(bucket.seqs, bucket.context));
   absl::StatusOr<bool> tree =
-      m.batch->Stage(batch, bucket.seqs, bucket.seqs, bucket.context, options_.block_size,
-                     m.plan.vocab.start, m.stream.get());
+      StageStep(batch, bucket.seqs, bucket.seqs, bucket.context, from_previous);
   if (!tree.ok()) return tree.status();
   if (*tree) return absl::InternalError("a branching chunk in a decode step");
   const StepPlan plan =
@@ -442,18 +496,85 @@ bool CudaModelRunner::SupportsDeviceSampling() const { return !impl_->reduce.sha
 absl::Status CudaModelRunner::ForwardSample(const ForwardBatch& batch,
                                             absl::Span<const DeviceSamplingRow> rows,
                                             std::vector<int32_t>* tokens) {
-  if (!SupportsDeviceSampling()) {
+  if (impl_->in_flight > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ForwardSample with ", impl_->in_flight,
+                     " submitted step(s) not collected; CollectSample them first"));
+  }
+  RETURN_IF_ERROR(SubmitSample(batch, rows, {}));
+  return CollectSample(tokens);
+}
+
+int CudaModelRunner::steps_in_flight() const { return impl_->in_flight; }
+
+absl::Status CudaModelRunner::CheckFromPrevious(
+    const ForwardBatch& batch, absl::Span<const PreviousStepToken> from_previous) const {
+  if (from_previous.empty()) return absl::OkStatus();
+  const int64_t rows = impl_->previous_rows;
+  if (rows < 0) {
+    return absl::InvalidArgumentError(
+        "tokens from the previous step, but the step just before was not a successful "
+        "SubmitSample (the device's drawn ids are not that step's)");
+  }
+  if (static_cast<int64_t>(from_previous.size()) > batch.num_tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        from_previous.size(), " previous-step tokens for a batch of ", batch.num_tokens()));
+  }
+  for (const PreviousStepToken& p : from_previous) {
+    if (p.token_index < 0 || p.token_index >= batch.num_tokens() || p.row < 0 || p.row >= rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "previous-step token ", p.token_index, " from row ", p.row, " is out of range (",
+          batch.num_tokens(), " tokens; the previous step drew ", rows, " rows)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::SubmitSample(const ForwardBatch& batch,
+                                           absl::Span<const DeviceSamplingRow> rows,
+                                           absl::Span<const PreviousStepToken> from_previous) {
+  Impl& m = *impl_;
+  if (!SupportsAsyncSampling()) {
     return absl::FailedPreconditionError("sampling on the device needs the whole vocabulary");
+  }
+  if (m.in_flight == static_cast<int>(m.submitted.size())) {
+    return absl::FailedPreconditionError(
+        "two steps are submitted and not collected already; CollectSample the oldest first");
   }
   const int64_t r = static_cast<int64_t>(batch.logits_indices.size());
   if (static_cast<int64_t>(rows.size()) != r) {
     return absl::InvalidArgumentError(
         absl::StrCat(rows.size(), " sampling rows for ", r, " logits rows"));
   }
-  int64_t computed = 0;
-  RETURN_IF_ERROR(Execute(batch, &computed));
-  return sampler_.Sample(impl_->act.logits.as<float>(), r, impl_->vocab(), rows, tokens,
-                         impl_->stream.get());
+  RETURN_IF_ERROR(CheckFromPrevious(batch, from_previous));
+  ASSIGN_OR_RETURN(const StepShape shape, PrepareStep(batch));
+  // Valid: from here the device works on it. Until it is queued whole the
+  // sampler's ids are nobody's draws.
+  m.previous_rows = -1;
+  Impl::SubmittedStep& step = m.submitted[(m.oldest + m.in_flight) % m.submitted.size()];
+  RETURN_IF_ERROR(Execute(batch, shape, from_previous));
+  RETURN_IF_ERROR(
+      sampler_.QueueSample(m.act.logits.as<float>(), r, m.vocab(), rows, m.stream.get()));
+  RETURN_IF_ERROR(kcu::CopyToHost(step.tokens.data(), sampler_.drawn_ids(), r * sizeof(int32_t),
+                                  m.stream.get()));
+  RETURN_IF_ERROR(step.done.Record(m.stream.get()));
+  step.rows = r;
+  ++m.in_flight;
+  m.previous_rows = r;
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::CollectSample(std::vector<int32_t>* tokens) {
+  Impl& m = *impl_;
+  if (m.in_flight == 0) return absl::FailedPreconditionError("no submitted step to collect");
+  Impl::SubmittedStep& step = m.submitted[m.oldest];
+  m.oldest = (m.oldest + 1) % static_cast<int>(m.submitted.size());
+  --m.in_flight;
+  // Only this step's copy: a step submitted after it may still run.
+  RETURN_IF_ERROR(step.done.Synchronize());
+  const int32_t* drawn = step.tokens.as<int32_t>();
+  tokens->assign(drawn, drawn + step.rows);
+  return absl::OkStatus();
 }
 
 absl::Status CudaModelRunner::ForwardToDevice(const ForwardBatch& batch) {
@@ -471,6 +592,7 @@ absl::Status CudaModelRunner::SampleSlices(absl::Span<const LogitsSlice> slices,
                                            absl::Span<const DeviceSamplingRow> rows,
                                            std::vector<int32_t>* tokens) {
   RETURN_IF_ERROR(kcu::SetDevice(impl_->ordinal));
+  impl_->previous_rows = -1;  // the sampler's ids become these draws
   return sampler_.SampleSlices(slices, r, config_.vocab_size, impl_->ordinal, rows, tokens,
                                impl_->stream.get());
 }

@@ -13,6 +13,16 @@
 // a branching chunk has more than one token, so tree masks never enter a
 // graph. Greedy and sampled tokens are drawn on the GPU (device_sampling.h).
 //
+// Asynchronous steps (SubmitSample / CollectSample, one GPU only): a
+// submitted step is staged from pinned memory, its tokens taken from the
+// step before (PreviousStepToken) are filled on the device from that step's
+// drawn ids (kernels/cuda/token_patch.h) before it runs, eagerly or as its
+// decode graph (which reads the ids from the staged buffer), and its draws
+// are copied to pinned host memory behind an event; CollectSample waits on
+// that event only. At most two steps are submitted and not collected; the
+// host staging is double-buffered so step N+1's inputs never overwrite
+// step N's while its copy may be queued.
+//
 // With a shard (CudaRunnerOptions::shard) the runner is one tensor-parallel
 // rank (Megatron-style, as worker/parallel/README.md describes for CPU
 // ranks), meeting the other ranks through NCCL all-reduces.
@@ -134,8 +144,27 @@ class CudaModelRunner final : public ModelRunner {
   // for larger trees) and CopyKvSlots compacts the accepted path's K/V.
   bool SupportsTreeAttention() const override { return true; }
   absl::Status CopyKvSlots(absl::Span<const int64_t> from, absl::Span<const int64_t> to) override;
+  // SubmitSample then CollectSample; FAILED_PRECONDITION while submitted
+  // steps are not collected (their tokens would come back instead).
   absl::Status ForwardSample(const ForwardBatch& batch, absl::Span<const DeviceSamplingRow> rows,
                              std::vector<int32_t>* tokens) override;
+
+  // One GPU only (as SupportsDeviceSampling): a tensor-parallel rank's
+  // vocabulary slice cannot draw alone.
+  bool SupportsAsyncSampling() const override { return SupportsDeviceSampling(); }
+  // ModelRunner's contract. FAILED_PRECONDITION, queuing nothing, when two
+  // steps are submitted and not collected already, or on a sharded rank;
+  // INVALID_ARGUMENT for a bad batch or `from_previous` entry (outside the
+  // batch's tokens or the previous step's rows), or `from_previous` when
+  // the step just before was not a SubmitSample that succeeded (a Forward,
+  // ForwardGreedy, ForwardTopOne, ForwardToDevice or SampleSlices since
+  // replaced the device's drawn ids). A device error is a status here or
+  // at CollectSample.
+  absl::Status SubmitSample(const ForwardBatch& batch, absl::Span<const DeviceSamplingRow> rows,
+                            absl::Span<const PreviousStepToken> from_previous) override;
+  absl::Status CollectSample(std::vector<int32_t>* tokens) override;
+  // Steps submitted and not collected (0, 1 or 2).
+  int steps_in_flight() const;
 
   // Forward, then the argmax of each logits row on the device; only the
   // token ids come back to the host. One rank (no shard) only.
@@ -200,16 +229,32 @@ class CudaModelRunner final : public ModelRunner {
   // (nothing for dense models).
   absl::Status AllocateMoeActivations();
   absl::Status ValidateBatch(const ForwardBatch& batch) const;
+  // ValidateBatch and the step's sizes; nothing touches the device.
+  absl::StatusOr<StepShape> PrepareStep(const ForwardBatch& batch) const;
+  // Refuses `from_previous` entries outside the batch or the previous
+  // submitted step's rows.
+  absl::Status CheckFromPrevious(const ForwardBatch& batch,
+                                 absl::Span<const PreviousStepToken> from_previous) const;
   // Which kernels a step of this shape runs.
   StepPlan PlanStep(int64_t tokens, int seqs, int64_t logits_rows, bool decode, int max_seq_len,
                     int max_query_len, bool tree) const;
   // Runs the model on the staged batch; logits rows land in the logits
   // buffer.
   absl::Status RunModel(const StepPlan& plan);
-  // Stages the batch and runs it, eagerly or as a decode graph.
+  // A synchronous-path step (not SubmitSample): PrepareStep, then Execute;
+  // the device's drawn ids stop being the previous step's.
   absl::Status Execute(const ForwardBatch& batch, int64_t* num_logits);
-  absl::Status RunEager(const ForwardBatch& batch, const StepShape& shape);
-  absl::Status RunDecodeGraph(const ForwardBatch& batch, const StepShape& shape);
+  // Stages the batch, fills its `from_previous` tokens from the device's
+  // drawn ids, and runs it, eagerly or as a decode graph.
+  absl::Status Execute(const ForwardBatch& batch, const StepShape& shape,
+                       absl::Span<const PreviousStepToken> from_previous);
+  absl::Status RunEager(const ForwardBatch& batch, const StepShape& shape,
+                        absl::Span<const PreviousStepToken> from_previous);
+  absl::Status RunDecodeGraph(const ForwardBatch& batch, const StepShape& shape,
+                              absl::Span<const PreviousStepToken> from_previous);
+  // Stages the batch padded as given and fills its previous-step tokens.
+  absl::StatusOr<bool> StageStep(const ForwardBatch& batch, int64_t padded_tokens, int padded_seqs,
+                                 int context, absl::Span<const PreviousStepToken> from_previous);
   // Grows the decode attention workspace for `seqs` sequences of up to
   // `context` tokens, dropping the captured graphs (they hold the old one).
   absl::Status EnsureDecodeWorkspace(int seqs, int context);

@@ -1,5 +1,7 @@
 #include "worker/runner/cuda/device_sampling.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +49,8 @@ absl::Status DeviceSampler::Allocate(int64_t max_rows) {
                    AllocateDevice(kcu::TopOneWorkspaceBytes(max_rows), "argmax workspace"));
   ASSIGN_OR_RETURN(params_,
                    AllocateDevice(max_rows * sizeof(kcu::RowSamplingParams), "sampling params"));
+  ASSIGN_OR_RETURN(params_staging_, kcu::PinnedStaging::Create(std::max<size_t>(
+                                        1, max_rows * sizeof(kcu::RowSamplingParams))));
   return absl::OkStatus();
 }
 
@@ -80,20 +84,31 @@ absl::Status DeviceSampler::TopOne(const float* logits, int64_t r, int64_t vocab
   return kcu::CopyToHost(values->data(), top_values_.data(), r * sizeof(float), stream);
 }
 
+absl::Status DeviceSampler::QueueSample(const float* logits, int64_t r, int64_t vocab,
+                                        absl::Span<const DeviceSamplingRow> rows,
+                                        kcu::CudaStream stream) {
+  if (r < 0 || r > max_rows_ || static_cast<int64_t>(rows.size()) != r) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling ", rows.size(), " rows of ", r,
+                                                   " logits rows (at most ", max_rows_, ")"));
+  }
+  if (r == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(GrowScratch(&sample_workspace_, kcu::SampleRowsWorkspaceBytes(r, vocab),
+                              "sampling workspace", stream));
+  ASSIGN_OR_RETURN(std::byte * host, params_staging_.Next());
+  kcu::RowSamplingParams* params = reinterpret_cast<kcu::RowSamplingParams*>(host);
+  for (int64_t i = 0; i < r; ++i) params[i] = ToKernelParams(rows[i]);
+  RETURN_IF_ERROR(
+      params_staging_.CopyToDevice(params_.data(), r * sizeof(kcu::RowSamplingParams), stream));
+  return kcu::SampleRows(logits, r, vocab, params_.as<kcu::RowSamplingParams>(), ids_.as<int32_t>(),
+                         sample_workspace_.data(), sample_workspace_.size(), stream);
+}
+
 absl::Status DeviceSampler::Sample(const float* logits, int64_t r, int64_t vocab,
                                    absl::Span<const DeviceSamplingRow> rows,
                                    std::vector<int32_t>* tokens, kcu::CudaStream stream) {
   tokens->resize(static_cast<size_t>(r));
+  RETURN_IF_ERROR(QueueSample(logits, r, vocab, rows, stream));
   if (r > 0) {
-    std::vector<kcu::RowSamplingParams> params(static_cast<size_t>(r));
-    for (int64_t i = 0; i < r; ++i) params[i] = ToKernelParams(rows[i]);
-    RETURN_IF_ERROR(kcu::CopyToDevice(params_.data(), params.data(),
-                                      params.size() * sizeof(kcu::RowSamplingParams), stream));
-    RETURN_IF_ERROR(GrowScratch(&sample_workspace_, kcu::SampleRowsWorkspaceBytes(r, vocab),
-                                "sampling workspace", stream));
-    RETURN_IF_ERROR(kcu::SampleRows(logits, r, vocab, params_.as<kcu::RowSamplingParams>(),
-                                    ids_.as<int32_t>(), sample_workspace_.data(),
-                                    sample_workspace_.size(), stream));
     RETURN_IF_ERROR(kcu::CopyToHost(tokens->data(), ids_.data(), r * sizeof(int32_t), stream));
   }
   return kcu::Synchronize(stream);

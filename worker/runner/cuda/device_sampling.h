@@ -21,6 +21,7 @@
 #include "absl/types/span.h"
 #include "kernels/cuda/cuda_types.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/pinned_buffer.h"
 #include "worker/runner/model_runner.h"
 
 namespace tessera::runner {
@@ -55,8 +56,20 @@ class DeviceSampler {
   absl::Status TopOne(const float* logits, int64_t r, int64_t vocab, int64_t first_id,
                       std::vector<int32_t>* ids, std::vector<float>* values,
                       kernels::cuda::CudaStream stream);
-  // Draws one token per row of the [r, vocab] logits with `rows`' parameters
-  // into *tokens; `stream` is synchronized when it returns, also for r = 0.
+  // Queues the draw of one token per row of the [r, vocab] logits with
+  // `rows`' parameters into the device's id buffer (drawn_ids()), without
+  // waiting: the parameters go up from pinned memory (double-buffered, so
+  // the next step's may be staged while this copy is queued). The first
+  // step that needs more sampling scratch synchronizes `stream` to grow it.
+  // INVALID_ARGUMENT for more than max_rows() rows or rows.size() != r.
+  absl::Status QueueSample(const float* logits, int64_t r, int64_t vocab,
+                           absl::Span<const DeviceSamplingRow> rows,
+                           kernels::cuda::CudaStream stream);
+  // The device's ids of the last QueueArgmax / QueueSample / Greedy /
+  // TopOne / Sample, valid in stream order until the next of them.
+  const int32_t* drawn_ids() const { return ids_.as<int32_t>(); }
+  // QueueSample, then the ids copied into *tokens; `stream` is synchronized
+  // when it returns, also for r = 0.
   absl::Status Sample(const float* logits, int64_t r, int64_t vocab,
                       absl::Span<const DeviceSamplingRow> rows, std::vector<int32_t>* tokens,
                       kernels::cuda::CudaStream stream);
@@ -78,6 +91,7 @@ class DeviceSampler {
   kernels::cuda::DeviceBuffer top_values_;        // float per row (TopOne)
   kernels::cuda::DeviceBuffer top_workspace_;     // TopOneRows' scratch
   kernels::cuda::DeviceBuffer params_;            // kernels::cuda::RowSamplingParams per row
+  kernels::cuda::PinnedStaging params_staging_;   // the host side of params_
   kernels::cuda::DeviceBuffer sample_workspace_;  // SampleRows' weights (first sampled step)
   // Every rank's slice side by side, [rows, vocab] (SampleSlices across
   // devices; the first such step, grown as needed).

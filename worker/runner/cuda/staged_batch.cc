@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cuda/token_patch.h"
 #include "worker/runner/cuda/cuda_weights.h"
 
 namespace tessera::runner {
@@ -45,7 +46,11 @@ absl::StatusOr<StagedBatch> StagedBatch::Create(const Limits& limits) {
   s.off_block_tables_ = off;
   off = align8(off + S * limits.max_blocks_per_seq * sizeof(int32_t));
   off += T * sizeof(uint64_t) + align8(S * sizeof(int32_t)) + 8;
-  s.host_.assign(off, std::byte{0});
+  // The previous-step pairs follow the tree sections (Stage places them).
+  off += T * 2 * sizeof(int32_t) + 8;
+  absl::StatusOr<kernels::cuda::PinnedStaging> host = kernels::cuda::PinnedStaging::Create(off);
+  if (!host.ok()) return host.status();
+  s.host_ = std::move(*host);
   absl::StatusOr<kernels::cuda::DeviceBuffer> d = AllocateDevice(off, "batch inputs");
   if (!d.ok()) return d.status();
   s.device_ = std::move(*d);
@@ -54,8 +59,12 @@ absl::StatusOr<StagedBatch> StagedBatch::Create(const Limits& limits) {
 
 absl::StatusOr<bool> StagedBatch::Stage(const ForwardBatch& b, int64_t padded_tokens,
                                         int padded_seqs, int context, int block_size,
-                                        int64_t vocab_start, kernels::cuda::CudaStream stream) {
-  std::byte* base = host_.data();
+                                        int64_t vocab_start,
+                                        absl::Span<const PreviousStepToken> from_previous,
+                                        kernels::cuda::CudaStream stream) {
+  absl::StatusOr<std::byte*> next = host_.Next();
+  if (!next.ok()) return next.status();
+  std::byte* base = *next;
   auto put = [&](size_t off, const void* src, size_t bytes) {
     std::memcpy(base + off, src, bytes);
   };
@@ -132,10 +141,25 @@ absl::StatusOr<bool> StagedBatch::Stage(const ForwardBatch& b, int64_t padded_to
     }
     bytes = off_tree_prefix_ + static_cast<size_t>(s) * sizeof(int32_t);
   }
-  if (absl::Status st = kernels::cuda::CopyToDevice(device_.data(), base, bytes, stream); !st.ok()) {
-    return st;
+  num_patches_ = static_cast<int64_t>(from_previous.size());
+  if (num_patches_ > 0) {
+    off_patches_ = (bytes + 7) & ~size_t{7};
+    int32_t* pairs = reinterpret_cast<int32_t*>(base + off_patches_);
+    for (const PreviousStepToken& p : from_previous) {
+      *pairs++ = p.token_index;
+      *pairs++ = p.row;
+    }
+    bytes = off_patches_ + static_cast<size_t>(num_patches_) * 2 * sizeof(int32_t);
   }
+  if (absl::Status st = host_.CopyToDevice(device_.data(), bytes, stream); !st.ok()) return st;
   return tree;
+}
+
+absl::Status StagedBatch::TakePreviousTokens(const int32_t* drawn, int64_t vocab,
+                                             kernels::cuda::CudaStream stream) {
+  if (num_patches_ == 0) return absl::OkStatus();
+  return kernels::cuda::PatchTokensFromPrevious(
+      At<int32_t>(off_tokens_), drawn, At<int32_t>(off_patches_), num_patches_, vocab, stream);
 }
 
 }  // namespace tessera::runner
