@@ -21,7 +21,8 @@ struct CpuModelRunner::Layer {
   CpuLinear qkv, o;                     // dense or FP8 (cpu_linear.h)
   std::vector<float> qkv_bias, o_bias;  // empty = none
   CpuMlpBlock mlp;                      // dense SwiGLU or mixture of experts
-  kc::PagedKvCache cache;
+  kc::PagedKvCache cache;               // MLA: k = v = the latent rows
+  std::optional<CpuMlaAttention> mla;   // multi-head latent attention
 };
 
 CpuModelRunner::CpuModelRunner(const model::LoadedModel* model, CpuRunnerOptions options)
@@ -40,6 +41,11 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
                                        options.shard->moe_parallelism);
     if (!checked.ok()) return checked.status();
     plan = *options.shard;
+    if (model->config.mla && plan.sharded()) {
+      return absl::UnimplementedError(
+          "multi-head latent attention (DeepseekV3ForCausalLM) is not supported with tensor "
+          "parallelism on the CPU yet");
+    }
     if (model->config.quantization && plan.sharded()) {
       return absl::UnimplementedError(
           absl::StrCat("FP8 checkpoints (", model->config.quantization->Describe(),
@@ -89,9 +95,11 @@ absl::Status CpuModelRunner::PrepareWeights() {
   inv_freq_ = std::move(*inv_freq);
 
   const int64_t slots = options_.num_kv_blocks * options_.block_size;
-  const int64_t layer_elems = slots * p.kv_heads.size * c.head_dim;
+  // MLA: one latent row per slot (k_cache_ holds it; no V).
+  const int64_t slot_values = c.mla ? c.mla->latent_dim() : p.kv_heads.size * c.head_dim;
+  const int64_t layer_elems = slots * slot_values;
   k_cache_.assign(static_cast<size_t>(layer_elems * c.num_hidden_layers), 0.0f);
-  v_cache_.assign(static_cast<size_t>(layer_elems * c.num_hidden_layers), 0.0f);
+  v_cache_.assign(c.mla ? 0 : static_cast<size_t>(layer_elems * c.num_hidden_layers), 0.0f);
 
   layers_.resize(c.num_hidden_layers);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
@@ -101,11 +109,11 @@ absl::Status CpuModelRunner::PrepareWeights() {
     if (!mlp.ok()) return mlp.status();
     l.mlp = std::move(*mlp);
     l.cache.k = k_cache_.data() + i * layer_elems;
-    l.cache.v = v_cache_.data() + i * layer_elems;
+    l.cache.v = c.mla ? l.cache.k : v_cache_.data() + i * layer_elems;
     l.cache.num_blocks = options_.num_kv_blocks;
     l.cache.block_size = options_.block_size;
-    l.cache.num_kv_heads = static_cast<int>(p.kv_heads.size);
-    l.cache.head_dim = static_cast<int>(c.head_dim);
+    l.cache.num_kv_heads = c.mla ? 1 : static_cast<int>(p.kv_heads.size);
+    l.cache.head_dim = static_cast<int>(slot_values / l.cache.num_kv_heads);
   }
   return absl::OkStatus();
 }
@@ -125,6 +133,12 @@ absl::Status CpuModelRunner::PrepareAttention(const model::LayerWeights& lw, Lay
     auto v = CpuWeightLoader::Floats(*from);
     if (!v.ok()) return v.status();
     *to = std::move(*v);
+  }
+  if (model_->config.mla) {
+    auto mla = CpuMlaAttention::Prepare(model_->config, lw, inv_freq_, &loader_);
+    if (!mla.ok()) return mla.status();
+    l->mla = *std::move(mla);
+    return absl::OkStatus();
   }
 
   // Column-parallel: this rank's heads of q/k/v.
@@ -183,7 +197,7 @@ absl::Status CpuModelRunner::ValidateBatch(const ForwardBatch& b) const {
   kc::PagedAttentionArgs args;
   float dummy = 0;
   args.q = &dummy;
-  args.q_token_stride = plan_.q_heads.size * c.head_dim;
+  args.q_token_stride = plan_.q_heads.size * (c.mla ? cache.head_dim : c.head_dim);
   args.num_heads = static_cast<int>(plan_.q_heads.size);
   args.cache = cache;
   args.query_start_loc = b.query_start_loc;
@@ -197,8 +211,7 @@ absl::Status CpuModelRunner::ValidateBatch(const ForwardBatch& b) const {
 void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
   const model::ModelConfig& c = model_->config;
   const Layer& l = layers_[index];
-  const int64_t D = c.head_dim, H = c.hidden_size;
-  const int64_t Q = plan_.q_heads.size * D, K = plan_.kv_heads.size * D;
+  const int64_t H = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const kernels::CpuKernels& k = kernels_;
 
@@ -210,7 +223,29 @@ void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
     k.fused_add_rms_norm(ctx_, x_.data(), residual_.data(), l.input_norm.data(), n, H, eps);
   }
 
-  // Attention.
+  if (l.mla) {  // multi-head latent attention (cpu_mla_attention.h)
+    const MlaLatentCache cache{l.cache.k, l.cache.num_slots(), l.cache.head_dim,
+                               l.cache.block_size};
+    l.mla->Run(ctx_, k, x_.data(), batch, cache, options_.mla_form, &mla_scratch_, mlp_out_.data());
+    std::swap(x_, mlp_out_);
+  } else {
+    RunAttention(l, batch, n);
+  }
+  AllReduce(x_.data(), n * H);
+
+  // MLP: dense SwiGLU or mixture of experts (cpu_mlp_block.h).
+  k.fused_add_rms_norm(ctx_, x_.data(), residual_.data(), l.post_norm.data(), n, H, eps);
+  l.mlp.Run(ctx_, k, x_.data(), n, &mlp_scratch_, mlp_out_.data(), options_.routing_observer);
+  std::swap(x_, mlp_out_);
+  AllReduce(x_.data(), n * H);
+}
+
+void CpuModelRunner::RunAttention(const Layer& l, const ForwardBatch& batch, int64_t n) {
+  const model::ModelConfig& c = model_->config;
+  const int64_t D = c.head_dim;
+  const int64_t Q = plan_.q_heads.size * D, K = plan_.kv_heads.size * D;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const kernels::CpuKernels& k = kernels_;
   const float* qkv_bias = l.qkv_bias.empty() ? nullptr : l.qkv_bias.data();
   l.qkv.Apply(ctx_, k, x_.data(), n, qkv_bias, qkv_.data());
   for (int64_t t = 0; t < n; ++t) {
@@ -243,13 +278,6 @@ void CpuModelRunner::RunLayer(int index, const ForwardBatch& batch, int64_t n) {
   if (!batch.tree_parents.empty()) TreeAttention(l, batch, args.scale);
   const float* o_bias = l.o_bias.empty() ? nullptr : l.o_bias.data();
   l.o.Apply(ctx_, k, attn_.data(), n, o_bias, x_.data());
-  AllReduce(x_.data(), n * H);
-
-  // MLP: dense SwiGLU or mixture of experts (cpu_mlp_block.h).
-  k.fused_add_rms_norm(ctx_, x_.data(), residual_.data(), l.post_norm.data(), n, H, eps);
-  l.mlp.Run(ctx_, k, x_.data(), n, &mlp_scratch_, mlp_out_.data(), options_.routing_observer);
-  std::swap(x_, mlp_out_);
-  AllReduce(x_.data(), n * H);
 }
 
 void CpuModelRunner::ApplyRope(const ForwardBatch& batch, int heads, int kv_heads) {
@@ -365,6 +393,7 @@ absl::Status CpuModelRunner::CopyKvSlots(absl::Span<const int64_t> from,
     for (size_t i = 0; i < from.size(); ++i) {
       if (from[i] == to[i]) continue;
       std::memcpy(l.cache.k + to[i] * stride, l.cache.k + from[i] * stride, sizeof(float) * stride);
+      if (l.cache.v == l.cache.k) continue;  // MLA: the latent row is all
       std::memcpy(l.cache.v + to[i] * stride, l.cache.v + from[i] * stride, sizeof(float) * stride);
     }
   }

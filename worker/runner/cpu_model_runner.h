@@ -27,6 +27,12 @@
 // ancestors and itself); K/V are written to each token's own slot as usual.
 // CopyKvSlots moves K/V between slots in every layer.
 //
+// Multi-head latent attention (DeepSeek-V3, Kimi K2; config.mla): each
+// layer's attention is a CpuMlaAttention, and its cache holds one latent
+// row (kv_lora_rank + qk_rope_head_dim values) per slot instead of K and V;
+// slots, blocks, prefix caching and CopyKvSlots are unchanged. Unsharded
+// only.
+//
 // Tensor parallelism: with CpuRunnerOptions::shard the runner is one rank of
 // a group (worker/parallel/shard_plan.h): it reads only its slice of each
 // matrix from the memory map (row slices in place, column slices of o_proj
@@ -55,6 +61,7 @@
 #include "worker/parallel/collectives.h"
 #include "worker/parallel/shard_plan.h"
 #include "worker/runner/cpu_linear.h"
+#include "worker/runner/cpu_mla_attention.h"
 #include "worker/runner/cpu_mlp_block.h"
 #include "worker/runner/cpu_weight_loader.h"
 #include "worker/runner/model_runner.h"
@@ -78,6 +85,9 @@ struct CpuRunnerOptions {
   // Sees every MoE layer's routing decisions (tests, tracing); may be null.
   // Must outlive the runner.
   MoeRoutingObserver* routing_observer = nullptr;
+  // Multi-head latent attention models (config.mla): the form every step
+  // runs (cpu_mla_attention.h); the naive form is for tests.
+  MlaForm mla_form = MlaForm::kAbsorbed;
 };
 
 class CpuModelRunner final : public ModelRunner {
@@ -109,6 +119,8 @@ class CpuModelRunner final : public ModelRunner {
   absl::Status ValidateBatch(const ForwardBatch& batch) const;
   void Embed(const ForwardBatch& batch, int64_t num_tokens);
   void RunLayer(int index, const ForwardBatch& batch, int64_t num_tokens);
+  // GQA attention of layer `l`: x_ (normalised) -> x_ (after o_proj).
+  void RunAttention(const Layer& l, const ForwardBatch& batch, int64_t num_tokens);
   // RoPE on q_ and k_ at the batch's positions, full or partial.
   void ApplyRope(const ForwardBatch& batch, int heads, int kv_heads);
   // Attention rows of the chunks in `batch` that branch, with the tree mask.
@@ -134,6 +146,7 @@ class CpuModelRunner final : public ModelRunner {
   // Workspace, resized per batch.
   std::vector<float> x_, residual_, qkv_, q_, k_, v_, attn_, mlp_out_, rows_;
   MlpScratch mlp_scratch_;
+  MlaScratch mla_scratch_;
   std::vector<int32_t> local_ids_;                 // sharded embedding: ids in this vocab slice
   std::vector<int64_t> local_rows_;                // ... and the tokens they belong to
   std::vector<float> local_embed_, local_logits_;  // sharded embedding rows / logits slice

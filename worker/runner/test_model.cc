@@ -16,6 +16,29 @@ void AddMoeKeys(const TestModelSpec& s, nlohmann::json* config) {
   c["num_experts_per_tok"] = s.top_k;
   c["moe_intermediate_size"] = s.expert_intermediate;
   c["norm_topk_prob"] = s.norm_topk_prob;
+  if (s.architecture == "DeepseekV3ForCausalLM") {
+    c["n_routed_experts"] = s.experts;
+    c["n_shared_experts"] = s.shared_experts;
+    c["n_group"] = s.groups;
+    c["topk_group"] = s.topk_groups;
+    c["routed_scaling_factor"] = s.routed_scaling;
+    c["first_k_dense_replace"] = s.first_dense_layers;
+    c["num_key_value_heads"] = s.heads;
+    c.erase("head_dim");
+    c["q_lora_rank"] = s.q_lora_rank > 0 ? nlohmann::json(s.q_lora_rank) : nlohmann::json();
+    c["kv_lora_rank"] = s.kv_lora_rank;
+    c["qk_nope_head_dim"] = s.qk_nope_head_dim;
+    c["qk_rope_head_dim"] = s.qk_rope_head_dim;
+    c["v_head_dim"] = s.v_head_dim;
+    c["rope_interleave"] = s.rope_interleave;
+    if (s.yarn) {
+      c["rope_scaling"] = {
+          {"type", "yarn"},       {"factor", 4.0},  {"original_max_position_embeddings", 256},
+          {"beta_fast", 32},      {"beta_slow", 1}, {"mscale", 1.0},
+          {"mscale_all_dim", 0.5}};
+    }
+    return;
+  }
   if (s.architecture == "Glm4MoeForCausalLM") {
     c["n_routed_experts"] = s.experts;
     c["n_shared_experts"] = s.shared_experts;
@@ -53,10 +76,11 @@ absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& s) {
     tensors.push_back(std::move(*t));
     return absl::OkStatus();
   };
-  const bool glm = s.architecture == "Glm4MoeForCausalLM";
+  const bool mla = s.architecture == "DeepseekV3ForCausalLM";
+  const bool glm = s.architecture == "Glm4MoeForCausalLM" || mla;  // grouped routing
   const bool moe = glm || s.architecture == "Qwen3MoeForCausalLM";
-  const bool qwen3 = s.architecture == "Qwen3ForCausalLM" || moe;
-  const bool qwen2 = s.architecture == "Qwen2ForCausalLM" || glm;
+  const bool qwen3 = s.architecture == "Qwen3ForCausalLM" || (moe && !mla);
+  const bool qwen2 = s.architecture == "Qwen2ForCausalLM" || (glm && !mla);
   // One SwiGLU MLP under `p` (e.g. "model.layers.0.mlp.experts.3.").
   auto swiglu = [&](const std::string& p, int width) {
     absl::Status mlp = add(p + "gate_proj.weight", {width, s.hidden}, s.weight_scale, 0);
@@ -82,10 +106,29 @@ absl::Status WriteTestModel(const std::string& dir, const TestModelSpec& s) {
     std::string p = absl::StrCat("model.layers.", l, ".");
     st.Update(add(p + "input_layernorm.weight", {s.hidden}, 0.2f, 1.0f));
     st.Update(add(p + "post_attention_layernorm.weight", {s.hidden}, 0.2f, 1.0f));
-    st.Update(add(p + "self_attn.q_proj.weight", {q, s.hidden}, s.weight_scale, 0));
-    st.Update(add(p + "self_attn.k_proj.weight", {kv, s.hidden}, s.weight_scale, 0));
-    st.Update(add(p + "self_attn.v_proj.weight", {kv, s.hidden}, s.weight_scale, 0));
-    st.Update(add(p + "self_attn.o_proj.weight", {s.hidden, q}, s.weight_scale, 0));
+    if (mla) {
+      const int qk = s.qk_nope_head_dim + s.qk_rope_head_dim;
+      const std::string a = p + "self_attn.";
+      if (s.q_lora_rank > 0) {
+        st.Update(add(a + "q_a_proj.weight", {s.q_lora_rank, s.hidden}, s.weight_scale, 0));
+        st.Update(add(a + "q_a_layernorm.weight", {s.q_lora_rank}, 0.2f, 1.0f));
+        st.Update(add(a + "q_b_proj.weight", {s.heads * qk, s.q_lora_rank}, s.weight_scale, 0));
+      } else {
+        st.Update(add(a + "q_proj.weight", {s.heads * qk, s.hidden}, s.weight_scale, 0));
+      }
+      st.Update(add(a + "kv_a_proj_with_mqa.weight",
+                    {s.kv_lora_rank + s.qk_rope_head_dim, s.hidden}, s.weight_scale, 0));
+      st.Update(add(a + "kv_a_layernorm.weight", {s.kv_lora_rank}, 0.2f, 1.0f));
+      st.Update(add(a + "kv_b_proj.weight",
+                    {s.heads * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank}, s.weight_scale,
+                    0));
+      st.Update(add(a + "o_proj.weight", {s.hidden, s.heads * s.v_head_dim}, s.weight_scale, 0));
+    } else {
+      st.Update(add(p + "self_attn.q_proj.weight", {q, s.hidden}, s.weight_scale, 0));
+      st.Update(add(p + "self_attn.k_proj.weight", {kv, s.hidden}, s.weight_scale, 0));
+      st.Update(add(p + "self_attn.v_proj.weight", {kv, s.hidden}, s.weight_scale, 0));
+      st.Update(add(p + "self_attn.o_proj.weight", {s.hidden, q}, s.weight_scale, 0));
+    }
     if (qwen2) {
       st.Update(add(p + "self_attn.q_proj.bias", {q}, 0.1f, 0));
       st.Update(add(p + "self_attn.k_proj.bias", {kv}, 0.1f, 0));

@@ -41,6 +41,17 @@ struct TestModelSpec {
   double routed_scaling = 1.0;
   bool norm_topk_prob = true;
   int first_dense_layers = 0;  // Qwen: mlp_only_layers = [0, n); GLM: first_k_dense_replace
+
+  // "DeepseekV3ForCausalLM": multi-head latent attention (kv_heads =
+  // heads; head_dim unused) with GLM's routing keys above; shared experts
+  // and groups as for GLM.
+  int q_lora_rank = 24;  // 0: a plain q_proj
+  int kv_lora_rank = 32;
+  int qk_nope_head_dim = 16;
+  int qk_rope_head_dim = 8;
+  int v_head_dim = 12;
+  bool rope_interleave = true;
+  bool yarn = true;  // rope_scaling yarn, factor 4 over 256 positions, mscale 1 / all_dim 0.5
   // Called on the tensors before they are written (to craft a router, ...).
   std::function<void(std::vector<model::TensorToWrite>*)> edit_tensors;
 };
