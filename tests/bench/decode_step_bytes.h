@@ -8,7 +8,8 @@
 //   - one embedding row per token — not the whole table,
 //   - the KV cache its attention reads (K and V of every cached position).
 // Matrices at `weight_bytes_per_element` (2 for bf16, 1 for FP8 — a
-// quantised benchmark adds its scales as `extra_bytes`), norms and MoE
+// quantised benchmark adds its scales as `extra_bytes` and keeps the LM
+// head and embedding at `head_bytes_per_element`), norms and MoE
 // correction biases in fp32 and the KV cache at `kv_bytes_per_element`, as
 // the CUDA runner holds them. Selected experts per MoE layer: the
 // expectation under uniform routing, E (1 - (1 - k/E)^B) for B tokens.
@@ -33,6 +34,9 @@ struct StepBytesOptions {
   double weight_bytes_per_element = 2.0;
   double kv_bytes_per_element = 2.0;
   double extra_bytes = 0;  // read every step besides the above (quantisation scales, ...)
+  // The LM head and embedding rows (0: weight_bytes_per_element); FP8
+  // checkpoints keep them in bf16 (2).
+  double head_bytes_per_element = 0;
 };
 
 struct StepBytes {
@@ -107,8 +111,9 @@ inline StepBytes DecodeStepBytes(const model::ModelConfig& c, int batch, double 
         b.selected_experts_per_layer * w * 3 * H * static_cast<double>(moe.intermediate_size);
     b.dense_and_shared_mlp += w * 3 * H * static_cast<double>(moe.shared_intermediate_size());
   }
-  b.lm_head = w * H * static_cast<double>(c.vocab_size);
-  b.embedding_rows = w * H * batch;
+  const double head = options.head_bytes_per_element > 0 ? options.head_bytes_per_element : w;
+  b.lm_head = head * H * static_cast<double>(c.vocab_size);
+  b.embedding_rows = head * H * batch;
   b.kv_cache = batch * mean_context * static_cast<double>(c.num_hidden_layers) * 2 * K *
                options.kv_bytes_per_element;
   b.extra = options.extra_bytes;

@@ -30,6 +30,23 @@ TEST(DecodeStepBytesTest, DenseStepReadsOneEmbeddingRowNotTheTable) {
   EXPECT_DOUBLE_EQ(b64.total() - b.total(), 63 * 8192.0 + 64 * 100 * 32 * 2 * 1024 * 2.0);
 }
 
+// FP8 layers (gpu_decode_bench --fp8): 1 byte per layer weight (Llama-3-8B:
+// 13,958,643,712 bf16 bytes -> 6,979,321,856), the LM head and embedding
+// row still bf16, norms fp32, the scales as extra bytes: about 8.0 GB, as
+// issue #34 counts.
+TEST(DecodeStepBytesTest, Fp8LayersKeepTheHeadInBf16) {
+  const model::ModelConfig c = Parse(kLlama3_8BConfig);
+  StepBytesOptions o;
+  o.weight_bytes_per_element = 1;
+  o.head_bytes_per_element = 2;
+  o.extra_bytes = 1000;
+  const StepBytes b = DecodeStepBytes(c, 1, 0, o);
+  EXPECT_DOUBLE_EQ(b.attention_weights + b.dense_and_shared_mlp, 6979321856.0);
+  EXPECT_DOUBLE_EQ(b.lm_head, 1050673152.0);
+  EXPECT_DOUBLE_EQ(b.embedding_rows, 8192.0);
+  EXPECT_DOUBLE_EQ(b.total(), 6979321856.0 + 1050673152.0 + 8192.0 + 1064960.0 + 1000.0);
+}
+
 // The count gpu_decode_bench used for Qwen3-30B-A3B before the dense path
 // shared it: batch 1 at mean context 193.5 (128-token prompt, 128 steps)
 // read 6,103,183,360 bytes (moe_decode_qwen3_30b_a3b_h200.json).

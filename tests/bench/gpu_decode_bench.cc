@@ -29,7 +29,10 @@
 // routers and random tokens route about uniformly); at B = 64 that is
 // 125.9 of 128. The long prefill's TFLOP/s counts active FLOPs (attention,
 // router, k experts per token).
-// Usage: gpu_decode_bench [--batch_sizes=1,8,64] [--prompt_len=128]
+// --fp8: the layers in fine-grained FP8 (random e4m3, 128x128 block
+// scales; tests/bench/random_fp8_cuda_weights.h): 1 byte per layer weight
+// plus the scales in the roofline, the embedding and LM head in bf16.
+// Usage: gpu_decode_bench [--batch_sizes=1,8,64] [--prompt_len=128] [--fp8]
 //        [--decode_steps=128] [--hbm_tbps=4.27] [--out=result.json]
 #include <chrono>
 #include <cmath>
@@ -52,6 +55,7 @@
 #include "tests/bench/qwen3_30b_a3b_config.h"
 #include "tests/bench/qwen3_8b_config.h"
 #include "tests/bench/random_cuda_weights.h"
+#include "tests/bench/random_fp8_cuda_weights.h"
 #include "worker/model/config.h"
 #include "worker/runner/cuda/cuda_model_runner.h"
 
@@ -68,6 +72,13 @@ ABSL_FLAG(int, long_prefill, 4096,
           "also time the prefill of one prompt this long (0 = skip): TFLOP/s counting the "
           "model's matmuls and causal attention, against --peak_tflops");
 ABSL_FLAG(double, peak_tflops, 785, "measured bf16 GEMM peak (TFLOP/s) for the prefill fraction");
+ABSL_FLAG(bool, fp8, false,
+          "random fine-grained FP8 layers (e4m3, 128x128 block scales, activations per token "
+          "group of 128; embedding and LM head bf16); the roofline counts 1 byte per layer weight "
+          "plus the scales (dense models only)");
+ABSL_FLAG(std::string, fp8_gemm_backend, "auto",
+          "--fp8: the FP8 prefill (auto = the registry's choice, cublaslt-fp8-block or "
+          "cuda-fp8-dequant)");
 
 namespace tessera {
 namespace {
@@ -154,8 +165,21 @@ int Run() {
     return 1;
   }
   options.prefill_attention_backend = prefill->chosen;
-  auto runner =
-      runner::CudaModelRunner::Create(*config, bench::RandomCudaWeights(1234), *device, options);
+  const bool fp8 = absl::GetFlag(FLAGS_fp8);
+  runner::CudaWeightsFactory factory = bench::RandomCudaWeights(1234);
+  std::string fp8_prefill;
+  if (fp8) {
+    config->quantization.emplace();  // fine-grained, 128x128 blocks, dynamic groups of 128
+    absl::StatusOr<runner::CudaFp8Prefill> p =
+        runner::SelectCudaFp8Prefill(&*device, absl::GetFlag(FLAGS_fp8_gemm_backend));
+    if (!p.ok()) {
+      std::fprintf(stderr, "fp8: %s\n", p.status().ToString().c_str());
+      return 1;
+    }
+    fp8_prefill = std::string(runner::CudaFp8PrefillName(*p));
+    factory = bench::RandomFp8CudaWeights(1234, *p);
+  }
+  auto runner = runner::CudaModelRunner::Create(*config, factory, *device, options);
   if (!runner.ok()) {
     std::fprintf(stderr, "runner: %s\n", runner.status().ToString().c_str());
     return 1;
@@ -220,7 +244,13 @@ int Run() {
       gpu_ms_per_step = *gpu_ms;
     }
     const double mean_ctx = prompt_len + 1 + (steps + 1) / 2.0;
-    const bench::StepBytes step_bytes = bench::DecodeStepBytes(c, batch, mean_ctx);
+    bench::StepBytesOptions bytes_options;
+    if (fp8) {
+      bytes_options.weight_bytes_per_element = 1;
+      bytes_options.head_bytes_per_element = 2;
+      bytes_options.extra_bytes = bench::Fp8ScaleBytes(c, parallel::FullPlan(c));
+    }
+    const bench::StepBytes step_bytes = bench::DecodeStepBytes(c, batch, mean_ctx, bytes_options);
     const double bytes_per_step = step_bytes.total();
     const double tps = batch * steps / decode_s;
     const double roofline = batch * hbm / bytes_per_step;
@@ -287,12 +317,15 @@ int Run() {
   nlohmann::json out = {
       {"benchmark", "gpu_decode_bench"},
       {"long_prefill", long_prefill},
-      {"model", bench_model.description},
+      {"model", absl::StrCat(bench_model.description,
+                             fp8 ? "; layers FP8 (e4m3, 128x128 block scales)" : "")},
       {"device", device->Summary()},
       {"weight_bytes", (*runner)->weight_bytes()},
       {"hbm_bytes_per_second", hbm},
       {"cuda_graphs", options.cuda_graphs},
       {"prefill_attention_backend", options.prefill_attention_backend},
+      {"fp8", fp8},
+      {"fp8_prefill_backend", fp8_prefill},
       {"results", results},
   };
   std::printf("%s\n", out.dump(2).c_str());
