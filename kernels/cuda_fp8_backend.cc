@@ -10,7 +10,9 @@ namespace {
 std::string S(std::string_view v) { return std::string(v); }
 
 constexpr std::string_view kDecode =
-    "decode: FP8 GEMV (e4m3 weights, block scale once per 128-element partial sum)";
+    "decode: FP8 GEMV (e4m3 weights, block scale once per 128-element partial sum); fused "
+    "paths off for FP8 layers (RoPE/KV in the qkv GEMV, the staged GEMV, SiLU*mul in the "
+    "gate/up GEMV: their epilogues read bf16 weights)";
 
 // What the dequantize path does on `device`, and why nothing faster runs.
 std::string DequantDetails(const DeviceDescription& d) {
