@@ -258,9 +258,11 @@ absl::StatusOr<CudaFp8Part> UploadFp8Part(HostFp8Part h, bool biased, const std:
   p.block = h.block;
   p.activation = h.activation;
   p.input_scale_value = h.input_scale;
+  // K in whole 128-blocks: the shapes cuda_fp8_gemm_test checks cuBLASLt's
+  // block mode on (partial blocks along N are among them, along K not).
   const bool lt_shape = h.row_block == kcu::kFp8Block && h.block == kcu::kFp8Block &&
                         h.activation == model::ActivationQuant::kDynamicTokenGroup && !biased &&
-                        h.rows % 16 == 0 && h.in % 16 == 0;
+                        h.rows % 16 == 0 && h.in % kcu::kFp8Block == 0;
   p.prefill = u->prefill == CudaFp8Prefill::kCublasLtBlock && lt_shape
                   ? CudaFp8Prefill::kCublasLtBlock
                   : CudaFp8Prefill::kDequantize;
