@@ -18,6 +18,8 @@
 #include "base/log.h"
 #include "kernels/cuda_devices.h"
 #include "worker/engine/preflight_process.h"
+#include "worker/model/capabilities.h"
+#include "worker/model/kv_cache_size.h"
 #include "worker/parallel/shard_plan.h"
 #include "worker/parallel/tensor_parallel_runner.h"
 #include "worker/runner/cpu_model_runner.h"
@@ -217,6 +219,7 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineO
     auto model = model::LoadModel(o.model_dir);
     if (!model.ok()) return model.status();
     local->model = std::move(*model);
+    if (auto s = model::CheckCudaRunnerSupports(local->model->config); !s.ok()) return s;
     runner::CudaRunnerOptions ro;
     ro.block_size = o.block_size;
     ro.num_kv_blocks = o.kv_cache_blocks;
@@ -287,10 +290,12 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> BuildLocalEngine(const LocalEngineO
     if (blocks <= 0) {
       // The budget covers every rank's cache (KV heads replicated when
       // there are fewer than the ranks).
+      // MLA: one latent row per token and layer (model/kv_cache_size.h).
       const int64_t kv_heads = tp * parallel::KvHeadsPerRank(config, tp);
-      const int64_t bytes_per_block = int64_t{2} * config.num_hidden_layers * kv_heads *
-                                      config.head_dim * o.block_size *
-                                      static_cast<int64_t>(sizeof(float));
+      const int64_t bytes_per_block =
+          config.mla ? model::KvCacheBytesPerToken(config, sizeof(float)) * o.block_size
+                     : int64_t{2} * config.num_hidden_layers * kv_heads * config.head_dim *
+                           o.block_size * static_cast<int64_t>(sizeof(float));
       blocks = std::max<int64_t>(1, (o.kv_cache_memory_mb << 20) / bytes_per_block);
     }
     ro.num_kv_blocks = blocks;

@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "worker/model/capabilities.h"
 #include "worker/model/config.h"
 #include "worker/model/kv_cache_size.h"
 #include "worker/model/rope.h"
@@ -247,6 +248,18 @@ TEST(MlaConfigTest, YarnInverseFrequenciesFollowTheRamp) {
   }
   EXPECT_FLOAT_EQ((*freqs)[0], (*plain)[0]);
   EXPECT_NEAR((*freqs)[d / 2 - 1], (*plain)[d / 2 - 1] / 40.0f, 1e-6 * (*plain)[d / 2 - 1]);
+}
+
+TEST(MlaConfigTest, CudaRunnerCapabilityRefusesMlaClearly) {
+  auto c = ParseModelConfig(kKimiK2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::Status s = CheckCudaRunnerSupports(*c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(Msg(s), HasSubstr("\"kimi_k2\") uses multi-head latent attention"));
+  EXPECT_THAT(Msg(s), HasSubstr("--device=cpu"));
+  ModelConfig dense = *c;
+  dense.mla.reset();
+  EXPECT_TRUE(CheckCudaRunnerSupports(dense).ok());
 }
 
 }  // namespace
