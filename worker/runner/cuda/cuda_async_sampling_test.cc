@@ -12,8 +12,9 @@
 //   range or with no previous submitted step are refused with a clear
 //   status and queue nothing, and the runner keeps working;
 // - the engine on the CUDA runner with pipelined steps produces what it
-//   produces with them off, graphs on and off.
+//   produces with them off, graphs on and off (and did chain steps).
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -271,6 +272,45 @@ TEST(CudaAsyncSamplingTest, ProtocolMisuseIsRefusedAndQueuesNothing) {
   EXPECT_EQ(r.steps_in_flight(), 0);
 }
 
+// The CUDA runner as the engine sees it, counting the submissions that took
+// tokens from the step before (so a run that never pipelined cannot pass
+// for one that did).
+class CountingRunner final : public ModelRunner {
+ public:
+  CountingRunner(std::unique_ptr<CudaModelRunner> base, std::shared_ptr<std::atomic<int>> chained)
+      : base_(std::move(base)), chained_(std::move(chained)) {}
+  const model::ModelConfig& config() const override { return base_->config(); }
+  int block_size() const override { return base_->block_size(); }
+  int64_t num_kv_blocks() const override { return base_->num_kv_blocks(); }
+  absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override {
+    return base_->Forward(batch, logits);
+  }
+  bool SupportsTreeAttention() const override { return base_->SupportsTreeAttention(); }
+  absl::Status CopyKvSlots(absl::Span<const int64_t> from, absl::Span<const int64_t> to) override {
+    return base_->CopyKvSlots(from, to);
+  }
+  bool SupportsDeviceSampling() const override { return base_->SupportsDeviceSampling(); }
+  absl::Status ForwardSample(const ForwardBatch& batch, absl::Span<const DeviceSamplingRow> rows,
+                             std::vector<int32_t>* tokens) override {
+    return base_->ForwardSample(batch, rows, tokens);
+  }
+  bool SupportsAsyncSampling() const override { return base_->SupportsAsyncSampling(); }
+  absl::Status SubmitSample(const ForwardBatch& batch, absl::Span<const DeviceSamplingRow> rows,
+                            absl::Span<const PreviousStepToken> from_previous) override {
+    const absl::Status s = base_->SubmitSample(batch, rows, from_previous);
+    if (s.ok() && !from_previous.empty()) ++*chained_;
+    return s;
+  }
+  absl::Status CollectSample(std::vector<int32_t>* tokens) override {
+    return base_->CollectSample(tokens);
+  }
+  absl::Status Health() const override { return base_->Health(); }
+
+ private:
+  std::unique_ptr<CudaModelRunner> base_;
+  std::shared_ptr<std::atomic<int>> chained_;
+};
+
 std::vector<std::vector<int32_t>> DrainStreams(
     const std::vector<std::shared_ptr<engine::RequestStream>>& streams) {
   std::vector<std::vector<int32_t>> out(streams.size());
@@ -302,12 +342,14 @@ TEST(CudaAsyncSamplingTest, EngineWithPipelinedStepsEqualsTheSynchronousLoop) {
     auto runner = CudaModelRunner::Create(model->get(), device, options);
     EXPECT_TRUE(runner.ok()) << runner.status();
     EXPECT_TRUE((*runner)->SupportsAsyncSampling());
+    auto chained = std::make_shared<std::atomic<int>>(0);
     engine::EngineOptions eo;
     eo.scheduler.max_num_seqs = 8;
     eo.scheduler.max_num_batched_tokens = 64;  // prompts span steps with decodes
     eo.scheduler.max_model_len = 2048;
     eo.pipeline_steps = pipelined;
-    auto engine = engine::Engine::Create(std::move(*runner), eo);
+    auto engine =
+        engine::Engine::Create(std::make_unique<CountingRunner>(*std::move(runner), chained), eo);
     EXPECT_TRUE(engine.ok()) << engine.status();
     std::vector<std::shared_ptr<engine::RequestStream>> streams;
     for (int i = 0; i < 6; ++i) {
@@ -326,6 +368,12 @@ TEST(CudaAsyncSamplingTest, EngineWithPipelinedStepsEqualsTheSynchronousLoop) {
     (*engine)->Start();
     const std::vector<std::vector<int32_t>> out = DrainStreams(streams);
     (*engine)->Stop();
+    // Pipelined: most steps take their decode tokens from the step before.
+    if (pipelined) {
+      EXPECT_GT(chained->load(), 20);
+    } else {
+      EXPECT_EQ(chained->load(), 0);
+    }
     return out;
   };
   for (const bool graphs : {false, true}) {
