@@ -18,6 +18,10 @@ bool CurrentDeviceMemory(size_t* free_bytes, size_t* total_bytes) {
 
 ImageProbeResult ProbeImage(int ordinal) {
   ImageProbeResult r;
+  // The caller's current device stays current (a runner probing the GPUs
+  // while it loads must not move its allocations to another one).
+  int previous = -1;
+  const bool had_device = cudaGetDevice(&previous) == cudaSuccess;
   cudaError_t err = cudaSetDevice(ordinal);
   if (err == cudaSuccess) {
     cudaFuncAttributes attr{};
@@ -26,11 +30,13 @@ ImageProbeResult ProbeImage(int ordinal) {
       r.loadable = true;
       r.binary_version = attr.binaryVersion;
       r.ptx_version = attr.ptxVersion;
-      return r;
     }
   }
-  r.error = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
-  cudaGetLastError();  // clear the sticky-free error so later calls start clean
+  if (!r.loadable) {
+    r.error = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+  }
+  if (had_device) cudaSetDevice(previous);
   return r;
 }
 

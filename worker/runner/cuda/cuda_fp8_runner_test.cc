@@ -37,6 +37,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/fp8_e4m3.h"
+#include "kernels/cuda/device_query.h"
 #include "nlohmann/json.hpp"
 #include "worker/model/safetensors.h"
 #include "worker/runner/cpu_model_runner.h"
@@ -410,6 +411,26 @@ TEST(CudaFp8WeightsTest, TensorParallelSlicesHoldTheirRowsAndScales) {
   EXPECT_EQ(rows, 3 * 256);
   std::filesystem::remove_all(base);
   std::filesystem::remove_all(fp8);
+}
+
+// UploadWeights' automatic FP8 prefill choice probes every GPU
+// (DetectCudaDevices); the device the runner made current must stay so,
+// or its weights land on another GPU (ProbeImage left the last probed one
+// current). Seen through device 0's free memory: 1 GiB allocated after the
+// probe must come from it. Needs two GPUs.
+TEST(CudaFp8WeightsTest, AutomaticPrefillChoiceKeepsTheCurrentDevice) {
+  REQUIRE_GPU(device);
+  if (detected_.devices.size() < 2) GTEST_SKIP() << "needs two GPUs";
+  ASSERT_TRUE(kernels::cuda::SetDevice(0).ok());
+  size_t free_before = 0, free_after = 0, total = 0;
+  ASSERT_TRUE(kernels::cuda::CurrentDeviceMemory(&free_before, &total));
+  ASSERT_TRUE(SelectCudaFp8Prefill(nullptr).ok());
+  auto buf = kernels::cuda::DeviceBuffer::Allocate(size_t{1} << 30);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  ASSERT_TRUE(kernels::cuda::SetDevice(0).ok());
+  ASSERT_TRUE(kernels::cuda::CurrentDeviceMemory(&free_after, &total));
+  EXPECT_GE(free_before - std::min(free_before, free_after), size_t{1} << 30)
+      << "the allocation after the probe went to another device";
 }
 
 // The fixtures of tests/gpu/make_fp8_fixtures.py: the CUDA runner against
