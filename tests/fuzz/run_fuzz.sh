@@ -40,7 +40,7 @@ BIN="${OUT}/${TARGET}_fuzz"
 MODEL_SOURCES=(checkpoint config deepseek_v3_config dtype quantization rope safetensors safetensors_writer tensor weights)
 SOURCES=("${ROOT}/tests/fuzz/${TARGET}_fuzz.cc")
 for s in "${MODEL_SOURCES[@]}"; do SOURCES+=("${ROOT}/worker/model/${s}.cc"); done
-SOURCES+=("${ROOT}/base/json.cc" "${ROOT}/base/file.cc")
+SOURCES+=("${ROOT}/base/json.cc" "${ROOT}/base/file.cc" "${ROOT}/base/log.cc")
 
 ABSL_FLAGS="$(pkg-config --cflags --libs absl_status absl_statusor absl_strings \
   absl_flat_hash_map absl_flat_hash_set absl_hash absl_raw_hash_set)"
