@@ -151,7 +151,10 @@ def append_mtp_layer(out_dir, layers):
     for n in ("enorm", "hnorm", "shared_head.norm"):
         extra[f"model.layers.{layers}.{n}.weight"] = torch.ones(hidden, dtype=dtype)
     tensors.update(extra)
-    save_file(tensors, path, metadata={"format": "pt"})
+    # A new file renamed over the old one: the reference model may still
+    # map the old file's pages.
+    save_file(tensors, path + ".tmp", metadata={"format": "pt"})
+    os.replace(path + ".tmp", path)
     return len(extra)
 
 
@@ -186,7 +189,6 @@ def main():
         # The reference runs on the checkpoint as saved (DESIGN.md: never on
         # a cast model object, whose rotary table would be rounded).
         ref = load_reference(out_dir)
-        mtp_tensors = append_mtp_layer(out_dir, config.num_hidden_layers) if mtp else 0
         prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
         tensors, continuations, margins = {}, [], []
         with torch.no_grad():
@@ -205,6 +207,8 @@ def main():
         rotary = ref.model.rotary_emb
         tensors["rope_inv_freq"] = rotary.inv_freq.float().contiguous()
         save_file(tensors, os.path.join(out_dir, "expected_logits.safetensors"))
+        # After the reference is done with the checkpoint.
+        mtp_tensors = append_mtp_layer(out_dir, config.num_hidden_layers) if mtp else 0
         if model_type is not None:
             with open(os.path.join(out_dir, "config.json")) as f:
                 saved = json.load(f)
