@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/fp8_e4m3.h"
 
 namespace tessera::runner {
 namespace {
@@ -43,6 +44,31 @@ void ContextSlots(const ForwardBatch& batch, int s, int t, int block_size,
   std::reverse(slots->begin() + context, slots->end());
 }
 
+// An FP8 weight [rows, cols] widened to fp32: e4m3 value x its scale (one
+// per tensor, per row, or per block_out x block_in block; quantization.h).
+absl::StatusOr<std::vector<float>> DequantizeFp8(const model::TensorView& w,
+                                                 const model::Fp8Scales& s,
+                                                 const model::QuantizationConfig& q) {
+  absl::StatusOr<std::vector<float>> grid = model::ToFloat32(s.weight_scale);
+  if (!grid.ok()) return grid.status();
+  const int64_t rows = w.shape[0], cols = w.shape[1];
+  const int64_t block_cols = (cols + q.block_in - 1) / q.block_in;
+  const auto& table = kernels::cpu::E4m3Table();
+  const auto* bits = reinterpret_cast<const uint8_t*>(w.data);
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t o = 0; o < rows; ++o) {
+    for (int64_t i = 0; i < cols; ++i) {
+      float scale = (*grid)[0];
+      if (q.weight_strategy == model::WeightScaleStrategy::kChannel) scale = (*grid)[o];
+      if (q.weight_strategy == model::WeightScaleStrategy::kBlock) {
+        scale = (*grid)[(o / q.block_out) * block_cols + i / q.block_in];
+      }
+      out[o * cols + i] = table[bits[o * cols + i]] * scale;
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<CpuLinear> Linear(const model::TensorView& w, const model::LayerWeights& lw,
                                  const model::ModelConfig& c, CpuWeightLoader* loader) {
   return CpuLinear::Prepare({&w}, lw, c.quantization, loader);
@@ -62,13 +88,6 @@ absl::StatusOr<CpuMlaAttention> CpuMlaAttention::Prepare(const model::ModelConfi
     return absl::InvalidArgumentError(absl::StrCat(
         "RoPE table has ", inv_freq.size(), " frequencies; qk_rope_head_dim = ", m.qk_rope_head_dim,
         " needs half as many"));
-  }
-  if (lw.Fp8ScalesOf(lw.mla->kv_b_proj) != nullptr) {
-    return absl::UnimplementedError(
-        absl::StrCat(lw.mla->kv_b_proj.name,
-                     " is FP8: the CPU MLA attention needs kv_b_proj in bf16/fp16/fp32 (its "
-                     "absorbed form multiplies by it per head); FP8 kv_b_proj is not supported "
-                     "on the CPU yet"));
   }
   if (m.qk_rope_head_dim > kMaxRopeDim) {
     return absl::UnimplementedError(absl::StrCat("qk_rope_head_dim = ", m.qk_rope_head_dim,
@@ -100,7 +119,12 @@ absl::StatusOr<CpuMlaAttention> CpuMlaAttention::Prepare(const model::ModelConfi
   auto kv_norm = CpuWeightLoader::Floats(w.kv_a_layernorm);
   if (!kv_norm.ok()) return kv_norm.status();
   a.kv_a_norm_ = *std::move(kv_norm);
-  auto kv_b = CpuWeightLoader::Floats(w.kv_b_proj);
+  // kv_b_proj feeds the absorbed products per head: widened to fp32, from
+  // FP8 by exact dequantization (no activation quantization).
+  const model::Fp8Scales* kv_b_scales = lw.Fp8ScalesOf(w.kv_b_proj);
+  auto kv_b = kv_b_scales != nullptr && c.quantization
+                  ? DequantizeFp8(w.kv_b_proj, *kv_b_scales, *c.quantization)
+                  : CpuWeightLoader::Floats(w.kv_b_proj);
   if (!kv_b.ok()) return kv_b.status();
   a.kv_b_ = *std::move(kv_b);
   return a;

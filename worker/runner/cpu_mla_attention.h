@@ -30,8 +30,9 @@
 // (i, i + dr/2).
 //
 // Weights: q_a/q_b/q, kv_a and o_proj through CpuLinear (dense or FP8);
-// kv_b_proj widened to fp32 (FP8 kv_b_proj is not supported yet: an
-// UNIMPLEMENTED error at Prepare). Unsharded only.
+// kv_b_proj widened to fp32 at load (an FP8 kv_b_proj exactly dequantized:
+// the absorbed products use it per head, without activation quantization,
+// as vLLM and SGLang do). Unsharded only.
 //
 // Thread-safety: Run is const and reentrant given distinct scratch, cache
 // rows and outputs; the attention loop runs on the context's pool.

@@ -20,6 +20,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/fp8_e4m3.h"
 #include "worker/model/rope.h"
 #include "worker/model/weights.h"
 #include "worker/runner/cpu_mla_attention.h"
@@ -350,6 +351,85 @@ TEST(MlaRunnerTest, TokenTreeAttendsToAncestorsOnly) {
   std::vector<float> chain_logits;
   ASSERT_TRUE(chain_runner->Forward(chain, &chain_logits).ok());
   EXPECT_LE(MaxDiff(tree_logits, chain_logits), 1e-5f * MaxAbs(chain_logits));
+}
+
+// An FP8 kv_b_proj (block scales of 16 x 16, several per matrix) is
+// dequantized exactly at load: the layer equals the same layer given the
+// dequantized values as an fp32 matrix, bit for bit.
+TEST(MlaRunnerTest, Fp8KvBIsDequantizedExactly) {
+  auto m = Load(MlaSpec());
+  ASSERT_NE(m, nullptr);
+  const model::LayerWeights& base = m->weights.layers[0];
+  const model::TensorView& kv_b = base.mla->kv_b_proj;
+  const int64_t rows = kv_b.shape[0], cols = kv_b.shape[1], block = 16;
+  const int64_t block_rows = (rows + block - 1) / block, block_cols = (cols + block - 1) / block;
+  auto w = model::ToFloat32(kv_b);
+  ASSERT_TRUE(w.ok());
+  std::vector<float> scales(block_rows * block_cols, 0.0f);
+  for (int64_t o = 0; o < rows; ++o) {
+    for (int64_t i = 0; i < cols; ++i) {
+      float& s = scales[(o / block) * block_cols + i / block];
+      s = std::max(s, std::abs((*w)[o * cols + i]) / kernels::cpu::kE4m3Max);
+    }
+  }
+  std::vector<uint8_t> bits(rows * cols);
+  std::vector<float> dequantized(rows * cols);
+  for (int64_t o = 0; o < rows; ++o) {
+    for (int64_t i = 0; i < cols; ++i) {
+      const float s = scales[(o / block) * block_cols + i / block];
+      bits[o * cols + i] = kernels::cpu::FloatToE4m3((*w)[o * cols + i] / s);
+      dequantized[o * cols + i] = kernels::cpu::E4m3ToFloat(bits[o * cols + i]) * s;
+    }
+  }
+  auto view = [](const std::string& name, model::DType dtype, std::vector<int64_t> shape,
+                 const void* data, size_t bytes) {
+    model::TensorView t;
+    t.name = name;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    t.data = static_cast<const std::byte*>(data);
+    t.size_bytes = bytes;
+    return t;
+  };
+  model::ModelConfig config = m->config;
+  model::QuantizationConfig q;
+  q.block_out = q.block_in = block;
+  config.quantization = q;
+  model::LayerWeights fp8 = base;
+  fp8.mla->kv_b_proj = view(kv_b.name, model::DType::kF8E4M3, kv_b.shape, bits.data(), bits.size());
+  fp8.fp8[kv_b.name] =
+      model::Fp8Scales{view(kv_b.name + "_scale_inv", model::DType::kF32, {block_rows, block_cols},
+                            scales.data(), scales.size() * sizeof(float)),
+                       std::nullopt};
+  model::LayerWeights dense = base;
+  dense.mla->kv_b_proj = view(kv_b.name, model::DType::kF32, kv_b.shape, dequantized.data(),
+                              dequantized.size() * sizeof(float));
+
+  auto inv_freq = model::RopeInverseFrequencies(config);
+  ASSERT_TRUE(inv_freq.ok());
+  CpuWeightLoader loader;
+  auto from_fp8 = CpuMlaAttention::Prepare(config, fp8, *inv_freq, &loader);
+  ASSERT_TRUE(from_fp8.ok()) << from_fp8.status();
+  auto from_dense = CpuMlaAttention::Prepare(m->config, dense, *inv_freq, &loader);
+  ASSERT_TRUE(from_dense.ok()) << from_dense.status();
+
+  const int n = 6, H = 64;
+  std::vector<float> x(n * H);
+  for (int i = 0; i < n * H; ++i) x[i] = std::cos(0.1f * i);
+  ForwardBatch batch;
+  batch.block_table_stride = 4;
+  batch.AddSequence(std::vector<int32_t>(n, 1), 0, {0, 1, 2, 3}, 4, true);
+  const int64_t L = config.mla->latent_dim();
+  std::vector<float> cache_a(16 * L), cache_b(16 * L), out_a(n * H), out_b(n * H);
+  MlaScratch scratch;
+  from_fp8->Run(kernels::cpu::DefaultCpuContext(), kernels::ReferenceCpuKernels(), x.data(), batch,
+                {cache_a.data(), 16, L, 4}, MlaForm::kAbsorbed, &scratch, out_a.data());
+  from_dense->Run(kernels::cpu::DefaultCpuContext(), kernels::ReferenceCpuKernels(), x.data(),
+                  batch, {cache_b.data(), 16, L, 4}, MlaForm::kAbsorbed, &scratch, out_b.data());
+  EXPECT_EQ(out_a, out_b);
+  // And the FP8 values really differ from the original weights (the test
+  // would prove nothing otherwise).
+  EXPECT_NE(dequantized, *w);
 }
 
 TEST(MlaRunnerTest, TensorParallelismIsRefusedClearly) {
