@@ -138,14 +138,6 @@ absl::Status Fp8CopyPartOutput(const Bf16* src, int64_t rows, int64_t cols, Bf16
   return CheckLastLaunch("Fp8CopyPartOutput");
 }
 
-std::vector<float> Fp8LtWeightScales(const std::vector<float>& grid, int64_t rows, int64_t cols) {
-  std::vector<float> out(grid.size());
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = grid[r * cols + c];
-  }
-  return out;
-}
-
 struct Fp8BlockGemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;

@@ -19,7 +19,7 @@ __device__ __forceinline__ uint8_t ToE4m3(float x, float scale) {
 // One CTA per (token, group): the group's amax, then its e4m3 values.
 __global__ void QuantizeKernel(const __nv_bfloat16* __restrict__ x, int k, int group,
                                const float* __restrict__ static_scale, uint8_t* __restrict__ xq,
-                               float* __restrict__ xs, int groups, bool group_major) {
+                               float* __restrict__ xs, int groups) {
   const int t = blockIdx.y, g = blockIdx.x;
   const int start = g * group, end = min(k, start + group);
   const __nv_bfloat16* row = x + static_cast<int64_t>(t) * k;
@@ -47,7 +47,7 @@ __global__ void QuantizeKernel(const __nv_bfloat16* __restrict__ x, int k, int g
   for (int i = start + threadIdx.x; i < end; i += blockDim.x) {
     xq[static_cast<int64_t>(t) * k + i] = ToE4m3(__bfloat162float(row[i]), scale);
   }
-  if (threadIdx.x == 0) xs[group_major ? g * gridDim.y + t : t * groups + g] = scale;
+  if (threadIdx.x == 0) xs[t * groups + g] = scale;
 }
 
 __device__ __forceinline__ float2 E4m3PairToFloat2(uint16_t pair) {
@@ -152,7 +152,7 @@ absl::Status Fp8QuantizeActivations(const Bf16* x, int64_t m, int64_t k,
   const int groups = static_cast<int>((k + quant.group - 1) / quant.group);
   QuantizeKernel<<<dim3(groups, static_cast<unsigned>(m)), kQuantThreads, 0, AsCuda(stream)>>>(
       reinterpret_cast<const __nv_bfloat16*>(x), static_cast<int>(k), static_cast<int>(quant.group),
-      quant.static_scale, xq, xs, groups, quant.scales_group_major);
+      quant.static_scale, xq, xs, groups);
   return CheckLastLaunch("Fp8QuantizeActivations");
 }
 

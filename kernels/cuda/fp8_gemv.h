@@ -58,9 +58,6 @@ struct Fp8DeviceWeight {
 struct Fp8ActivationQuant {
   int64_t group = kFp8Block;
   const float* static_scale = nullptr;
-  // Scales as xs[g * m + t] (the layout cuBLASLt's VEC128 mode reads,
-  // fp8_gemm.h) instead of row-major xs[t * groups + g].
-  bool scales_group_major = false;
 };
 
 // INVALID_ARGUMENT for bad shapes or a group other than 128 / k.

@@ -58,11 +58,10 @@ kcu::Fp8DeviceWeight CudaFp8Part::device_weight() const {
   return {weight.as<uint8_t>(), rows, in, scales.as<float>(), row_block, block};
 }
 
-kcu::Fp8ActivationQuant CudaFp8Part::quant(bool group_major) const {
+kcu::Fp8ActivationQuant CudaFp8Part::quant() const {
   kcu::Fp8ActivationQuant q;
   q.group = activation == ActivationQuant::kDynamicTokenGroup ? kcu::kFp8Block : in;
   q.static_scale = activation == ActivationQuant::kStaticTensor ? input_scale.as<float>() : nullptr;
-  q.scales_group_major = group_major;
   return q;
 }
 
@@ -146,7 +145,7 @@ absl::Status DequantizedProduct(const PartCall& c, const CudaFp8Part& p) {
   const Bf16* x = c.x;
   if (p.activation != ActivationQuant::kNone) {
     RETURN_IF_ERROR(
-        kcu::Fp8QuantizeDequantizeBf16(c.x, c.tokens, p.in, p.quant(false), c.ws->qdq(), c.stream));
+        kcu::Fp8QuantizeDequantizeBf16(c.x, c.tokens, p.in, p.quant(), c.ws->qdq(), c.stream));
     x = c.ws->qdq();
   }
   Bf16* dst = c.alone ? c.y : c.ws->part_out();
@@ -159,7 +158,7 @@ absl::Status DequantizedProduct(const PartCall& c, const CudaFp8Part& p) {
 // the FP8 GEMV into `dst` rows (ld `ld`).
 absl::Status GemvRows(const PartCall& c, const CudaFp8Part& p, int64_t first, int64_t n,
                       const float* bias, Bf16* dst, int64_t ld, float* xs) {
-  const kcu::Fp8ActivationQuant q = p.quant(false);
+  const kcu::Fp8ActivationQuant q = p.quant();
   uint8_t* xq = c.ws->xq() + first * p.in;
   RETURN_IF_ERROR(kcu::Fp8QuantizeActivations(c.x + first * p.in, n, p.in, q, xq, xs, c.stream));
   return kcu::Fp8GemvBf16(xq, xs, n, q.group, p.device_weight(), bias, dst + first * ld, ld,
@@ -173,10 +172,10 @@ absl::Status CublasLtProduct(const PartCall& c, const CudaFp8Part& p) {
   Bf16* dst = c.alone ? c.y : c.ws->part_out();
   const int64_t ld = p.rows;  // alone: the linear's out
   if (m16 > 0) {
-    RETURN_IF_ERROR(kcu::Fp8QuantizeActivations(c.x, m16, p.in, p.quant(true), c.ws->xq(),
-                                                c.ws->xs(), c.stream));
+    RETURN_IF_ERROR(
+        kcu::Fp8QuantizeActivations(c.x, m16, p.in, p.quant(), c.ws->xq(), c.ws->xs(), c.stream));
     RETURN_IF_ERROR(c.ws->lt()->Run(c.ws->xq(), c.ws->xs(), m16, p.weight.as<uint8_t>(),
-                                    p.lt_scales.as<float>(), p.rows, p.in, dst, c.stream));
+                                    p.scales.as<float>(), p.rows, p.in, dst, c.stream));
   }
   for (int64_t t = m16; t < c.tokens; t += kcu::kFp8GemvMaxRows) {
     const int64_t n = std::min<int64_t>(kcu::kFp8GemvMaxRows, c.tokens - t);
@@ -210,7 +209,7 @@ absl::Status CudaLinear::ApplyFp8(kcu::GemmContext& gemm, const Bf16* x, int64_t
       RETURN_IF_ERROR(DequantizedProduct(c, p));
       continue;
     }
-    const kcu::Fp8ActivationQuant q = p.quant(false);
+    const kcu::Fp8ActivationQuant q = p.quant();
     if (rows <= kcu::kFp8GemvMaxRows &&
         kcu::Fp8GemvApplicable(rows, p.in, fp8_workspace->xq(), p.device_weight(), q.group)) {
       if (quantized != nullptr && quantized->QuantizesLike(p)) {

@@ -59,7 +59,6 @@ std::string_view CudaFp8PrefillName(CudaFp8Prefill p);
 struct CudaFp8Part {
   kernels::cuda::DeviceBuffer weight;       // e4m3 [rows, in]
   kernels::cuda::DeviceBuffer scales;       // fp32 [ceil(rows / row_block), ceil(in / block)]
-  kernels::cuda::DeviceBuffer lt_scales;    // the grid transposed (kCublasLtBlock only)
   kernels::cuda::DeviceBuffer input_scale;  // fp32 [1]: static activations; empty otherwise
   float input_scale_value = 0.f;            // its value (parts that share x's quantization)
   int64_t first_row = 0, rows = 0, in = 0;
@@ -70,7 +69,7 @@ struct CudaFp8Part {
 
   kernels::cuda::Fp8DeviceWeight device_weight() const;
   // The activation quantizer's settings (kNone: not quantized).
-  kernels::cuda::Fp8ActivationQuant quant(bool group_major) const;
+  kernels::cuda::Fp8ActivationQuant quant() const;
   bool QuantizesLike(const CudaFp8Part& other) const;
 };
 

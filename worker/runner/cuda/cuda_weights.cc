@@ -267,10 +267,6 @@ absl::StatusOr<CudaFp8Part> UploadFp8Part(HostFp8Part h, bool biased, const std:
                   ? CudaFp8Prefill::kCublasLtBlock
                   : CudaFp8Prefill::kDequantize;
   *bytes += static_cast<int64_t>(h.bytes.size() + h.grid.size() * sizeof(float));
-  if (p.prefill == CudaFp8Prefill::kCublasLtBlock) {
-    ASSIGN_OR_RETURN(p.lt_scales, Upload(kcu::Fp8LtWeightScales(h.grid, h.grid_rows, h.grid_cols()),
-                                         name + " FP8 scales (cuBLASLt)"));
-  }
   ASSIGN_OR_RETURN(p.weight, Upload(std::move(h.bytes), name + " e4m3 weight"));
   ASSIGN_OR_RETURN(p.scales, Upload(std::move(h.grid), name + " FP8 scales"));
   if (h.activation == model::ActivationQuant::kStaticTensor) {
