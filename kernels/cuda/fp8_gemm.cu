@@ -157,13 +157,12 @@ absl::StatusOr<std::unique_ptr<Fp8BlockGemm>> Fp8BlockGemm::Create() {
 
 Fp8BlockGemm::~Fp8BlockGemm() = default;
 
-absl::Status Fp8BlockGemm::Run(const uint8_t* xq, const float* xs_group_major, int64_t m,
-                               const uint8_t* w, const float* lt_scales, int64_t n, int64_t k,
-                               Bf16* y, CudaStream stream) {
-  if (xq == nullptr || xs_group_major == nullptr || w == nullptr || lt_scales == nullptr ||
-      y == nullptr || m < 16 || n < 16 || k < 16 || m % 16 != 0 || n % 16 != 0 || k % 16 != 0 ||
-      m > (int64_t{1} << 30) || n > (int64_t{1} << 30) || k > (int64_t{1} << 30) ||
-      !Aligned16(xq) || !Aligned16(w) || !Aligned16(y)) {
+absl::Status Fp8BlockGemm::Run(const uint8_t* xq, const float* xs, int64_t m, const uint8_t* w,
+                               const float* ws, int64_t n, int64_t k, Bf16* y, CudaStream stream) {
+  if (xq == nullptr || xs == nullptr || w == nullptr || ws == nullptr || y == nullptr || m < 16 ||
+      n < 16 || k < 16 || m % 16 != 0 || n % 16 != 0 || k % 16 != 0 || m > (int64_t{1} << 30) ||
+      n > (int64_t{1} << 30) || k > (int64_t{1} << 30) || !Aligned16(xq) || !Aligned16(w) ||
+      !Aligned16(y)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Fp8BlockGemm: m ", m, ", n ", n, ", k ", k,
         " must be multiples of 16 with 16-byte aligned operands (cuBLASLt's FP8 path)"));
@@ -193,10 +192,10 @@ absl::Status Fp8BlockGemm::Run(const uint8_t* xq, const float* xs_group_major, i
                                                   sizeof(a_mode)));
     TESSERA_FP8_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode,
                                                   sizeof(b_mode)));
-    TESSERA_FP8_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                                  &lt_scales, sizeof(lt_scales)));
-    TESSERA_FP8_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                                  &xs_group_major, sizeof(xs_group_major)));
+    TESSERA_FP8_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws,
+                                                  sizeof(ws)));
+    TESSERA_FP8_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs,
+                                                  sizeof(xs)));
     TESSERA_FP8_LT(cublasLtMatrixLayoutCreate(&a, CUDA_R_8F_E4M3, k, n, k));
     TESSERA_FP8_LT(cublasLtMatrixLayoutCreate(&b, CUDA_R_8F_E4M3, k, m, k));
     TESSERA_FP8_LT(cublasLtMatrixLayoutCreate(&d, CUDA_R_16BF, n, m, n));

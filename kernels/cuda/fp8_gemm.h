@@ -62,10 +62,10 @@ class Fp8BlockGemm {
   Fp8BlockGemm& operator=(const Fp8BlockGemm&) = delete;
 
   // y[m, n] bf16 = sum over K of (xq xs)(Wq ws) per 128-block; xs and
-  // lt_scales in the layouts above. INVALID_ARGUMENT for shapes cuBLASLt's
+  // ws in the layouts above. INVALID_ARGUMENT for shapes cuBLASLt's
   // FP8 path does not take; INTERNAL with cuBLASLt's status otherwise.
-  absl::Status Run(const uint8_t* xq, const float* xs_group_major, int64_t m, const uint8_t* w,
-                   const float* lt_scales, int64_t n, int64_t k, Bf16* y, CudaStream stream);
+  absl::Status Run(const uint8_t* xq, const float* xs, int64_t m, const uint8_t* w, const float* ws,
+                   int64_t n, int64_t k, Bf16* y, CudaStream stream);
 
  private:
   Fp8BlockGemm() = default;

@@ -50,9 +50,7 @@ absl::Status MakeFp8(const kcu::DeviceBuffer& pool, int64_t out, int64_t in,
   const int64_t grid = Blocks(out) * Blocks(in);
   ASSIGN_OR_RETURN(p.weight, TiledBytes(pool, out * in, what));
   ASSIGN_OR_RETURN(p.scales, Constant(grid, 0.03f / 448, what + " scales"));
-  if (prefill == runner::CudaFp8Prefill::kCublasLtBlock) {
-    ASSIGN_OR_RETURN(p.lt_scales, Constant(grid, 0.03f / 448, what + " scales (cuBLASLt)"));
-  } else {
+  if (prefill != runner::CudaFp8Prefill::kCublasLtBlock) {
     needs->max_dequant_elems = std::max(needs->max_dequant_elems, out * in);
     needs->qdq = true;
   }
