@@ -54,8 +54,8 @@ absl::Status CheckArgs(const MoeExpertsArgs& a) {
 }
 
 absl::Status RunPairs(const MoeExpertsArgs& a, Bf16* act, CudaStream stream) {
-  const MoePairGemvArgs p{a.x,       a.num_tokens, a.ids, a.weights, a.top_k,      a.first_expert,
-                          a.experts, a.shared,     act,   a.out,     a.pair_kernel};
+  const MoePairGemvArgs p{a.x,       a.num_tokens, a.ids, a.weights, a.top_k, a.first_expert,
+                          a.experts, a.shared,     act,   a.out};
   if (absl::Status s = MoePairGemvGateUp(p, stream); !s.ok()) return s;
   return MoePairGemvDownCombine(p, stream);
 }
@@ -95,8 +95,8 @@ absl::Status MoeExperts(const MoeExpertsArgs& a, CudaStream stream) {
     s = MoeGemmGateUp(a.x, a.num_tokens, a.experts, g, act, stream, a.gemm_kernel);
     if (s.ok()) s = MoeGemmDown(act, a.num_tokens, a.experts, g, y, stream, a.gemm_kernel);
   } else {
-    s = MoeGemvGateUp(a.x, a.num_tokens, a.experts, g, act, stream, a.gemv_kernel);
-    if (s.ok()) s = MoeGemvDown(act, a.num_tokens, a.experts, g, y, stream, a.gemv_kernel);
+    s = MoeGemvGateUp(a.x, a.num_tokens, a.experts, g, act, stream);
+    if (s.ok()) s = MoeGemvDown(act, a.num_tokens, a.experts, g, y, stream);
   }
   if (!s.ok()) return s;
   return MoeCombine(

@@ -127,8 +127,6 @@ struct Variant {
   MoeExpertsPath path;
   MoeGemmKernelKind kernel;
   const char* name;
-  MoePairGemvKernel pair = MoePairGemvKernel::kAuto;
-  MoeGemvKernel gemv = MoeGemvKernel::kAuto;
 };
 
 // The problem's buffers on the device and one MoeExperts call over them.
@@ -157,8 +155,6 @@ struct DeviceProblem {
     args.max_tokens = max_tokens;
     args.path = variant.path;
     args.gemm_kernel = variant.kernel;
-    args.pair_kernel = variant.pair;
-    args.gemv_kernel = variant.gemv;
     args.workspace_bytes = MoeExpertsWorkspaceBytes(max_tokens, p.top_k, args.experts);
     workspace = Zeros(args.workspace_bytes);
     args.workspace = workspace.data();
@@ -189,13 +185,7 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want) 
 
 constexpr Variant kGemvPairs{MoeExpertsPath::kGemvPairs, MoeGemmKernelKind::kAuto,
                              "pair-major gemv"};
-constexpr Variant kGemvPairsUnrolled{MoeExpertsPath::kGemvPairs, MoeGemmKernelKind::kAuto,
-                                     "pair-major gemv, unrolled", MoePairGemvKernel::kUnrolled};
-constexpr Variant kGemvPairsPrefetch8{MoeExpertsPath::kGemvPairs, MoeGemmKernelKind::kAuto,
-                                      "pair-major gemv, prefetch 8", MoePairGemvKernel::kPrefetch8};
 constexpr Variant kGemv{MoeExpertsPath::kGemv, MoeGemmKernelKind::kAuto, "gemv"};
-constexpr Variant kGemvUnrolled{MoeExpertsPath::kGemv, MoeGemmKernelKind::kAuto, "gemv, unrolled",
-                                MoePairGemvKernel::kAuto, MoeGemvKernel::kUnrolled};
 constexpr Variant kGemmMmaSync{MoeExpertsPath::kGroupedGemm, MoeGemmKernelKind::kMmaSync,
                                "grouped gemm, mma.sync"};
 constexpr Variant kGemmAuto{MoeExpertsPath::kGroupedGemm, MoeGemmKernelKind::kAuto,
@@ -203,7 +193,7 @@ constexpr Variant kGemmAuto{MoeExpertsPath::kGroupedGemm, MoeGemmKernelKind::kAu
 
 // Every variant that can run the problem's shapes.
 std::vector<Variant> Variants(const Problem& p) {
-  std::vector<Variant> v = {kGemvPairs, kGemvPairsUnrolled, kGemv, kGemvUnrolled};
+  std::vector<Variant> v = {kGemvPairs, kGemv};
   if (MoeGroupedGemmSupports(p.hidden, p.inter)) {
     v.push_back(kGemmMmaSync);
     v.push_back(kGemmAuto);
@@ -496,9 +486,6 @@ TEST(CudaMoeExpertsTest, PairGemvEqualsTheGroupedGemvBitwise) {
   for (const Problem* p : {&one, &ep, &odd, &wide, &many}) {
     const std::vector<float> grouped = RunGpu(*p, kGemv);
     EXPECT_EQ(RunGpu(*p, kGemvPairs), grouped) << p->tokens << " tokens";
-    EXPECT_EQ(RunGpu(*p, kGemvPairsUnrolled), grouped) << p->tokens << " tokens, unrolled";
-    EXPECT_EQ(RunGpu(*p, kGemvPairsPrefetch8), grouped) << p->tokens << " tokens, prefetch 8";
-    EXPECT_EQ(RunGpu(*p, kGemvUnrolled), grouped) << p->tokens << " tokens, grouped unrolled";
   }
 }
 

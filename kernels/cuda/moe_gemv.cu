@@ -122,135 +122,6 @@ __global__ void __launch_bounds__(kThreads) MoeGemvDownKernel(DownArgs a) {
   }
 }
 
-// kPrefetch: the warp's first kPrefetchIters vectors of its weight row(s)
-// loaded into registers before any FMA and kept for every pass of rows;
-// the lane sums keep the column order of the kernels above (same bits).
-constexpr int kGateUpPrefetchIters = 8;  // 2048 columns of gate and of up
-constexpr int kDownPrefetchIters = 4;    // 1024 columns of down
-
-__global__ void __launch_bounds__(kThreads) MoeGemvGateUpPrefetchKernel(GateUpArgs a) {
-  int expert;
-  int32_t first_row, rows;
-  if (!SlotExpert(a.g, &expert, &first_row, &rows)) return;
-  const int64_t H = a.w.hidden, I = a.w.inter;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (n >= I) return;
-  const int lane = threadIdx.x & 31;
-  const Bf16* gate = a.w.gate_up + (expert * 2 * I + n) * H;
-  const Bf16* up = gate + I * H;
-  uint4 pg[kGateUpPrefetchIters], pu[kGateUpPrefetchIters];
-#pragma unroll
-  for (int i = 0; i < kGateUpPrefetchIters; ++i) {
-    const int64_t k = static_cast<int64_t>(i) * kStride + lane * 8;
-    pg[i] = k < H ? LoadWeight(gate + k) : uint4{};
-    pu[i] = k < H ? LoadWeight(up + k) : uint4{};
-  }
-  for (int32_t r0 = 0; r0 < rows; r0 += kRowsPerPass) {
-    const int count = min(kRowsPerPass, rows - r0);
-    const Bf16* x[kRowsPerPass];
-#pragma unroll
-    for (int i = 0; i < kRowsPerPass; ++i) {
-      x[i] = a.x + a.g.row_token[first_row + r0 + min(i, count - 1)] * H;
-    }
-    float sg[kRowsPerPass] = {}, su[kRowsPerPass] = {};
-#pragma unroll
-    for (int it = 0; it < kGateUpPrefetchIters; ++it) {
-      const int64_t k = static_cast<int64_t>(it) * kStride + lane * 8;
-      if (k >= H) break;
-      float wg[8], wu[8];
-      Unpack8(pg[it], wg);
-      Unpack8(pu[it], wu);
-#pragma unroll
-      for (int i = 0; i < kRowsPerPass; ++i) {
-        if (i >= count) break;
-        float xv[8];
-        Unpack8(LoadInput(x[i] + k), xv);
-        sg[i] = Dot8(sg[i], wg, xv);
-        su[i] = Dot8(su[i], wu, xv);
-      }
-    }
-#pragma unroll 2
-    for (int64_t k = static_cast<int64_t>(kGateUpPrefetchIters) * kStride + lane * 8; k < H;
-         k += kStride) {
-      float wg[8], wu[8];
-      Unpack8(LoadWeight(gate + k), wg);
-      Unpack8(LoadWeight(up + k), wu);
-#pragma unroll
-      for (int i = 0; i < kRowsPerPass; ++i) {
-        if (i >= count) break;
-        float xv[8];
-        Unpack8(LoadInput(x[i] + k), xv);
-        sg[i] = Dot8(sg[i], wg, xv);
-        su[i] = Dot8(su[i], wu, xv);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kRowsPerPass; ++i) {
-      if (i >= count) break;
-      const float g = WarpSum(sg[i]), u = WarpSum(su[i]);
-      if (lane == 0) {
-        a.act[(first_row + r0 + i) * I + n] =
-            FloatToBf16Bits(SiluTimes(RoundBf16(g), RoundBf16(u)));
-      }
-    }
-  }
-}
-
-__global__ void __launch_bounds__(kThreads) MoeGemvDownPrefetchKernel(DownArgs a) {
-  int expert;
-  int32_t first_row, rows;
-  if (!SlotExpert(a.g, &expert, &first_row, &rows)) return;
-  const int64_t H = a.w.hidden, I = a.w.inter;
-  const int64_t h = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (h >= H) return;
-  const int lane = threadIdx.x & 31;
-  const Bf16* down = a.w.down + (expert * H + h) * I;
-  uint4 pw[kDownPrefetchIters];
-#pragma unroll
-  for (int i = 0; i < kDownPrefetchIters; ++i) {
-    const int64_t k = static_cast<int64_t>(i) * kStride + lane * 8;
-    pw[i] = k < I ? LoadWeight(down + k) : uint4{};
-  }
-  for (int32_t r0 = 0; r0 < rows; r0 += kRowsPerPass) {
-    const int count = min(kRowsPerPass, rows - r0);
-    const Bf16* act = a.act + (first_row + r0) * I;
-    float s[kRowsPerPass] = {};
-#pragma unroll
-    for (int it = 0; it < kDownPrefetchIters; ++it) {
-      const int64_t k = static_cast<int64_t>(it) * kStride + lane * 8;
-      if (k >= I) break;
-      float wv[8];
-      Unpack8(pw[it], wv);
-#pragma unroll
-      for (int i = 0; i < kRowsPerPass; ++i) {
-        if (i >= count) break;
-        float av[8];
-        Unpack8(LoadInput(act + i * I + k), av);
-        s[i] = Dot8(s[i], wv, av);
-      }
-    }
-#pragma unroll 2
-    for (int64_t k = static_cast<int64_t>(kDownPrefetchIters) * kStride + lane * 8; k < I;
-         k += kStride) {
-      float wv[8];
-      Unpack8(LoadWeight(down + k), wv);
-#pragma unroll
-      for (int i = 0; i < kRowsPerPass; ++i) {
-        if (i >= count) break;
-        float av[8];
-        Unpack8(LoadInput(act + i * I + k), av);
-        s[i] = Dot8(s[i], wv, av);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kRowsPerPass; ++i) {
-      if (i >= count) break;
-      const float v = WarpSum(s[i]);
-      if (lane == 0) a.y[(first_row + r0 + i) * H + h] = FloatToBf16Bits(v);
-    }
-  }
-}
-
 dim3 Grid(int64_t columns, int64_t num_tokens, const MoeGroups& g) {
   const int64_t slots = MoeMaxActiveExperts(num_tokens, g.top_k, g.num_experts);
   return dim3(static_cast<unsigned>((columns + kWarps - 1) / kWarps), static_cast<unsigned>(slots));
@@ -269,35 +140,26 @@ absl::Status CheckSlots(int64_t num_tokens, const MoeGroups& g, absl::string_vie
 }  // namespace
 
 absl::Status MoeGemvGateUp(const Bf16* x, int64_t num_tokens, const MoeExpertWeights& w,
-                           const MoeGroups& g, Bf16* act, CudaStream stream, MoeGemvKernel kernel) {
+                           const MoeGroups& g, Bf16* act, CudaStream stream) {
   if (absl::Status s = ValidateMoeExpertStep("MoeGemvGateUp", w, g, num_tokens, x, act); !s.ok()) {
     return s;
   }
   if (num_tokens == 0) return absl::OkStatus();
   if (absl::Status s = CheckSlots(num_tokens, g, "MoeGemvGateUp"); !s.ok()) return s;
   const GateUpArgs args{x, w, g, act};
-  if (kernel == MoeGemvKernel::kUnrolled) {
-    MoeGemvGateUpKernel<<<Grid(w.inter, num_tokens, g), kThreads, 0, AsCuda(stream)>>>(args);
-  } else {
-    MoeGemvGateUpPrefetchKernel<<<Grid(w.inter, num_tokens, g), kThreads, 0, AsCuda(stream)>>>(
-        args);
-  }
+  MoeGemvGateUpKernel<<<Grid(w.inter, num_tokens, g), kThreads, 0, AsCuda(stream)>>>(args);
   return CheckLastLaunch("MoeGemvGateUp");
 }
 
 absl::Status MoeGemvDown(const Bf16* act, int64_t num_tokens, const MoeExpertWeights& w,
-                         const MoeGroups& g, Bf16* y, CudaStream stream, MoeGemvKernel kernel) {
+                         const MoeGroups& g, Bf16* y, CudaStream stream) {
   if (absl::Status s = ValidateMoeExpertStep("MoeGemvDown", w, g, num_tokens, act, y); !s.ok()) {
     return s;
   }
   if (num_tokens == 0) return absl::OkStatus();
   if (absl::Status s = CheckSlots(num_tokens, g, "MoeGemvDown"); !s.ok()) return s;
   const DownArgs args{act, w, g, y};
-  if (kernel == MoeGemvKernel::kUnrolled) {
-    MoeGemvDownKernel<<<Grid(w.hidden, num_tokens, g), kThreads, 0, AsCuda(stream)>>>(args);
-  } else {
-    MoeGemvDownPrefetchKernel<<<Grid(w.hidden, num_tokens, g), kThreads, 0, AsCuda(stream)>>>(args);
-  }
+  MoeGemvDownKernel<<<Grid(w.hidden, num_tokens, g), kThreads, 0, AsCuda(stream)>>>(args);
   return CheckLastLaunch("MoeGemvDown");
 }
 

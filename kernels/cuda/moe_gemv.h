@@ -27,21 +27,13 @@
 
 namespace tessera::kernels::cuda {
 
-// The kernels' load schedules (the same sums, the same bits): kUnrolled
-// loops unrolled twice; kPrefetch loads each warp's first 2048 gate and up
-// columns (1024 down columns) into registers before any FMA and keeps them
-// for every pass of 8 rows. kAuto is kPrefetch (moe_kernels_h200.json).
-enum class MoeGemvKernel { kAuto, kUnrolled, kPrefetch };
-
 // x bf16 [num_tokens, H]; act bf16 [g.max_tokens * k, I] (rows past the
 // grouped rows untouched). g is the grouping of this step's ids.
 absl::Status MoeGemvGateUp(const Bf16* x, int64_t num_tokens, const MoeExpertWeights& w,
-                           const MoeGroups& g, Bf16* act, CudaStream stream,
-                           MoeGemvKernel kernel = MoeGemvKernel::kAuto);
+                           const MoeGroups& g, Bf16* act, CudaStream stream);
 
 // act as MoeGemvGateUp wrote it; y bf16 [g.max_tokens * k, H].
 absl::Status MoeGemvDown(const Bf16* act, int64_t num_tokens, const MoeExpertWeights& w,
-                         const MoeGroups& g, Bf16* y, CudaStream stream,
-                         MoeGemvKernel kernel = MoeGemvKernel::kAuto);
+                         const MoeGroups& g, Bf16* y, CudaStream stream);
 
 }  // namespace tessera::kernels::cuda

@@ -50,112 +50,12 @@ __global__ void __launch_bounds__(kThreads) PairGateUpKernel(MoePairGemvArgs a) 
 }
 
 // CTA (row block, token t): warp w computes out[t, 8 * block + w] over the
-// token's held experts in ascending order, kExpertsPerPass at a time.
-__global__ void __launch_bounds__(kThreads) PairDownCombineKernel(MoePairGemvArgs a) {
-  __shared__ OrderedPair pairs[kMoeMaxTopK];
-  __shared__ int count;
-  const int64_t t = blockIdx.y;
-  const int64_t H = a.experts.hidden, I = a.experts.inter;
-  if (threadIdx.x == 0) {
-    const int64_t base = t * a.top_k;
-    // The pair's act row is the pair itself; OrderedPair::expert keeps the
-    // global id (the sort key), the local one is recomputed below.
-    count = OrderTokenPairs(
-        a.ids, a.weights, a.top_k, t,
-        [&](int j) { return LocalExpert(a, base + j) >= 0 ? static_cast<int32_t>(base + j) : -1; },
-        pairs);
-  }
-  __syncthreads();
-  const int64_t h = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (h >= H) return;
-  const int lane = threadIdx.x & 31;
-  float acc = 0.0f;
-  for (int i0 = 0; i0 < count; i0 += kExpertsPerPass) {
-    const int n = min(kExpertsPerPass, count - i0);
-    const Bf16* w[kExpertsPerPass];
-    const Bf16* act[kExpertsPerPass];
-#pragma unroll
-    for (int u = 0; u < kExpertsPerPass; ++u) {
-      const OrderedPair& pair = pairs[i0 + min(u, n - 1)];
-      w[u] = a.experts.down + ((pair.expert - a.first_expert) * H + h) * I;
-      act[u] = a.act + static_cast<int64_t>(pair.row) * I;
-    }
-    float s[kExpertsPerPass] = {};
-#pragma unroll 2
-    for (int64_t k = lane * 8; k < I; k += kStride) {
-#pragma unroll
-      for (int u = 0; u < kExpertsPerPass; ++u) {
-        if (u >= n) break;
-        float wv[8], av[8];
-        Unpack8(LoadWeight(w[u] + k), wv);
-        Unpack8(LoadInput(act[u] + k), av);
-        s[u] = Dot8(s[u], wv, av);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kExpertsPerPass; ++u) {
-      if (u >= n) break;
-      acc = fmaf(pairs[i0 + u].weight, RoundBf16(WarpSum(s[u])), acc);
-    }
-  }
-  if (a.shared != nullptr) acc = fmaf(1.0f, Bf16BitsToFloat(a.shared[t * H + h]), acc);
-  if (lane == 0) a.out[t * H + h] = FloatToBf16Bits(acc);
-}
-
-// Prefetched gate/up (kPrefetch4, kPrefetch8): the warp's first kGateUpIters * kStride columns of
-// its gate and up rows loaded before any FMA; the lane sums keep the
-// column order of PairGateUpKernel.
-constexpr int kGateUpIters = 8;
-
-__global__ void __launch_bounds__(kThreads) PairGateUpPrefetchKernel(MoePairGemvArgs a) {
-  const int64_t p = blockIdx.y;
-  const int expert = LocalExpert(a, p);
-  if (expert < 0) return;
-  const int64_t H = a.experts.hidden, I = a.experts.inter;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (n >= I) return;
-  const int lane = threadIdx.x & 31;
-  const Bf16* gate = a.experts.gate_up + (expert * 2 * I + n) * H;
-  const Bf16* up = gate + I * H;
-  const Bf16* x = a.x + (p / a.top_k) * H;
-  uint4 wg[kGateUpIters], wu[kGateUpIters];
-#pragma unroll
-  for (int i = 0; i < kGateUpIters; ++i) {
-    const int64_t k = static_cast<int64_t>(i) * kStride + lane * 8;
-    wg[i] = k < H ? LoadWeight(gate + k) : uint4{};
-    wu[i] = k < H ? LoadWeight(up + k) : uint4{};
-  }
-  float sg = 0.0f, su = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kGateUpIters; ++i) {
-    const int64_t k = static_cast<int64_t>(i) * kStride + lane * 8;
-    if (k >= H) break;
-    float g[8], u[8], xv[8];
-    Unpack8(wg[i], g);
-    Unpack8(wu[i], u);
-    Unpack8(LoadInput(x + k), xv);
-    sg = Dot8(sg, g, xv);
-    su = Dot8(su, u, xv);
-  }
-#pragma unroll 2
-  for (int64_t k = static_cast<int64_t>(kGateUpIters) * kStride + lane * 8; k < H; k += kStride) {
-    float g[8], u[8], xv[8];
-    Unpack8(LoadWeight(gate + k), g);
-    Unpack8(LoadWeight(up + k), u);
-    Unpack8(LoadInput(x + k), xv);
-    sg = Dot8(sg, g, xv);
-    su = Dot8(su, u, xv);
-  }
-  const float g = WarpSum(sg), u = WarpSum(su);
-  if (lane == 0) a.act[p * I + n] = FloatToBf16Bits(SiluTimes(RoundBf16(g), RoundBf16(u)));
-}
-
-// Prefetched down + combine: kDownPass experts per pass, the first
+// token's held experts in ascending order, kDownPass at a time, the first
 // kDownIters * kStride columns of each loaded before any FMA.
 constexpr int kDownIters = 3;
 
 template <int kDownPass>
-__global__ void __launch_bounds__(kThreads) PairDownCombinePrefetchKernel(MoePairGemvArgs a) {
+__global__ void __launch_bounds__(kThreads) PairDownCombineKernel(MoePairGemvArgs a) {
   __shared__ OrderedPair pairs[kMoeMaxTopK];
   __shared__ int count;
   const int64_t t = blockIdx.y;
@@ -224,9 +124,6 @@ __global__ void __launch_bounds__(kThreads) PairDownCombinePrefetchKernel(MoePai
   if (lane == 0) a.out[t * H + h] = FloatToBf16Bits(acc);
 }
 
-bool Prefetched(const MoePairGemvArgs& a) { return a.kernel != MoePairGemvKernel::kUnrolled; }
-bool Prefetch8(const MoePairGemvArgs& a) { return a.kernel == MoePairGemvKernel::kPrefetch8; }
-
 absl::Status Check(const MoePairGemvArgs& a, absl::string_view what) {
   if (absl::Status s = ValidateMoeExpertWeights(a.experts, what); !s.ok()) return s;
   if (a.top_k < 1 || a.top_k > kMoeMaxTopK || a.num_tokens < 0 || a.num_tokens * a.top_k > 65535) {
@@ -248,11 +145,7 @@ absl::Status MoePairGemvGateUp(const MoePairGemvArgs& a, CudaStream stream) {
   if (a.num_tokens == 0) return absl::OkStatus();
   const dim3 grid(static_cast<unsigned>((a.experts.inter + kWarps - 1) / kWarps),
                   static_cast<unsigned>(a.num_tokens * a.top_k));
-  if (Prefetched(a)) {
-    PairGateUpPrefetchKernel<<<grid, kThreads, 0, AsCuda(stream)>>>(a);
-  } else {
-    PairGateUpKernel<<<grid, kThreads, 0, AsCuda(stream)>>>(a);
-  }
+  PairGateUpKernel<<<grid, kThreads, 0, AsCuda(stream)>>>(a);
   return CheckLastLaunch("MoePairGemvGateUp");
 }
 
@@ -261,13 +154,7 @@ absl::Status MoePairGemvDownCombine(const MoePairGemvArgs& a, CudaStream stream)
   if (a.num_tokens == 0) return absl::OkStatus();
   const dim3 grid(static_cast<unsigned>((a.experts.hidden + kWarps - 1) / kWarps),
                   static_cast<unsigned>(a.num_tokens));
-  if (Prefetch8(a)) {
-    PairDownCombinePrefetchKernel<8><<<grid, kThreads, 0, AsCuda(stream)>>>(a);
-  } else if (Prefetched(a)) {
-    PairDownCombinePrefetchKernel<4><<<grid, kThreads, 0, AsCuda(stream)>>>(a);
-  } else {
-    PairDownCombineKernel<<<grid, kThreads, 0, AsCuda(stream)>>>(a);
-  }
+  PairDownCombineKernel<kExpertsPerPass><<<grid, kThreads, 0, AsCuda(stream)>>>(a);
   return CheckLastLaunch("MoePairGemvDownCombine");
 }
 

@@ -13,13 +13,13 @@
 //     MoeRoute), the fused fp32 router (moe_router.h) at T <= 64 (plain and
 //     programmatic launch) and the hi/lo split router at T >= 64, with the
 //     router weights cycled over 128 layer copies (64 MB > L2);
-//   - the pair-GEMV load schedules (MoePairGemvKernel) at T = 1, 8, each
-//     kernel alone and the pair path whole ("pair_kernels");
+//   - the pair GEMVs at T = 1, 8, each kernel alone and the pair path
+//     whole ("pair_kernels");
 //   - the grouped GEMV against the grouped GEMM at T = 16 .. 128, for
 //     kMoeGemvMaxTokens ("crossover");
 //   - one whole sparse layer at batch 1 from the residual ("layer_b1"):
-//     the old sequence (router GEMV of xb, MoeRoute, unrolled pair GEMVs)
-//     against the new (fused fp32 router, prefetched pair GEMVs).
+//     the bf16 router (GEMV of xb, MoeRoute) against the fused fp32 router,
+//     each followed by the pair GEMVs.
 // A summary table goes to stderr.
 // Each result reports the bytes of the experts the step selected (each
 // read once) over the time, as a fraction of a device-to-device copy's
@@ -226,11 +226,9 @@ nlohmann::json StageTimes(const Step& st, const Layers& layers, bool gemm, MoeGe
 }
 
 nlohmann::json Measure(const Step& st, const Layers& layers, MoeExpertsPath path,
-                       MoeGemmKernelKind kernel, double copy_bw, CudaStream s,
-                       MoeGemvKernel gemv = MoeGemvKernel::kAuto) {
+                       MoeGemmKernelKind kernel, double copy_bw, CudaStream s) {
   const double sec = TimeIt(s, [&](int i) {
     MoeExpertsArgs a = ExpertsArgs(st, layers.At(i), path, kernel);
-    a.gemv_kernel = gemv;
     return MoeExperts(a, s);
   });
   const double bytes =
@@ -239,11 +237,10 @@ nlohmann::json Measure(const Step& st, const Layers& layers, MoeExpertsPath path
   const bool gemm = path == MoeExpertsPath::kGroupedGemm;
   nlohmann::json j;
   j["tokens"] = st.tokens;
-  j["path"] = path == MoeExpertsPath::kGemvPairs          ? "gemv_pairs"
-              : !gemm && gemv == MoeGemvKernel::kUnrolled ? "gemv_unrolled"
-              : !gemm                                     ? "gemv"
-              : kernel == MoeGemmKernelKind::kMmaSync     ? "grouped_gemm_mma_sync"
-                                                          : "grouped_gemm_auto";
+  j["path"] = path == MoeExpertsPath::kGemvPairs      ? "gemv_pairs"
+              : !gemm                                 ? "gemv"
+              : kernel == MoeGemmKernelKind::kMmaSync ? "grouped_gemm_mma_sync"
+                                                      : "grouped_gemm_auto";
   j["us"] = sec * 1e6;
   j["selected_experts"] = st.selected_experts;
   j["selected_bytes"] = bytes;
@@ -366,42 +363,25 @@ nlohmann::json RouterTimes(GemmContext& gemm, CudaStream s) {
 
 // ---- pair GEMV schedules ----
 
-const char* PairKernelName(MoePairGemvKernel k) {
-  switch (k) {
-    case MoePairGemvKernel::kUnrolled:
-      return "unrolled";
-    case MoePairGemvKernel::kPrefetch4:
-      return "prefetch4";
-    case MoePairGemvKernel::kPrefetch8:
-      return "prefetch8";
-    case MoePairGemvKernel::kAuto:
-      break;
-  }
-  return "auto";
-}
-
 nlohmann::json PairKernelTimes(const Step& st, const Layers& layers, double copy_bw, CudaStream s) {
   nlohmann::json out = nlohmann::json::array();
   DeviceBuffer act = Allocate(st.tokens * kTopK * kInter * sizeof(Bf16));
   const double bytes =
       static_cast<double>(st.selected_experts) * 3 * kInter * kHidden * sizeof(Bf16);
-  for (MoePairGemvKernel k : {MoePairGemvKernel::kUnrolled, MoePairGemvKernel::kPrefetch4,
-                              MoePairGemvKernel::kPrefetch8}) {
+  {
     auto args = [&](int i) {
       return MoePairGemvArgs{
           st.x.as<Bf16>(), st.tokens, st.ids.as<int32_t>(), st.weights.as<float>(), kTopK, 0,
-          layers.At(i),    nullptr,   act.as<Bf16>(),       st.out.as<Bf16>(),      k};
+          layers.At(i),    nullptr,   act.as<Bf16>(),       st.out.as<Bf16>()};
     };
     nlohmann::json j;
     j["tokens"] = st.tokens;
-    j["kernel"] = PairKernelName(k);
     j["gate_up_us"] = 1e6 * TimeIt(s, [&](int i) { return MoePairGemvGateUp(args(i), s); });
     j["down_combine_us"] =
         1e6 * TimeIt(s, [&](int i) { return MoePairGemvDownCombine(args(i), s); });
     const double sec = TimeIt(s, [&](int i) {
       MoeExpertsArgs a =
           ExpertsArgs(st, layers.At(i), MoeExpertsPath::kGemvPairs, MoeGemmKernelKind::kAuto);
-      a.pair_kernel = k;
       return MoeExperts(a, s);
     });
     j["experts_us"] = sec * 1e6;
@@ -417,21 +397,21 @@ nlohmann::json LayerB1(const Layers& layers, GemmContext& gemm, double copy_bw, 
   const Router r = MakeRouter(1, s);
   DeviceBuffer act = Allocate(kTopK * kInter * sizeof(Bf16));
   DeviceBuffer out = Allocate(kHidden * sizeof(Bf16));
-  auto pairs = [&](int i, MoePairGemvKernel k) {
+  auto pairs = [&](int i) {
     const MoePairGemvArgs a{
         r.xb.as<Bf16>(), 1,       r.ids.as<int32_t>(), r.w.as<float>(), kTopK, 0,
-        layers.At(i),    nullptr, act.as<Bf16>(),      out.as<Bf16>(),  k};
+        layers.At(i),    nullptr, act.as<Bf16>(),      out.as<Bf16>()};
     if (absl::Status st = MoePairGemvGateUp(a, s); !st.ok()) return st;
     return MoePairGemvDownCombine(a, s);
   };
   nlohmann::json j;
   const double old_sec = TimeIt(s, [&](int i) {
     if (absl::Status st = OldRouter(r, 1, i, gemm, s); !st.ok()) return st;
-    return pairs(i, MoePairGemvKernel::kUnrolled);
+    return pairs(i);
   });
   const double new_sec = TimeIt(s, [&](int i) {
     if (absl::Status st = FusedRouter(r, 1, i, true, s); !st.ok()) return st;
-    return pairs(i, MoePairGemvKernel::kAuto);
+    return pairs(i);
   });
   const double bytes = 8.0 * 3 * kInter * kHidden * sizeof(Bf16) + kExperts * kHidden * 2.0;
   j["old_us"] = old_sec * 1e6;
@@ -456,9 +436,8 @@ void PrintSummary(const nlohmann::json& doc) {
   }
   std::fprintf(stderr, "== pair kernels (us) ==\n");
   for (const nlohmann::json& j : doc["pair_kernels"]) {
-    std::fprintf(stderr, "T=%lld %-10s gate_up %.2f down %.2f experts %.2f (%.0f%% of copy bw)\n",
-                 static_cast<long long>(j["tokens"].get<int64_t>()),
-                 j["kernel"].get<std::string>().c_str(), j["gate_up_us"].get<double>(),
+    std::fprintf(stderr, "T=%lld gate_up %.2f down %.2f experts %.2f (%.0f%% of copy bw)\n",
+                 static_cast<long long>(j["tokens"].get<int64_t>()), j["gate_up_us"].get<double>(),
                  j["down_combine_us"].get<double>(), j["experts_us"].get<double>(),
                  100 * j["fraction_of_copy_bw"].get<double>());
   }
@@ -495,12 +474,6 @@ void Run() {
     const Step st = MakeStep(tokens, layers, s);
     for (MoeExpertsPath path : {MoeExpertsPath::kGemv, MoeExpertsPath::kGroupedGemm}) {
       nlohmann::json m = Measure(st, layers, path, MoeGemmKernelKind::kAuto, copy_bw, s);
-      m.erase("stages");
-      crossover.push_back(m);
-    }
-    if (tokens == 16 || tokens == 64) {
-      nlohmann::json m = Measure(st, layers, MoeExpertsPath::kGemv, MoeGemmKernelKind::kAuto,
-                                 copy_bw, s, MoeGemvKernel::kUnrolled);
       m.erase("stages");
       crossover.push_back(m);
     }
