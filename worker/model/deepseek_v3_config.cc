@@ -24,18 +24,16 @@ absl::Status Int(const Json& obj, std::string_view key, int64_t min, int64_t max
   if (v == nullptr) return absl::OkStatus();
   if (!v->is_number_integer()) {
     return absl::InvalidArgumentError(
-        Cat(key, " must be an integer, got ", JsonTypeName(*v), " ", v->dump()));
+        Cat(key, " must be an integer, got ", JsonTypeName(*v), " ", v->dump().substr(0, 48)));
   }
   if (v->is_number_unsigned() ? v->get<uint64_t>() > static_cast<uint64_t>(max)
                               : v->get<int64_t>() > max) {
     return absl::InvalidArgumentError(
         Cat(key, " = ", v->dump(), " exceeds the limit of ", max, " (corrupt config?)"));
   }
-  if (!v->is_number_unsigned() && v->get<int64_t>() < min) {
-    return absl::InvalidArgumentError(Cat(key, " = ", v->dump(), " must be >= ", min));
-  }
-  *out = v->get<int64_t>();
-  if (*out < min) return absl::InvalidArgumentError(Cat(key, " = ", *out, " must be >= ", min));
+  const int64_t value = v->get<int64_t>();  // <= max, so representable
+  if (value < min) return absl::InvalidArgumentError(Cat(key, " = ", value, " must be >= ", min));
+  *out = value;
   return absl::OkStatus();
 }
 

@@ -96,7 +96,6 @@ absl::StatusOr<CpuMlaAttention> CpuMlaAttention::Prepare(const model::ModelConfi
   CpuMlaAttention a;
   a.mla_ = m;
   a.heads_ = c.num_attention_heads;
-  a.hidden_ = c.hidden_size;
   a.inv_freq_ = std::move(inv_freq);
   const model::MlaWeights& w = *lw.mla;
   auto take = [&](const model::TensorView& view, CpuLinear* out) -> absl::Status {

@@ -97,7 +97,6 @@ class CpuMlaAttention {
 
   model::MlaConfig mla_;
   int64_t heads_ = 0;
-  int64_t hidden_ = 0;
   std::vector<float> inv_freq_;
   CpuLinear q_a_, q_b_, q_, kv_a_, o_;  // q_a_/q_b_ when q_lora_rank > 0, else q_
   std::vector<float> q_a_norm_, kv_a_norm_;
